@@ -1,0 +1,3 @@
+from modtrace.cli import main
+
+main()

@@ -1,0 +1,77 @@
+"""``modtrace runs`` and ``modtrace show``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from modtrace.cli._options import db_option, format_option
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{int(minutes)}m{int(sec):02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{int(hours)}h{int(minutes):02d}m"
+
+
+@click.command()
+@db_option
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Show at most this many runs.")
+@format_option("table", "json", "csv")
+def runs(db: str | None, limit: int | None, fmt: str) -> None:
+    """List recorded runs, newest first."""
+    from modtrace.renderers import get_renderer
+    from modtrace.store.engine import open_store
+    from modtrace.store.runs import list_runs
+
+    store = open_store(db)
+    try:
+        rows = list_runs(store, limit)
+    finally:
+        store.dispose()
+    columns = ["id", "name", "status", "started", "duration", "events", "steps", "ranks"]
+    if fmt == "table":
+        out = [
+            [r["id"], r["name"], r["status"], r["started_at"], _duration(r["duration_s"]), r["events"], r["steps"], r["ranks"]]
+            for r in rows
+        ]
+        if not out:
+            click.echo(f"no runs in {store.label}")
+            return
+    else:
+        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "ranks"]
+        out = [[r[c] for c in columns] for r in rows]
+    click.echo(get_renderer(fmt).render(columns, out), nl=False)
+
+
+@click.command()
+@click.argument("run")
+@db_option
+@format_option("table", "json")
+def show(run: str, db: str | None, fmt: str) -> None:
+    """Show RUN's metadata, status and counts.
+
+    RUN is a run name, a numeric id, @ (the newest run) or @~N.
+    """
+    from modtrace.renderers import get_renderer
+    from modtrace.store.engine import open_store
+    from modtrace.store.runs import resolve_run, run_details
+
+    store = open_store(db)
+    try:
+        ref = resolve_run(store, run)
+        info = run_details(store, ref.id)
+    finally:
+        store.dispose()
+    if fmt == "json":
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in info.items()]
+    click.echo(get_renderer("table").render(["field", "value"], rows), nl=False)

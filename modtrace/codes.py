@@ -1,0 +1,49 @@
+"""The small integer codes stored in the events table, and their names.
+
+This module is the one definition of kind, phase and status: the recorder
+writes the integers, the schema's views turn them into the names listed here,
+and analysis reads the integers back.  Changing a value here changes the
+on-disk format and needs a migration.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Kind(IntEnum):
+    """Whether an event opens or closes a module call in one phase."""
+
+    ENTER = 0
+    EXIT = 1
+
+
+class Phase(IntEnum):
+    """Which pass a module call belongs to."""
+
+    FORWARD = 0
+    BACKWARD = 1
+    RECOMPUTE = 2  # activation-checkpoint recomputation of a forward
+
+
+class Status(IntEnum):
+    """How an event came about; anything but OK explains an unusual close."""
+
+    OK = 0
+    ERROR = 1  # the forward raised; the exit was written by an always_call hook
+    EARLY_STOP = 2  # checkpoint recompute stopped once it had what it needed
+    CLOSED_AT_END_OF_BACKWARD = 3  # no hook signalled the exit; closed when the graph task ended
+    NO_ENTER = 4  # an exit whose enter was never seen
+
+
+RUN_STATUSES = ("running", "completed", "failed", "interrupted")
+
+
+def lower_name(code: IntEnum) -> str:
+    return code.name.lower()
+
+
+def case_sql(column: str, enum: type[IntEnum]) -> str:
+    """A portable SQL CASE expression turning ``column``'s codes into names."""
+    whens = " ".join(f"WHEN {m.value} THEN '{m.name.lower()}'" for m in enum)
+    return f"CASE {column} {whens} END"

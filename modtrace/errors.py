@@ -1,0 +1,28 @@
+"""Errors modtrace reports to users as one line.
+
+Every error a user can cause (bad input, a database we will not touch, an
+unknown run) is a ``ModtraceError``: the CLI prints its message on one line
+and exits with its ``exit_code`` (2 for usage errors, 1 for failures).
+"""
+
+from __future__ import annotations
+
+
+class ModtraceError(Exception):
+    """A failure to report as one line, without a traceback."""
+
+    exit_code = 1
+
+
+class UsageError(ModtraceError):
+    """The command was given something it cannot use."""
+
+    exit_code = 2
+
+
+class StoreError(ModtraceError):
+    """The database cannot be used as asked."""
+
+
+class RunNotFound(UsageError):
+    """A run reference matches no run."""

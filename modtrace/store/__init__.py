@@ -1,0 +1,1 @@
+"""Persistence: engines, schema, version checks, batched writes and reads."""

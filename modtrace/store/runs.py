@@ -1,0 +1,238 @@
+"""Runs: create, join, finish, list and resolve references.
+
+A run reference (``RUN`` on the command line) is a run name, a numeric id,
+``@`` (the newest run) or ``@~N`` (the Nth run before the newest).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from modtrace.errors import RunNotFound, StoreError, UsageError
+from modtrace.store.engine import Store
+from modtrace.store.schema import run_ranks, runs
+
+
+def utcnow_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_iso(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    id: int
+    name: str
+
+
+class RunNameTaken(UsageError):
+    pass
+
+
+def create_run(store: Store, name: str, meta: Mapping[str, Any], *, join: bool = False) -> tuple[int, bool]:
+    """Insert a run row; returns (run id, whether this call created it).
+
+    With ``join`` an existing run of that name is reused (ranks of one
+    distributed launch share a run); otherwise a taken name is an error.
+    """
+    values = dict(meta)
+    values["name"] = name
+    values.setdefault("status", "running")
+    values.setdefault("started_at", utcnow_iso())
+    tags = values.get("tags") or {}
+    values["tags"] = json.dumps(dict(tags), sort_keys=True)
+    for _ in range(3):
+        try:
+            with store.engine.begin() as conn:
+                run_id = conn.execute(insert(runs).values(**values).returning(runs.c.id)).scalar_one()
+            return int(run_id), True
+        except IntegrityError:
+            with store.engine.connect() as conn:
+                existing = conn.execute(select(runs.c.id).where(runs.c.name == name)).scalar()
+            if existing is None:
+                continue  # lost a race with a delete; try again
+            if not join:
+                raise RunNameTaken(f"a run named {name!r} already exists in {store.label}; choose another --run name") from None
+            return int(existing), False
+    raise StoreError(f"could not create run {name!r}")
+
+
+def add_rank(store: Store, run_id: int, rank: int, wall_anchor_ns: int) -> None:
+    with store.engine.begin() as conn:
+        try:
+            conn.execute(
+                insert(run_ranks).values(
+                    run_id=run_id,
+                    rank=rank,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    status="running",
+                    started_at=utcnow_iso(),
+                    wall_anchor_ns=wall_anchor_ns,
+                )
+            )
+        except IntegrityError:
+            raise UsageError(f"rank {rank} of run {run_id} is already recorded; use a new --run name") from None
+
+
+def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int, step_count: int) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(run_ranks)
+            .where(run_ranks.c.run_id == run_id, run_ranks.c.rank == rank)
+            .values(event_count=event_count, step_count=step_count)
+        )
+
+
+def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | None = None) -> None:
+    """Mark this rank ended; the run takes the worst status of its ranks once all have ended."""
+    now = utcnow_iso()
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(run_ranks)
+            .where(run_ranks.c.run_id == run_id, run_ranks.c.rank == rank)
+            .values(status=status, ended_at=now)
+        )
+        statuses = [r[0] for r in conn.execute(select(run_ranks.c.status).where(run_ranks.c.run_id == run_id))]
+        world = conn.execute(select(runs.c.world_size).where(runs.c.id == run_id)).scalar() or 1
+        values: dict[str, Any] = {}
+        if error:
+            values["error"] = error
+        if "running" not in statuses and len(statuses) >= world:
+            for worst in ("failed", "interrupted", "completed"):
+                if worst in statuses:
+                    values["status"] = worst
+                    break
+            values["ended_at"] = now
+        elif status in ("failed", "interrupted"):
+            values["status"] = status
+        if values:
+            conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
+
+
+_REL = re.compile(r"^@(?:~(\d+))?$")
+
+
+def resolve_run(store: Store, ref: str) -> RunRef:
+    """Turn a RUN reference into a run; unknown names suggest close ones."""
+    ref = ref.strip()
+    with store.engine.connect() as conn:
+        m = _REL.match(ref)
+        if m:
+            back = int(m.group(1) or 0)
+            row = conn.execute(select(runs.c.id, runs.c.name).order_by(runs.c.id.desc()).offset(back).limit(1)).first()
+            if row is None:
+                total = conn.execute(select(func.count()).select_from(runs)).scalar() or 0
+                raise RunNotFound(f"{ref} refers to no run: {store.label} has {total} run(s)")
+            return RunRef(int(row[0]), row[1])
+        row = conn.execute(select(runs.c.id, runs.c.name).where(runs.c.name == ref)).first()
+        if row is not None:
+            return RunRef(int(row[0]), row[1])
+        if ref.isdigit():
+            row = conn.execute(select(runs.c.id, runs.c.name).where(runs.c.id == int(ref))).first()
+            if row is not None:
+                return RunRef(int(row[0]), row[1])
+        names = [r[0] for r in conn.execute(select(runs.c.name))]
+    close = difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise RunNotFound(f"no run {ref!r} in {store.label}{hint}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def display_status(status: str, ranks: list[tuple[str | None, int | None, str]]) -> str:
+    """``incomplete`` for a run still marked running whose processes on this host are all gone."""
+    if status != "running":
+        return status
+    host = socket.gethostname()
+    live = [st for st in ranks if st[2] == "running"]
+    if not live:
+        return status
+    for hostname, pid, _ in live:
+        if hostname != host or pid is None or _pid_alive(pid):
+            return status
+    return "incomplete"
+
+
+def list_runs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
+    """Runs newest first with counts aggregated over their ranks."""
+    with store.engine.connect() as conn:
+        q = select(runs).order_by(runs.c.id.desc())
+        if limit:
+            q = q.limit(limit)
+        rows = [dict(r._mapping) for r in conn.execute(q)]
+        rank_rows = conn.execute(
+            select(
+                run_ranks.c.run_id, run_ranks.c.rank, run_ranks.c.hostname, run_ranks.c.pid,
+                run_ranks.c.status, run_ranks.c.event_count, run_ranks.c.step_count,
+            )
+        ).all()
+    by_run: dict[int, list[Any]] = {}
+    for rr in rank_rows:
+        by_run.setdefault(int(rr[0]), []).append(rr)
+    for row in rows:
+        rr = by_run.get(row["id"], [])
+        row["events"] = sum(int(r[5]) for r in rr)
+        row["steps"] = max((int(r[6]) for r in rr), default=0)
+        row["ranks"] = len(rr)
+        row["status"] = display_status(row["status"], [(r[2], r[3], r[4]) for r in rr])
+        start, end = parse_iso(row["started_at"]), parse_iso(row["ended_at"])
+        row["duration_s"] = (end - start).total_seconds() if start and end else None
+        row["tags"] = json.loads(row["tags"] or "{}")
+    return rows
+
+
+def run_details(store: Store, run_id: int) -> dict[str, Any]:
+    """One run's metadata with status and counts (events, steps, ranks, modules, duration)."""
+    from modtrace.store.schema import modules
+
+    with store.engine.connect() as conn:
+        row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+        if row is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        info = dict(row._mapping)
+        rank_rows = conn.execute(
+            select(run_ranks.c.rank, run_ranks.c.hostname, run_ranks.c.pid, run_ranks.c.status,
+                   run_ranks.c.event_count, run_ranks.c.step_count)
+            .where(run_ranks.c.run_id == run_id)
+            .order_by(run_ranks.c.rank)
+        ).all()
+        n_modules = conn.execute(
+            select(func.count(func.distinct(modules.c.fqn))).where(modules.c.run_id == run_id)
+        ).scalar() or 0
+    info["status"] = display_status(info["status"], [(r[1], r[2], r[3]) for r in rank_rows])
+    info["tags"] = json.loads(info["tags"] or "{}")
+    start, end = parse_iso(info["started_at"]), parse_iso(info["ended_at"])
+    info["duration_s"] = (end - start).total_seconds() if start and end else None
+    info["events"] = sum(int(r[4]) for r in rank_rows)
+    info["steps"] = max((int(r[5]) for r in rank_rows), default=0)
+    info["ranks"] = len(rank_rows)
+    info["modules"] = int(n_modules)
+    info["rank_details"] = [
+        {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5]}
+        for r in rank_rows
+    ]
+    return info

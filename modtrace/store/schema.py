@@ -1,0 +1,160 @@
+"""The database schema: SQLAlchemy Core metadata for every table modtrace owns.
+
+Storage is compact (small integer codes, per-run lookup tables, a clustered
+events table) and the public relations engineers query are views over it:
+``event_log`` (events with names instead of codes), ``spans`` and
+``nesting_issues`` (analysis results).  ``runs`` and ``modules`` are tables
+and public as they are.  Every table and column carries a comment; the
+schema reference in ``docs/schema.md`` is checked against this by a test.
+
+Alembic revisions in ``migrations/versions`` create exactly this metadata;
+``REVISIONS`` lists them in order so that the version check needs no Alembic
+import.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    ForeignKeyConstraint,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+# Alembic revision ids, oldest first.  The last one is head.  A test checks
+# this against the migration scripts.
+REVISIONS: tuple[str, ...] = ("0001",)
+HEAD = REVISIONS[-1]
+
+# Tables a modtrace database has; used to tell ours from another application's.
+VERSION_TABLE = "alembic_version"
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True, comment="Run id, unique in this database."),
+    Column("name", String(200), nullable=False, comment="Run name, unique in this database; shared by the ranks of one distributed launch."),
+    Column("status", String(16), nullable=False, comment="running | completed | failed | interrupted. A run left 'running' by a killed process is shown as incomplete."),
+    Column("started_at", String(32), nullable=False, comment="UTC start time, ISO 8601 (YYYY-MM-DDTHH:MM:SS.ffffffZ)."),
+    Column("ended_at", String(32), nullable=True, comment="UTC end time, ISO 8601; NULL while running or after a crash."),
+    Column("command", Text, nullable=True, comment="Full command line that produced the run."),
+    Column("cwd", Text, nullable=True, comment="Working directory of the recording process."),
+    Column("hostname", String(255), nullable=True, comment="Host of the process that created the run (rank 0 or the first rank to start)."),
+    Column("pid", Integer, nullable=True, comment="Process id of the process that created the run."),
+    Column("git_commit", String(64), nullable=True, comment="Git commit of the working directory, when it is a repository."),
+    Column("world_size", Integer, nullable=False, server_default="1", comment="Number of ranks in the launch (torch.distributed world size or WORLD_SIZE, else 1)."),
+    Column("python_version", String(32), nullable=True, comment="Python version of the recording process."),
+    Column("torch_version", String(64), nullable=True, comment="torch.__version__ of the recording process."),
+    Column("modtrace_version", String(32), nullable=True, comment="modtrace version that recorded the run."),
+    Column("tags", Text, nullable=False, server_default="{}", comment="User tags as a JSON object of strings."),
+    Column("error", Text, nullable=True, comment="Summary of the exception or signal that ended a failed or interrupted run."),
+    CheckConstraint("status IN ('running', 'completed', 'failed', 'interrupted')", name="ck_runs_status"),
+    UniqueConstraint("name", name="uq_runs_name"),
+    comment="One row per recorded run (one training or inference job, possibly many ranks).",
+)
+
+run_ranks = Table(
+    "run_ranks",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Distributed rank of the recording process."),
+    Column("hostname", String(255), nullable=True, comment="Host the rank ran on."),
+    Column("pid", Integer, nullable=True, comment="Process id of the rank."),
+    Column("status", String(16), nullable=False, comment="running | completed | failed | interrupted, for this rank."),
+    Column("started_at", String(32), nullable=False, comment="UTC start time of this rank, ISO 8601."),
+    Column("ended_at", String(32), nullable=True, comment="UTC end time of this rank, ISO 8601."),
+    Column("wall_anchor_ns", BigInteger, nullable=False, comment="Wall-clock time (ns since the Unix epoch) at ts_ns = 0 of this rank; aligns ranks."),
+    Column("event_count", BigInteger, nullable=False, server_default="0", comment="Events written so far by this rank."),
+    Column("step_count", Integer, nullable=False, server_default="0", comment="Steps completed so far by this rank."),
+    PrimaryKeyConstraint("run_id", "rank", name="pk_run_ranks"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_run_ranks_run"),
+    CheckConstraint("status IN ('running', 'completed', 'failed', 'interrupted')", name="ck_run_ranks_status"),
+    comment="One row per rank of a run: its process, clock anchor and progress.",
+)
+
+modules = Table(
+    "modules",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that named the module; ids are per rank."),
+    Column("module_id", Integer, nullable=False, comment="Module id within (run_id, rank)."),
+    Column("fqn", Text, nullable=False, comment="Fully qualified name: root class name then attribute path, e.g. GPT.blocks.0.attn."),
+    Column("module_type", String(200), nullable=False, comment="Class name of the module, e.g. Linear."),
+    Column("parent_module_id", Integer, nullable=True, comment="module_id of the owning module; NULL for a root."),
+    PrimaryKeyConstraint("run_id", "rank", "module_id", name="pk_modules"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_modules_run"),
+    comment="Every nn.Module a run saw, with its place in the module tree.",
+)
+
+threads = Table(
+    "threads",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank of the process."),
+    Column("thread_id", Integer, nullable=False, comment="Small thread number within (run_id, rank), in order of first event."),
+    Column("ident", BigInteger, nullable=False, comment="threading.get_ident() of the thread."),
+    Column("name", Text, nullable=True, comment="Thread name."),
+    PrimaryKeyConstraint("run_id", "rank", "thread_id", name="pk_threads"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_threads_run"),
+    comment="Threads that produced events.",
+)
+
+devices = Table(
+    "devices",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank of the process."),
+    Column("device_id", Integer, nullable=False, comment="Small device number within (run_id, rank)."),
+    Column("name", String(64), nullable=False, comment="Device as torch prints it: cpu, cuda:0, meta, ..."),
+    PrimaryKeyConstraint("run_id", "rank", "device_id", name="pk_devices"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_devices_run"),
+    comment="Devices that module calls computed on.",
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the event."),
+    Column("seq", BigInteger, nullable=False, comment="Event number, strictly increasing per (run_id, rank)."),
+    Column("ts_ns", BigInteger, nullable=False, comment="Monotonic nanoseconds since the rank started recording (run_ranks.wall_anchor_ns is ts_ns = 0)."),
+    Column("kind", SmallInteger, nullable=False, comment="0 enter, 1 exit (modtrace.codes.Kind)."),
+    Column("module_id", Integer, nullable=False, comment="modules.module_id of the module."),
+    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.codes.Phase)."),
+    Column("call_id", BigInteger, nullable=False, comment="One per forward module call; its backward and recompute events carry the same id."),
+    Column("step", Integer, nullable=False, comment="Step number, from 0; advanced by Recorder.step() and after each optimizer step."),
+    Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the hook ran on."),
+    Column("device_id", Integer, nullable=True, comment="devices.device_id where the call computes; NULL when it has no tensor input, parameter or buffer."),
+    Column("stream", BigInteger, nullable=True, comment="Current CUDA/accelerator stream handle on that device; NULL on CPU."),
+    Column("status", SmallInteger, nullable=False, server_default="0", comment="0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter (modtrace.codes.Status)."),
+    Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task id for backward and recompute events; NULL in forward."),
+    Column("tie", SmallInteger, nullable=False, server_default="0", comment="1 when produced by the same autograd hook dispatch as the previous event of this thread (a tie to normalise), else 0."),
+    PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_events"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_events_run"),
+    sqlite_with_rowid=False,
+    comment="Raw enter/exit events in compact form; query the event_log view for readable values.",
+)
+
+# Public relations engineers query, and the columns each must expose.  Tests
+# check that the live database has them and that docs/schema.md lists them.
+PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
+    "runs": (
+        "id", "name", "status", "started_at", "ended_at", "command", "hostname", "world_size",
+        "python_version", "torch_version", "modtrace_version", "tags",
+    ),
+    "modules": ("run_id", "module_id", "fqn", "module_type", "parent_module_id"),
+    "event_log": (
+        "run_id", "seq", "ts_ns", "kind", "fqn", "module_type", "phase", "call_id", "step",
+        "rank", "thread_id", "device", "stream", "status",
+    ),
+}
