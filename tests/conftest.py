@@ -1,0 +1,95 @@
+"""Shared fixtures: a real temp SQLite file per test, the real PostgreSQL
+server when MODTRACE_TEST_PG_URL is set, and a guard that no torch hook
+outlives a test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_URL = os.environ.get("MODTRACE_TEST_PG_URL")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point modtrace's default database at a temp file, so no test touches ./modtrace.db."""
+    path = tmp_path / "modtrace.db"
+    monkeypatch.setenv("MODTRACE_DB", str(path))
+    return path
+
+
+@pytest.fixture
+def db_path(_isolated_db: Path) -> Path:
+    return _isolated_db
+
+
+def _pg_server_url() -> str:
+    if not PG_URL:
+        if os.environ.get("CI") == "true":
+            pytest.fail("MODTRACE_TEST_PG_URL is not set under CI; PostgreSQL tests must run")
+        pytest.skip("MODTRACE_TEST_PG_URL not set")
+    return PG_URL
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A URL for a fresh, empty PostgreSQL schema, dropped after the test."""
+    import sqlalchemy as sa
+
+    base = _pg_server_url()
+    schema = f"mt_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base, poolclass=sa.pool.NullPool)
+    try:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    except sa.exc.OperationalError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL at {base} is unreachable under CI: {exc.orig}")
+        pytest.skip(f"PostgreSQL unreachable: {exc.orig}")
+    sep = "&" if "?" in base else "?"
+    try:
+        yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def any_db(request: pytest.FixtureRequest, db_path: Path) -> str:
+    """The same test on a SQLite file and on PostgreSQL."""
+    if request.param == "sqlite":
+        return str(db_path)
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _torch_hook_state() -> dict[str, int]:
+    import sys
+
+    if "torch" not in sys.modules:
+        return {}
+    import torch.nn.modules.module as m
+    import torch.optim.optimizer as o
+
+    return {
+        "forward_pre": len(m._global_forward_pre_hooks),
+        "forward": len(m._global_forward_hooks),
+        "backward_pre": len(m._global_backward_pre_hooks),
+        "backward": len(m._global_backward_hooks),
+        "optimizer_pre": len(o._global_optimizer_pre_hooks),
+        "optimizer_post": len(o._global_optimizer_post_hooks),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_hooks() -> Iterator[None]:
+    """Fail a test that leaves a global module or optimizer hook behind."""
+    before = _torch_hook_state()
+    yield
+    after = _torch_hook_state()
+    leaked = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert not leaked, f"global torch hooks leaked by this test: {leaked}"
