@@ -1,0 +1,153 @@
+#!/usr/bin/env python
+"""Freeze a database at the current schema head, for the upgrade tests.
+
+    .venv/bin/python scripts/make_frozen_db.py
+
+Run this once when a schema revision is released (right after its migration
+is final), and commit the file it writes: ``tests/data/frozen/<revision>.db``.
+tests/test_migrations.py upgrades every frozen file to head and checks the
+data survived, so each released schema stays upgradable forever.
+
+A frozen file is never regenerated: the script refuses to overwrite one.
+The data is small but touches every table and every code (kinds, phases,
+statuses), with two runs and two ranks; host names, pids and paths are
+fixed values so no machine detail is committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sqlalchemy import update
+
+from modtrace.codes import Kind, Phase, Status
+from modtrace.store.engine import open_store, read_revision
+from modtrace.store.runs import add_rank, create_run, finish_rank
+from modtrace.store.schema import HEAD, run_ranks, runs
+from modtrace.store.writer import EVENT_COLUMNS, RankWriter
+
+FROZEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "frozen"
+
+# (module_id, fqn, module_type, parent_module_id)
+MODULES = [
+    (0, "Net", "Net", None),
+    (1, "Net.encoder", "Sequential", 0),
+    (2, "Net.encoder.0", "Linear", 1),
+    (3, "Net.encoder.1", "ReLU", 1),
+    (4, "Net.head", "Linear", 0),
+]
+
+
+def _events(steps: int) -> list[tuple[object, ...]]:
+    """Forward, backward (with a tie and a closed-at-end exit), recompute and an error exit."""
+    rows: list[dict[str, object]] = []
+    ts = 0
+    call = 0
+
+    def ev(kind: Kind, module: int, phase: Phase, call_id: int, step: int, *,
+           status: Status = Status.OK, graph_task: int | None = None, tie: int = 0) -> None:
+        nonlocal ts
+        ts += 1_000
+        rows.append({
+            "seq": len(rows), "ts_ns": ts, "kind": int(kind), "module_id": module, "phase": int(phase),
+            "call_id": call_id, "step": step, "thread_id": 0, "device_id": 0, "stream": None,
+            "status": int(status), "graph_task": graph_task, "tie": tie,
+        })
+
+    for step in range(steps):
+        calls = {m: call + m for m in range(5)}
+        call += 5
+        # forward: Net(encoder(0, 1), head)
+        ev(Kind.ENTER, 0, Phase.FORWARD, calls[0], step)
+        ev(Kind.ENTER, 1, Phase.FORWARD, calls[1], step)
+        for m in (2, 3):
+            ev(Kind.ENTER, m, Phase.FORWARD, calls[m], step)
+            ev(Kind.EXIT, m, Phase.FORWARD, calls[m], step)
+        ev(Kind.EXIT, 1, Phase.FORWARD, calls[1], step)
+        ev(Kind.ENTER, 4, Phase.FORWARD, calls[4], step)
+        ev(Kind.EXIT, 4, Phase.FORWARD, calls[4], step)
+        ev(Kind.EXIT, 0, Phase.FORWARD, calls[0], step)
+        # backward, one graph task per step
+        g = 100 + step
+        ev(Kind.ENTER, 0, Phase.BACKWARD, calls[0], step, graph_task=g)
+        ev(Kind.ENTER, 4, Phase.BACKWARD, calls[4], step, graph_task=g, tie=1)
+        ev(Kind.EXIT, 4, Phase.BACKWARD, calls[4], step, graph_task=g)
+        ev(Kind.ENTER, 1, Phase.BACKWARD, calls[1], step, graph_task=g, tie=1)
+        # checkpointed encoder: recompute under its backward, stopped early
+        ev(Kind.ENTER, 1, Phase.RECOMPUTE, calls[1], step, graph_task=g)
+        ev(Kind.ENTER, 2, Phase.RECOMPUTE, calls[2], step, graph_task=g)
+        ev(Kind.EXIT, 2, Phase.RECOMPUTE, calls[2], step, graph_task=g)
+        ev(Kind.EXIT, 1, Phase.RECOMPUTE, calls[1], step, graph_task=g, status=Status.EARLY_STOP)
+        ev(Kind.ENTER, 3, Phase.BACKWARD, calls[3], step, graph_task=g)
+        ev(Kind.EXIT, 3, Phase.BACKWARD, calls[3], step, graph_task=g)
+        ev(Kind.ENTER, 2, Phase.BACKWARD, calls[2], step, graph_task=g)
+        ev(Kind.EXIT, 2, Phase.BACKWARD, calls[2], step, graph_task=g, status=Status.CLOSED_AT_END_OF_BACKWARD)
+        ev(Kind.EXIT, 1, Phase.BACKWARD, calls[1], step, graph_task=g, status=Status.CLOSED_AT_END_OF_BACKWARD, tie=1)
+        ev(Kind.EXIT, 0, Phase.BACKWARD, calls[0], step, graph_task=g, status=Status.CLOSED_AT_END_OF_BACKWARD, tie=1)
+    # a last forward that raised, and an exit whose enter was never seen
+    ev(Kind.ENTER, 0, Phase.FORWARD, call, steps)
+    ev(Kind.EXIT, 0, Phase.FORWARD, call, steps, status=Status.ERROR)
+    ev(Kind.EXIT, 4, Phase.FORWARD, call + 1, steps, status=Status.NO_ENTER)
+    return [tuple(r[c] for c in EVENT_COLUMNS) for r in rows]
+
+
+def _meta(command: str) -> dict[str, object]:
+    return {
+        "command": command, "cwd": "/frozen", "hostname": "frozen-host", "pid": 1,
+        "git_commit": None, "python_version": "3.11.0", "torch_version": "2.4.0",
+        "modtrace_version": "frozen", "tags": {"purpose": "frozen"},
+        "started_at": "2026-01-01T00:00:00.000000Z",
+    }
+
+
+def make(path: Path) -> None:
+    store = open_store(str(path), create=True)
+    try:
+        # completed, two ranks
+        run_a, _ = create_run(store, "frozen-ddp", {**_meta("torchrun train.py"), "world_size": 2})
+        for rank in (0, 1):
+            add_rank(store, run_a, rank, wall_anchor_ns=1_767_225_600_000_000_000 + rank)
+            writer = RankWriter(store, run_a, rank)
+            events = _events(steps=2)
+            writer.write(events, MODULES, [(0, 1000 + rank, "MainThread")], [(0, "cpu")],
+                         progress=(len(events), 2))
+            finish_rank(store, run_a, rank, "completed")
+        # left running by a process that is gone
+        run_b, _ = create_run(store, "frozen-crashed", _meta("python train.py"))
+        add_rank(store, run_b, 0, wall_anchor_ns=1_767_225_700_000_000_000)
+        events = _events(steps=1)
+        RankWriter(store, run_b, 0).write(events, MODULES, [(0, 2000, "MainThread")], [(0, "cpu")],
+                                          progress=(len(events), 1))
+        with store.engine.begin() as conn:
+            conn.execute(update(run_ranks).values(hostname="frozen-host", pid=1,
+                                                  started_at="2026-01-01T00:00:00.000000Z"))
+            conn.execute(update(run_ranks).where(run_ranks.c.ended_at.is_not(None))
+                         .values(ended_at="2026-01-01T00:01:05.500000Z"))
+            conn.execute(update(runs).where(runs.c.ended_at.is_not(None))
+                         .values(ended_at="2026-01-01T00:01:05.500000Z"))
+        rev, _ = read_revision(store.engine)
+        assert rev == HEAD, rev
+    finally:
+        store.dispose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out-dir", type=Path, default=FROZEN_DIR,
+                        help="where to write <revision>.db (default: tests/data/frozen)")
+    args = parser.parse_args(argv)
+    out = args.out_dir / f"{HEAD}.db"
+    if out.exists():
+        print(f"{out} exists: revision {HEAD} is already frozen (frozen files are never regenerated)",
+              file=sys.stderr)
+        return 1
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    make(out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
