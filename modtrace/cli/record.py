@@ -1,0 +1,224 @@
+"""``modtrace record``: run a script or module under the recorder, unedited.
+
+Everything up to SCRIPT (or ``-m MODULE``) is modtrace's; everything after
+it belongs to the target, exactly as after ``python SCRIPT`` or ``python -m
+MODULE``.  The target's exit code becomes modtrace's.
+
+Under a distributed launcher (``torchrun ... -m modtrace record ...``) every
+rank records into the same run: give ``--run NAME``, or let the ranks derive
+one shared name from the launch (see ``runner.shared_run_name``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any
+
+import click
+
+from modtrace.cli._options import db_option
+from modtrace.errors import UsageError
+
+AUTO_NAME_ATTEMPTS = 50
+
+
+class RecordCommand(click.Command):
+    """Stops option parsing at SCRIPT or at ``-m MODULE``, as python does.
+
+    click alone would keep parsing options after ``-m MODULE`` (its value is
+    not a positional), so the argument list is split here first and the
+    target's part handed over after ``--``.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["modtrace.record.args"] = list(args)
+        head, tail = self._split(ctx, list(args))
+        return super().parse_args(ctx, [*head, "--", *tail])
+
+    def _split(self, ctx: click.Context, args: list[str]) -> tuple[list[str], list[str]]:
+        takes_value: set[str] = set()
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Option) and not (param.is_flag or param.count):
+                takes_value.update(param.opts)
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                return args[:i], args[i + 1 :]
+            if arg == "-m":
+                return args[: i + 2], args[i + 2 :]
+            if arg.startswith("-m") and not arg.startswith("--"):  # -mpackage.module
+                return args[: i + 1], args[i + 1 :]
+            if arg in takes_value:
+                i += 2
+            elif arg.startswith("-") and arg != "-":
+                i += 1  # a flag, --opt=value, or an unknown option click will report
+            else:
+                return args[:i], args[i:]
+        return args, []
+
+
+def parse_tags(values: tuple[str, ...]) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--tag expects KEY=VALUE, got {value!r}")
+        if key in tags:
+            raise UsageError(f"--tag {key} given twice")
+        tags[key] = val
+    return tags
+
+
+def check_run_name(name: str) -> str:
+    if not name.strip():
+        raise UsageError("--run needs a non-empty name")
+    if name.startswith("@"):
+        raise UsageError(f"--run {name!r}: a name cannot start with @ (that means the newest runs)")
+    if name.isdigit():
+        raise UsageError(f"--run {name!r}: a name cannot be all digits (RUN references read digits as ids)")
+    if len(name) > 200:
+        raise UsageError("--run: a name has at most 200 characters")
+    return name
+
+
+@click.command(
+    cls=RecordCommand,
+    context_settings={"allow_interspersed_args": False},
+    epilog="Examples: modtrace record train.py --lr 3e-4    modtrace record --run base -m pkg.train --steps 10",
+)
+@db_option
+@click.option("--run", "run_name", metavar="NAME", default=None,
+              help="Run name, unique in the database (default: script or module name and start time).")
+@click.option("--tag", "tags", metavar="KEY=VALUE", multiple=True, help="Attach a tag to the run (repeatable).")
+@click.option("-m", "module", metavar="MODULE", default=None, help="Run a library module as a script, like python -m.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary on stderr.")
+@click.option("--no-analyze", is_flag=True, help="Skip building spans and nesting issues when the run ends.")
+@click.argument("target_args", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
+@click.pass_context
+def record(
+    ctx: click.Context,
+    db: str | None,
+    run_name: str | None,
+    tags: tuple[str, ...],
+    module: str | None,
+    quiet: bool,
+    no_analyze: bool,
+    target_args: tuple[str, ...],
+) -> int:
+    """Run SCRIPT (or -m MODULE) as python would, recording its module calls.
+
+    Options for modtrace go before SCRIPT; everything after SCRIPT is passed
+    to it.  The exit code is the target's.
+    """
+    from modtrace.runner import Target, check_target
+
+    if module is not None:
+        target = Target("module", module, tuple(target_args))
+    elif target_args:
+        target = Target("script", target_args[0], tuple(target_args[1:]))
+    else:
+        raise UsageError("record needs SCRIPT or -m MODULE (see modtrace record --help)")
+    tag_map = parse_tags(tags)
+    if run_name is not None:
+        check_run_name(run_name)
+    check_target(target)
+    command = shlex.join(["modtrace", "record", *ctx.meta.get("modtrace.record.args", [])])
+    return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
+                   quiet=quiet, analyze=not no_analyze)
+
+
+def _record(
+    target: Any,
+    *,
+    db: str | None,
+    run_name: str | None,
+    tags: dict[str, str],
+    command: str,
+    quiet: bool,
+    analyze: bool,
+) -> int:
+    from datetime import datetime
+
+    from modtrace import progress as progress_mod
+    from modtrace.runner import (
+        EXIT_TERMINATED,
+        Outcome,
+        SigtermGuard,
+        Terminated,
+        default_run_name,
+        execute,
+        process_meta,
+        shared_run_name,
+    )
+
+    auto = run_name is None
+    if auto:
+        run_name = shared_run_name(target.stem, os.environ, os.getppid())
+        if run_name is not None:
+            auto = False  # every rank must land in the same run: no suffixing
+        else:
+            run_name = default_run_name(target.stem, datetime.now())
+    assert run_name is not None
+    meta = process_meta()
+
+    with SigtermGuard() as guard:
+        rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze)
+        line = None
+        if progress_mod.wanted(sys.stderr, quiet):
+            line = progress_mod.ProgressLine(
+                sys.stderr, rec.run_name, lambda: (rec.events_recorded, rec.step_count)
+            ).start()
+        try:
+            outcome = execute(target)
+        except Terminated:  # arrived while the runner was already handling the end
+            outcome = Outcome("interrupted", EXIT_TERMINATED, "SIGTERM")
+        except BaseException as exc:
+            guard.shield()
+            if line is not None:
+                line.stop()
+            rec.finish("failed", f"modtrace: {type(exc).__name__}: {exc}")
+            raise
+        guard.shield()
+        if line is not None:
+            line.stop()
+        rec.finish(outcome.status, outcome.error)
+
+    if not quiet:
+        _summary(rec, outcome)
+    return outcome.exit_code
+
+
+def _start_recorder(
+    name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
+    meta: dict[str, Any], analyze: bool,
+) -> Any:
+    """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
+    from modtrace.recorder import Recorder
+    from modtrace.store.runs import RunNameTaken
+
+    attempt = 1
+    while True:
+        candidate = name if attempt == 1 else f"{name}-{attempt}"
+        rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze)
+        try:
+            rec.__enter__()
+        except RunNameTaken:
+            if not auto or attempt >= AUTO_NAME_ATTEMPTS:
+                raise
+            attempt += 1
+            continue
+        return rec
+
+
+def _summary(rec: Any, outcome: Any) -> None:
+    who = f"rank {rec.rank}: " if getattr(rec, "world_size", 1) > 1 else ""
+    state = outcome.status if not outcome.error else f"{outcome.status} ({outcome.error})"
+    click.echo(
+        f"modtrace: {who}run {rec.run_name!r} (id {rec.run_id}) {state}: "
+        f"{rec.events_recorded:,} events, {rec.step_count:,} steps",
+        err=True,
+    )
