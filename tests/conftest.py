@@ -93,3 +93,51 @@ def _no_leaked_hooks() -> Iterator[None]:
     after = _torch_hook_state()
     leaked = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     assert not leaked, f"global torch hooks leaked by this test: {leaked}"
+
+
+# --- running the CLI and checking files ------------------------------------
+
+
+class CliResult:
+    """Exit code and captured output of one in-process ``modtrace`` invocation."""
+
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code = code
+        self.out = out
+        self.err = err
+
+    def __repr__(self) -> str:
+        return f"CliResult(code={self.code}, out={self.out!r}, err={self.err!r})"
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run ``modtrace ARGS...`` in this process through the real entry point
+    (``modtrace.cli.main``: error formatting and exit codes included)."""
+
+    def run(*args: str) -> CliResult:
+        from modtrace.cli import main
+
+        capsys.readouterr()
+        code: int
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def digest():  # type: ignore[no-untyped-def]
+    """sha256 of a file's bytes, to show that a refused file was left untouched."""
+    return _file_digest
