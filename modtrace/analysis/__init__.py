@@ -1,0 +1,64 @@
+"""Offline analysis: pure functions from polars frames to polars frames.
+
+The data flow, one module per step::
+
+    events.normalize_events   event frame -> ordered rows with their stack
+    spans.pair_events         ordered rows -> enter/exit pairs + structural issues
+    spans.build_spans         pairs -> spans frame
+    nesting.collect_issues    rows + pairs -> nesting issues frame
+    aggregate.*               spans -> per-step samples, module tree
+
+Nothing here prints, plots or opens a database; ``materialize`` is the one
+entry point that does I/O, through ``modtrace.store``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from modtrace.analysis.events import normalize_events
+from modtrace.analysis.nesting import ISSUE_COLUMNS, collect_issues
+from modtrace.analysis.spans import SPAN_COLUMNS, build_spans, pair_events, rebuild_spans
+
+__all__ = [
+    "ISSUE_COLUMNS",
+    "SPAN_COLUMNS",
+    "Analysis",
+    "analyze_events",
+    "check_nesting",
+    "materialize",
+    "rebuild_spans",
+]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    spans: pl.DataFrame
+    issues: pl.DataFrame
+
+
+def analyze_events(
+    events: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame, *, complete: bool = True
+) -> Analysis:
+    """Event, module and device frames -> spans and nesting issues, sharing one pairing."""
+    ev = normalize_events(events, modules)
+    pairing = pair_events(ev)
+    return Analysis(
+        spans=build_spans(pairing.pairs, modules, devices),
+        issues=collect_issues(ev, pairing, modules, complete=complete),
+    )
+
+
+def check_nesting(events: pl.DataFrame, modules: pl.DataFrame, *, complete: bool = True) -> pl.DataFrame:
+    """Event and module frames -> nesting issues frame."""
+    ev = normalize_events(events, modules)
+    return collect_issues(ev, pair_events(ev), modules, complete=complete)
+
+
+def materialize(store: object, run_id: int) -> Analysis:
+    """Rebuild run ``run_id``'s spans and issues and store them (see ``modtrace.store.analysis_store``)."""
+    from modtrace.store.analysis_store import analyze_run
+
+    return analyze_run(store, run_id)  # type: ignore[arg-type]

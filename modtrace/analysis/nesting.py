@@ -1,0 +1,178 @@
+"""Check: the nesting issues of a run, as a frame with one row per issue.
+
+The issues frame (``ISSUE_COLUMNS``) has::
+
+    run_id Int32, rank Int32, seq Int64 (the row the issue is about),
+    kind String, severity String (error | warning | info),
+    fqn String, phase Enum(forward|backward|recompute), call_id Int64,
+    step Int32, thread_id Int32, message String
+
+Kinds (``KINDS``, with their severity):
+
+- ``no_enter`` error: an exit with no open enter of its call (warning when
+  the recorder itself marked the exit ``no_enter``);
+- ``unclosed`` error: an enter never exited (warning when the run did not
+  finish: a crash or kill leaves calls open);
+- ``crossed`` error: an exit of an open call that is not the innermost one;
+- ``reentered`` error: an enter of a call that is still open;
+- ``duplicate_enter`` / ``duplicate_exit`` error: a call entered or exited
+  again after it closed;
+- ``error_exit`` info: the forward raised;
+- ``early_stop`` info: a checkpoint recompute stopped once it had what it
+  needed;
+- ``closed_at_end_of_backward`` info: no hook signalled the backward exit
+  (the module's inputs need no grad); closed when the graph task ended.
+
+A healthy record has no error or warning issue.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from modtrace.analysis.events import EXIT, MODULE_SCHEMA, PHASE_ENUM, conform, decode
+from modtrace.analysis.spans import Pairing
+from modtrace.codes import Status
+
+ISSUE_COLUMNS: tuple[str, ...] = (
+    "run_id", "rank", "seq", "kind", "severity", "fqn", "phase", "call_id", "step", "thread_id", "message",
+)
+
+ISSUE_SCHEMA: dict[str, pl.DataType] = {
+    "run_id": pl.Int32(),
+    "rank": pl.Int32(),
+    "seq": pl.Int64(),
+    "kind": pl.String(),
+    "severity": pl.String(),
+    "fqn": pl.String(),
+    "phase": PHASE_ENUM,
+    "call_id": pl.Int64(),
+    "step": pl.Int32(),
+    "thread_id": pl.Int32(),
+    "message": pl.String(),
+}
+
+KINDS: dict[str, str] = {
+    "no_enter": "error",
+    "unclosed": "error",
+    "crossed": "error",
+    "reentered": "error",
+    "duplicate_enter": "error",
+    "duplicate_exit": "error",
+    "error_exit": "info",
+    "early_stop": "info",
+    "closed_at_end_of_backward": "info",
+}
+SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
+
+_STATUS_KINDS: dict[int, str] = {
+    int(Status.ERROR): "error_exit",
+    int(Status.EARLY_STOP): "early_stop",
+    int(Status.CLOSED_AT_END_OF_BACKWARD): "closed_at_end_of_backward",
+}
+
+
+def empty_issues() -> pl.DataFrame:
+    return pl.DataFrame(schema=ISSUE_SCHEMA)
+
+
+def _phase_name(code: int | None) -> str:
+    return PHASE_ENUM.categories[code] if code is not None else "?"
+
+
+def _message(row: dict[str, object], fqn_of: dict[tuple[int, int], str], complete: bool) -> tuple[str, str]:
+    """(severity, message) for one structural issue."""
+    kind = str(row["kind"])
+    rank = int(row["rank"])  # type: ignore[call-overload]
+    fqn = row["fqn"] or f"module {row['module_id']}"
+    phase = _phase_name(row["phase"])  # type: ignore[arg-type]
+    seq, step = row["seq"], row["step"]
+    other, other_exit = row["other"], row["other_exit"]
+    severity = KINDS[kind]
+    if kind == "unclosed":
+        msg = f"{fqn} {phase} call entered at seq {seq} (step {step}) was never exited"
+        if not complete:
+            severity = "warning"
+            msg += "; the run did not finish"
+    elif kind == "no_enter":
+        msg = f"{fqn} {phase} exit at seq {seq} (step {step}) has no matching enter"
+        if row["status"] == Status.NO_ENTER:
+            severity = "warning"
+            msg += " (the recorder marked it so)"
+    elif kind == "crossed":
+        other_fqn = fqn_of.get((rank, int(row["other_module"])), "?") if row["other_module"] is not None else "?"  # type: ignore[call-overload]
+        msg = (
+            f"{fqn} {phase} exit at seq {seq} (step {step}) does not match the innermost open call "
+            f"{other_fqn} (entered at seq {other})"
+        )
+    elif kind == "reentered":
+        msg = f"{fqn} {phase} entered again at seq {seq} (step {step}) while the same call, entered at seq {other}, is still open"
+    elif kind == "duplicate_enter":
+        msg = f"{fqn} {phase} entered again at seq {seq} (step {step}) for a call that already ran (seq {other} to {other_exit})"
+    elif kind == "duplicate_exit":
+        msg = f"{fqn} {phase} exited again at seq {seq} (step {step}) for a call already closed at seq {other_exit}"
+    else:  # pragma: no cover - the walk reports only the kinds above
+        msg = f"{fqn} {phase}: {kind} at seq {seq}"
+    return severity, msg
+
+
+def collect_issues(
+    events: pl.DataFrame, pairing: Pairing, modules: pl.DataFrame, *, complete: bool = True
+) -> pl.DataFrame:
+    """Normalised event frame and its pairing -> issues frame (``ISSUE_COLUMNS``), by (rank, seq, kind).
+
+    ``complete`` says the run finished normally; when it did not, calls
+    left open are warnings (the trace of the crash), not errors.
+    """
+    names = conform(modules, MODULE_SCHEMA).select("rank", "module_id", "fqn")
+    run_id = events["run_id"][0] if events.height else None
+    row_info = events.select("rank", "seq", "step", "thread_id")
+
+    parts: list[pl.DataFrame] = []
+    raw = pairing.issues
+    if raw.height:
+        fqn_of = {(r, m): f for r, m, f in names.iter_rows()}
+        joined = raw.join(row_info, on=["rank", "seq"], how="left").join(
+            names, on=["rank", "module_id"], how="left"
+        )
+        rows = []
+        for row in joined.iter_rows(named=True):
+            severity, msg = _message(row, fqn_of, complete)
+            rows.append((row["rank"], row["seq"], row["kind"], severity, row["fqn"], row["phase"],
+                         row["call_id"], row["step"], row["thread_id"], msg))
+        parts.append(
+            pl.DataFrame(
+                rows,
+                schema={"rank": pl.Int32(), "seq": pl.Int64(), "kind": pl.String(), "severity": pl.String(),
+                        "fqn": pl.String(), "phase": pl.Int8(), "call_id": pl.Int64(), "step": pl.Int32(),
+                        "thread_id": pl.Int32(), "message": pl.String()},
+                orient="row",
+            )
+        )
+
+    flagged = events.filter((pl.col("kind") == EXIT) & pl.col("status").is_in(list(_STATUS_KINDS)))
+    if flagged.height:
+        kind = pl.col("status").replace_strict(_STATUS_KINDS, return_dtype=pl.String)
+        where = pl.format("at seq {} (step {})", pl.col("seq"), pl.col("step"))
+        message = (
+            pl.when(pl.col("status") == Status.ERROR)
+            .then(pl.format("{} forward raised an exception; exit {}", pl.col("fqn"), where))
+            .when(pl.col("status") == Status.EARLY_STOP)
+            .then(pl.format("{} recompute stopped early {}: checkpoint had recomputed what backward needed", pl.col("fqn"), where))
+            .otherwise(pl.format("{} backward closed at the end of the backward pass {}: no gradient hook signalled its exit", pl.col("fqn"), where))
+        )
+        parts.append(
+            flagged.join(names, on=["rank", "module_id"], how="left")
+            .with_columns(pl.col("fqn").fill_null(pl.format("module {}", pl.col("module_id"))))
+            .select(
+                "rank", "seq", kind.alias("kind"), pl.lit("info").alias("severity"), "fqn", "phase",
+                "call_id", "step", "thread_id", message.alias("message"),
+            )
+        )
+    if not parts:
+        return empty_issues()
+    issues = pl.concat(parts, how="vertical_relaxed").with_columns(
+        pl.lit(run_id, dtype=pl.Int32).alias("run_id"),
+        decode(pl.col("phase"), PHASE_ENUM).alias("phase"),
+    )
+    return issues.select(ISSUE_COLUMNS).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]
