@@ -37,14 +37,19 @@ def upgrade(db: str | None) -> None:
 def current(db: str | None) -> None:
     """Print the database's schema revision and this modtrace's head."""
     from modtrace.store.engine import open_store, read_revision
-    from modtrace.store.schema import HEAD
+    from modtrace.store.schema import HEAD, REVISIONS
 
     store = open_store(db, check=False)
     try:
         rev, _ = read_revision(store.engine)
     finally:
         store.dispose()
-    state = "head" if rev == HEAD else "behind head" if rev else "no schema"
+    if rev == HEAD:
+        state = "head"
+    elif rev in REVISIONS:
+        state = "behind head; run `modtrace db upgrade`"
+    else:
+        state = "newer than this modtrace; upgrade modtrace"
     click.echo(f"{rev} ({state}; this modtrace's head is {HEAD})")
 
 
