@@ -1,0 +1,30 @@
+"""modtrace: record the nn.Module hierarchy of PyTorch programs and analyse it offline.
+
+``modtrace.Recorder`` records into a database; ``modtrace.ModuleTracker`` is a
+drop-in replacement for ``torch.utils.module_tracker.ModuleTracker``.  Both are
+imported lazily so that ``import modtrace`` (and the CLI) does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from modtrace._version import __version__
+
+if TYPE_CHECKING:
+    from modtrace.module_tracker import ModuleTracker
+    from modtrace.recorder import Recorder
+
+__all__ = ["ModuleTracker", "Recorder", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Recorder":
+        from modtrace.recorder import Recorder
+
+        return Recorder
+    if name == "ModuleTracker":
+        from modtrace.module_tracker import ModuleTracker
+
+        return ModuleTracker
+    raise AttributeError(f"module 'modtrace' has no attribute {name!r}")

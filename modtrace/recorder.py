@@ -1,0 +1,343 @@
+"""Recording session: a run in the database, a tracker, a buffer and a flusher.
+
+``Recorder`` is a context manager.  Inside it, every module call appends a
+tuple to an in-memory list (the tracker's hot path); a background thread
+moves the list to the store in batches -- after each step boundary, whenever
+``flush_every`` events are waiting, at least once a second -- and the last
+batch is written when the context exits (also from ``atexit`` and on
+SIGTERM).  A process killed with SIGKILL loses at most the unflushed window:
+about ``flush_every`` events or one second of events, whichever is smaller.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from modtrace._version import __version__
+from modtrace.codes import Status
+from modtrace.errors import StoreError
+from modtrace.store.engine import Store, open_store
+from modtrace.store.runs import add_rank, create_run, finish_rank
+from modtrace.store.writer import RankWriter
+from modtrace.tracker import Tracker
+
+DEFAULT_FLUSH_EVERY = 20_000
+FLUSH_INTERVAL_S = 1.0
+_POLL_S = 0.1
+
+
+class Terminated(BaseException):
+    """Raised in the main thread when SIGTERM arrives during a recording."""
+
+
+@dataclass(frozen=True)
+class RecorderProgress:
+    events: int
+    steps: int
+    elapsed_s: float
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # pragma: no cover - a broken distributed setup still records rank 0
+        pass
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def default_run_name(base: str | None = None, world_size: int = 1) -> str:
+    """``<script>-<UTC start>``; ranks of one torchrun launch derive the same name."""
+    stem = base or Path(sys.argv[0] or "python").stem or "python"
+    launch = os.environ.get("TORCHELASTIC_RUN_ID")
+    if world_size > 1 and launch and launch != "none":
+        return f"{stem}-{launch}"
+    return f"{stem}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
+
+
+class Recorder:
+    """Record every ``nn.Module`` call inside a ``with`` block into a database.
+
+    >>> with modtrace.Recorder(db="trace.db", run="baseline") as rec:
+    ...     for batch in data:
+    ...         loss = model(batch).sum(); loss.backward(); opt.step()
+
+    Steps advance after every optimizer step and on ``rec.step()``.
+    """
+
+    def __init__(
+        self,
+        db: str | None = None,
+        run: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        *,
+        command: str | None = None,
+        join: bool | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        clock: Callable[[], int] | None = None,
+        flush_every: int = DEFAULT_FLUSH_EVERY,
+        analyze: bool = True,
+        meta: Mapping[str, Any] | None = None,
+        handle_sigterm: bool = True,
+    ) -> None:
+        env_rank, env_world = _dist_rank_world()
+        self.rank = env_rank if rank is None else rank
+        self.world_size = env_world if world_size is None else world_size
+        self.db = db
+        self.run_name = run or default_run_name(world_size=self.world_size)
+        self.tags = dict(tags or {})
+        self.command = command if command is not None else shlex.join([sys.executable, *sys.argv])
+        self.join = (self.world_size > 1) if join is None else join
+        self.flush_every = flush_every
+        self.analyze = analyze
+        self.meta = dict(meta or {})
+        self.handle_sigterm = handle_sigterm
+        self.run_id: int = 0
+        self.status: str | None = None
+        self._clock = clock
+        self._buf: list[tuple[Any, ...]] = []
+        self._written = 0
+        self._store: Store | None = None
+        self._writer: RankWriter | None = None
+        self._tracker: Tracker | None = None
+        self._flush_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._flush_error: BaseException | None = None
+        self._started = 0.0
+        self._prev_sigterm: Any = None
+        self._atexit_registered = False
+
+    # -- public ------------------------------------------------------------------
+
+    @property
+    def events_recorded(self) -> int:
+        return self._written + len(self._buf)
+
+    @property
+    def step_count(self) -> int:
+        return self._tracker.step if self._tracker is not None else 0
+
+    @property
+    def active(self) -> bool:
+        return self._tracker is not None and self._tracker.active
+
+    def progress(self) -> RecorderProgress:
+        return RecorderProgress(self.events_recorded, self.step_count, time.monotonic() - self._started if self._started else 0.0)
+
+    def step(self) -> None:
+        """Mark a step boundary: later events carry the next step number."""
+        if self._tracker is not None:
+            self._tracker.step += 1
+            self._wake.set()
+
+    def start(self) -> Recorder:
+        store = open_store(self.db, create=True)
+        try:
+            meta = {
+                "command": self.command,
+                "cwd": os.getcwd(),
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "world_size": self.world_size,
+                "python_version": platform.python_version(),
+                "torch_version": _torch_version(),
+                "modtrace_version": __version__,
+                "tags": self.tags,
+            }
+            meta.update(self.meta)
+            self.run_id, _created = create_run(store, self.run_name, meta, join=self.join)
+            tracker = Tracker(self._buf.append, clock=self._clock, on_optimizer_step=self.step)
+            wall = time.time_ns()
+            tracker.start()
+            try:
+                add_rank(store, self.run_id, self.rank, wall)
+            except BaseException:
+                tracker.stop()
+                raise
+        except BaseException:
+            store.dispose()
+            raise
+        self._store = store
+        self._writer = RankWriter(store, self.run_id, self.rank)
+        self._tracker = tracker
+        self._started = time.monotonic()
+        self._flusher = threading.Thread(target=self._flush_loop, name="modtrace-flush", daemon=True)
+        self._flusher.start()
+        self._install_signal_handlers()
+        return self
+
+    def finish(self, status: str = "completed", error: str | None = None) -> None:
+        """Stop recording, write what is buffered and mark the run ``status``."""
+        tracker = self._tracker
+        if tracker is None or self.status is not None:
+            return
+        tracker.stop()
+        if status != "completed":
+            tracker.close_open_forward(int(Status.ERROR))
+        self._stopping.set()
+        self._wake.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join()
+        self._restore_signal_handlers()
+        try:
+            self.flush()
+        except StoreError as exc:
+            status, error = "failed", str(exc)
+        if self._flush_error is not None and status == "completed":
+            status, error = "failed", f"writing events failed: {self._flush_error}"
+        assert self._store is not None
+        self.status = status
+        try:
+            finish_rank(self._store, self.run_id, self.rank, status, error)
+            if self.analyze and self._flush_error is None:
+                self._materialize()
+        finally:
+            self._store.dispose()
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.finish("completed")
+        elif issubclass(exc_type, (KeyboardInterrupt, Terminated)):
+            self.finish("interrupted", "KeyboardInterrupt" if issubclass(exc_type, KeyboardInterrupt) else "SIGTERM")
+        elif issubclass(exc_type, SystemExit):
+            code = exc.code if isinstance(exc, SystemExit) else None
+            ok = code in (None, 0)
+            self.finish("completed" if ok else "failed", None if ok else f"SystemExit: {code}")
+        else:
+            self.finish("failed", _summary(exc))
+
+    # -- writing -----------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Write buffered events and names now; returns the number of events written."""
+        tracker, writer = self._tracker, self._writer
+        if tracker is None or writer is None:
+            return 0
+        with self._flush_lock:
+            buf = self._buf
+            n = len(buf)
+            events = buf[:n]
+            # Events first, then names: every name an event refers to was
+            # registered before the event, so it is in this batch or an earlier one.
+            modules = _drain(tracker.new_modules)
+            threads = _drain(tracker.new_threads)
+            devices = _drain(tracker.new_devices)
+            try:
+                writer.write(events, modules, threads, devices, progress=(self._written + n, tracker.step))
+            except Exception as exc:
+                # Keep the rows for another try; the names too.
+                tracker.new_modules[:0] = modules
+                tracker.new_threads[:0] = threads
+                tracker.new_devices[:0] = devices
+                raise StoreError(f"writing events to {writer.store.label} failed: {_one_line(exc)}") from exc
+            del buf[:n]
+            self._written += n
+        return n
+
+    def _flush_loop(self) -> None:
+        last = time.monotonic()
+        while not self._stopping.is_set():
+            woken = self._wake.wait(_POLL_S)
+            self._wake.clear()
+            if self._stopping.is_set():
+                break
+            now = time.monotonic()
+            if woken or len(self._buf) >= self.flush_every or now - last >= FLUSH_INTERVAL_S:
+                if not self._buf and not woken:
+                    last = now
+                    continue
+                try:
+                    self.flush()
+                except StoreError as exc:
+                    self._flush_error = exc.__cause__ or exc
+                    return
+                last = now
+
+    def _materialize(self) -> None:
+        try:
+            from modtrace.analysis import materialize
+        except ImportError:  # analysis layer not installed in this build
+            return
+        assert self._store is not None
+        try:
+            materialize(self._store, self.run_id)
+        except Exception as exc:  # the events are safe; analysis can be rerun with `modtrace analyze`
+            print(f"modtrace: warning: analysing run {self.run_name!r} failed: {_one_line(exc)}; "
+                  f"rerun `modtrace analyze {self.run_name}`", file=sys.stderr)
+
+    # -- process-level safety nets ----------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        if not self._atexit_registered:
+            atexit.register(self._atexit)
+            self._atexit_registered = True
+        if not self.handle_sigterm or threading.current_thread() is not threading.main_thread():
+            return
+        prev = signal.getsignal(signal.SIGTERM)
+        if prev not in (signal.SIG_DFL, None):
+            return  # the program handles SIGTERM itself; atexit still flushes
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            raise Terminated()
+
+        self._prev_sigterm = prev
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _restore_signal_handlers(self) -> None:
+        if self._prev_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._prev_sigterm)
+            self._prev_sigterm = None
+        if self._atexit_registered:
+            atexit.unregister(self._atexit)
+            self._atexit_registered = False
+
+    def _atexit(self) -> None:
+        if self.status is None and self._tracker is not None:
+            self.finish("interrupted", "process exited inside the recording")
+
+
+def _drain(rows: list[Any]) -> list[Any]:
+    n = len(rows)
+    out = rows[:n]
+    del rows[:n]
+    return out
+
+
+def _torch_version() -> str | None:
+    torch = sys.modules.get("torch")
+    return str(getattr(torch, "__version__", "")) or None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _summary(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -1,0 +1,605 @@
+"""The hooks that see module calls, and the event tuples they append.
+
+``Tracker`` installs global forward hooks (every ``nn.Module`` call in the
+process), a global optimizer step hook, and autograd node pre-hooks for the
+backward pass.  Each hook builds one tuple in ``modtrace.store.writer``'s
+``EVENT_COLUMNS`` order and hands it to ``append`` -- a ``list.append`` for the
+recorder, a small state machine for ``ModuleTracker``.  Nothing here formats
+strings, touches a database or builds a hierarchy; that happens later.
+
+How each phase is seen:
+
+* forward: a global pre-hook opens the call, a global post-hook registered
+  with ``always_call=True`` closes it (status ``error`` when the forward
+  raised, ``early_stop`` when checkpoint recomputation stopped itself).
+* backward: for every call that built autograd graph, the node producing
+  each output gets an *enter* entry and the node producing each input gets
+  an *exit* entry.  One pre-hook per node dispatches all entries of that node
+  at once, exits first (innermost first), then enters (outermost first), so
+  the ties that torch's per-module hooks produce (a parent and its child
+  sharing a tensor) come out already nested.  A backward span still open
+  when an unrelated module's backward starts has finished (the engine runs
+  one node at a time per device) and is closed then; spans no hook ever
+  closes (inputs that need no grad) are closed, innermost first, when the
+  graph task ends, with status ``closed_at_end_of_backward``.
+* recompute: forward hooks firing inside a backward graph task are
+  activation-checkpoint recomputation.  Their call id is the original
+  forward call's: the outermost recomputed call takes the module's latest
+  forward call not yet recomputed in this graph task, nested calls take the
+  next unused call of that module made under the linked parent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.hooks import RemovableHandle
+
+from modtrace.codes import Kind, Phase, Status
+
+Event = tuple[Any, ...]
+Append = Callable[[Event], Any]
+
+_ENTER = int(Kind.ENTER)
+_EXIT = int(Kind.EXIT)
+_FORWARD = int(Phase.FORWARD)
+_BACKWARD = int(Phase.BACKWARD)
+_RECOMPUTE = int(Phase.RECOMPUTE)
+_OK = int(Status.OK)
+_ERROR = int(Status.ERROR)
+_EARLY_STOP = int(Status.EARLY_STOP)
+_CLOSED_AT_END = int(Status.CLOSED_AT_END_OF_BACKWARD)
+
+_graph_task_id = torch._C._current_graph_task_id
+_grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor
+_META_KEY = "modtrace"
+# Recent forward calls kept per module for linking recomputation to them.
+_RECENT_CALLS = 256
+_RAISED = object()  # marks the post-hook call torch makes when a forward raised
+
+
+def _is_compiling() -> bool:
+    return bool(torch.compiler.is_compiling())
+
+
+class _Call:
+    """Backward bookkeeping of one forward call that built autograd graph."""
+
+    __slots__ = ("module_id", "call_id", "device_id", "task", "exits_seen", "n_exit", "closed", "cancelled")
+
+    def __init__(self, module_id: int, call_id: int, device_id: int | None) -> None:
+        self.module_id = module_id
+        self.call_id = call_id
+        self.device_id = device_id
+        self.task = -1  # graph task in which the backward was entered
+        self.exits_seen = 0
+        self.n_exit = 0  # input nodes whose gradient must be ready before the exit
+        self.closed = True
+        self.cancelled = False
+
+
+class _Frame:
+    """One open forward or recompute call on a thread's stack."""
+
+    __slots__ = ("module", "module_id", "call_id", "device_id", "phase", "task", "exit_nodes", "calls")
+
+    def __init__(self, module: nn.Module, module_id: int, call_id: int, device_id: int | None, phase: int, task: int) -> None:
+        self.module = module
+        self.module_id = module_id
+        self.call_id = call_id
+        self.device_id = device_id
+        self.phase = phase
+        self.task = task
+        self.exit_nodes: list[Any] | None = None
+        self.calls: list[_Call] | None = None  # backward bookkeeping made inside this call
+
+
+class _ThreadState:
+    __slots__ = ("tid", "stack")
+
+    def __init__(self, tid: int) -> None:
+        self.tid = tid
+        self.stack: list[_Frame] = []
+
+
+class _ModuleInfo:
+    __slots__ = ("module_id", "fqn", "ancestors")
+
+    def __init__(self, module_id: int, fqn: str, ancestors: frozenset[int]) -> None:
+        self.module_id = module_id
+        self.fqn = fqn
+        self.ancestors = ancestors
+
+
+class Tracker:
+    """Global hooks turning module calls into event tuples.
+
+    ``append`` receives every event; ``clock`` returns nanoseconds (injected
+    in tests).  ``new_modules``, ``new_threads`` and ``new_devices`` collect
+    lookup rows not yet handed to the store; the owner drains them.
+    """
+
+    def __init__(self, append: Append, clock: Callable[[], int] | None = None, on_optimizer_step: Callable[[], None] | None = None) -> None:
+        self._append = append
+        self._clock = clock or time.perf_counter_ns
+        self._on_optimizer_step = on_optimizer_step
+        self.t0 = 0
+        self.step = 0
+        self._seq = itertools.count()
+        self._call_ids = itertools.count(1)
+        self._active = False
+        self._handles: list[RemovableHandle] = []
+        self._leaf_handles: weakref.WeakKeyDictionary[torch.Tensor, RemovableHandle] = weakref.WeakKeyDictionary()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._thread_count = 0
+        # modules: id(module) -> info; fqn and ids persist after a module dies
+        self._mods: dict[int, _ModuleInfo] = {}
+        self._mod_refs: dict[int, weakref.ref[nn.Module]] = {}
+        self._root_names: dict[str, int] = {}
+        self.fqns: list[str] = []
+        self._anc: list[frozenset[int]] = []  # module id -> ids of its owning modules
+        self._devices: dict[torch.device, int] = {}
+        self._cuda_devices: set[int] = set()
+        # backward: graph task -> open calls (a stack, innermost last)
+        self._bw: dict[int, list[_Call]] = {}
+        self._recent: dict[int, deque[tuple[int, int]]] = {}
+        self._recomputed: dict[int, set[int]] = {}
+        self.new_modules: list[tuple[int, str, str, int | None]] = []
+        self.new_threads: list[tuple[int, int, str]] = []
+        self.new_devices: list[tuple[int, str]] = []
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._active:
+            raise RuntimeError("tracker already started")
+        self.t0 = self._clock()
+        self._active = True
+        self._handles = [
+            register_module_forward_pre_hook(self._forward_pre),
+            register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
+        ]
+        if self._on_optimizer_step is not None:
+            callback = self._on_optimizer_step
+            self._handles.append(register_optimizer_step_post_hook(lambda opt, args, kwargs: callback()))
+
+    def stop(self) -> None:
+        """Remove every hook; node hooks still attached to live graphs become inert."""
+        self._active = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for handle in list(self._leaf_handles.values()):
+            handle.remove()
+        self._leaf_handles.clear()
+        self._bw.clear()
+        self._recomputed.clear()
+        self._recent.clear()
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def now(self) -> int:
+        return self._clock() - self.t0
+
+    def open_forward_calls(self) -> int:
+        st = getattr(self._local, "st", None)
+        return len(st.stack) if st is not None else 0
+
+    def fqn(self, module_id: int) -> str:
+        return self.fqns[module_id]
+
+    # -- naming ----------------------------------------------------------------
+
+    def _thread(self) -> _ThreadState:
+        with self._lock:
+            tid = self._thread_count
+            self._thread_count += 1
+        st = _ThreadState(tid)
+        self._local.st = st
+        cur = threading.current_thread()
+        self.new_threads.append((tid, threading.get_ident(), cur.name))
+        return st
+
+    def _info(self, mod: nn.Module, st: _ThreadState) -> _ModuleInfo:
+        with self._lock:
+            info = self._mods.get(id(mod))
+            if info is not None:
+                return info
+            target = getattr(mod, "_orig_mod", None) if type(mod).__name__ == "OptimizedModule" else None
+            if target is not None and id(target) in self._mods:
+                return self._alias(mod, self._mods[id(target)])
+            for frame in reversed(st.stack):  # a child added after its parent was named
+                if self._name_tree(frame.module, self._mods[id(frame.module)].fqn, find=mod):
+                    return self._mods[id(mod)]
+            root = target if target is not None else mod
+            base = type(root).__name__
+            n = self._root_names.get(base, 0)
+            self._root_names[base] = n + 1
+            self._name_tree(root, base if n == 0 else f"{base}#{n}")
+            if target is not None:
+                return self._alias(mod, self._mods[id(target)])
+            return self._mods[id(mod)]
+
+    def _alias(self, wrapper: nn.Module, info: _ModuleInfo) -> _ModuleInfo:
+        # torch.compile's OptimizedModule is the module it wraps: no extra level.
+        self._remember(wrapper, info)
+        return info
+
+    def _remember(self, mod: nn.Module, info: _ModuleInfo) -> None:
+        key = id(mod)
+        self._mods[key] = info
+
+        def forget(_ref: object, key: int = key) -> None:
+            self._mods.pop(key, None)
+            self._mod_refs.pop(key, None)
+
+        self._mod_refs[key] = weakref.ref(mod, forget)
+
+    def _name_tree(self, root: nn.Module, root_fqn: str, find: nn.Module | None = None) -> bool:
+        """Name ``root``'s unnamed descendants; with ``find``, only if it is among them."""
+        if find is not None and not any(sub is find for sub in root.modules()):
+            return False
+        ids: dict[str, int] = {}
+        root_info = self._mods.get(id(root))
+        for name, sub in root.named_modules(remove_duplicate=True):
+            parts = [p for p in name.split(".") if p and p != "_orig_mod"] if name else []
+            fqn = ".".join([root_fqn, *parts])
+            if id(sub) in self._mods:
+                ids[fqn] = self._mods[id(sub)].module_id
+                continue
+            if type(sub).__name__ == "OptimizedModule" and fqn in ids:
+                continue
+            parent_fqn = fqn.rsplit(".", 1)[0] if parts else None
+            parent_id = ids.get(parent_fqn) if parent_fqn else None
+            if parent_id is None and root_info is not None and parts and parent_fqn == root_fqn:
+                parent_id = root_info.module_id
+            ancestors: frozenset[int] = frozenset()
+            if parent_id is not None:
+                ancestors = self._ancestors_of(parent_id) | {parent_id}
+            module_id = len(self.fqns)
+            self.fqns.append(fqn)
+            self._anc.append(ancestors)
+            info = _ModuleInfo(module_id, fqn, ancestors)
+            self._remember(sub, info)
+            ids[fqn] = module_id
+            self.new_modules.append((module_id, fqn, type(sub).__name__, parent_id))
+        return True
+
+    def _ancestors_of(self, module_id: int) -> frozenset[int]:
+        return self._anc[module_id]
+
+    def _device(self, dev: torch.device) -> int:
+        device_id = self._devices.get(dev)
+        if device_id is None:
+            with self._lock:
+                device_id = self._devices.get(dev)
+                if device_id is None:
+                    device_id = len(self._devices)
+                    self._devices[dev] = device_id
+                    if dev.type == "cuda":
+                        self._cuda_devices.add(device_id)
+                    self.new_devices.append((device_id, str(dev)))
+        return device_id
+
+    def _stream(self, device_id: int | None, dev: torch.device | None) -> int | None:
+        if device_id is None or device_id not in self._cuda_devices or dev is None:
+            return None
+        return int(torch.cuda.current_stream(dev).cuda_stream)
+
+    def _module_device(self, mod: nn.Module) -> torch.device | None:
+        for t in itertools.chain(mod.parameters(), mod.buffers()):
+            return t.device
+        return None
+
+    # -- forward ---------------------------------------------------------------
+
+    def _forward_pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
+        if _is_compiling():
+            return
+        try:
+            st: _ThreadState = self._local.st
+        except AttributeError:
+            st = self._thread()
+        info = self._mods.get(id(mod)) or self._info(mod, st)
+        module_id = info.module_id
+        task = _graph_task_id()
+        dev = None
+        for a in args:
+            if isinstance(a, _Tensor):
+                dev = a.device
+                break
+        else:
+            dev = self._module_device(mod)
+        device_id = self._device(dev) if dev is not None else None
+        stream = self._stream(device_id, dev) if self._cuda_devices else None
+        stack = st.stack
+        if task == -1:
+            phase = _FORWARD
+            call_id = next(self._call_ids)
+            parent = stack[-1].call_id if stack else 0
+            recent = self._recent.get(module_id)
+            if recent is None:
+                recent = self._recent[module_id] = deque(maxlen=_RECENT_CALLS)
+            recent.append((call_id, parent))
+        else:
+            phase = _RECOMPUTE
+            call_id = self._link_recompute(module_id, stack, task)
+        frame = _Frame(mod, module_id, call_id, device_id, phase, task)
+        stack.append(frame)
+        self._append((next(self._seq), self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step,
+                      st.tid, device_id, stream, _OK, None if task == -1 else task, 0))
+        if _grad_enabled():
+            nodes = None
+            for a in args:
+                if isinstance(a, _Tensor) and a.requires_grad:
+                    if nodes is None:
+                        nodes = [a]
+                    else:
+                        nodes.append(a)
+            if nodes is not None:
+                frame.exit_nodes = nodes
+
+    def _link_recompute(self, module_id: int, stack: list[_Frame], task: int) -> int:
+        used = self._recomputed.get(task)
+        if used is None:
+            used = self._recomputed[task] = set()
+        recent = self._recent.get(module_id, ())
+        parent = stack[-1] if stack and stack[-1].phase == _RECOMPUTE else None
+        chosen = 0
+        if parent is not None:
+            for call_id, parent_id in recent:
+                if parent_id == parent.call_id and call_id not in used:
+                    chosen = call_id
+                    break
+        if not chosen:
+            for call_id, _ in reversed(recent):
+                if call_id not in used:
+                    chosen = call_id
+                    break
+        if not chosen:
+            return next(self._call_ids)
+        used.add(chosen)
+        return chosen
+
+    def _forward_post(self, mod: nn.Module, args: tuple[Any, ...], kwargs: Any, output: Any = _RAISED) -> None:
+        # torch calls this with (module, args, kwargs, output) after a forward
+        # returns, and with (module, args, output) when the forward raised.
+        if output is _RAISED:
+            failed = True
+            kwargs = None
+        else:
+            failed = False
+        if _is_compiling():
+            return
+        st: _ThreadState | None = getattr(self._local, "st", None)
+        if st is None or not st.stack:
+            return
+        stack = st.stack
+        frame = stack.pop()
+        status = _OK
+        if frame.module is not mod:
+            # A forward interrupted by something no hook saw (KeyboardInterrupt
+            # caught by the program): close what was left open above this call.
+            found = any(f.module is mod for f in stack)
+            if not found:
+                stack.append(frame)
+                return
+            while frame.module is not mod:
+                self._exit_forward(st, frame, _ERROR)
+                frame = stack.pop()
+        if failed:
+            exc_type = sys.exc_info()[0]
+            early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
+            status = _EARLY_STOP if early else _ERROR
+            if frame.calls:  # nested calls that finished: their backward will never come
+                for inner in frame.calls:
+                    inner.cancelled = True
+        self._exit_forward(st, frame, status)
+        if status != _OK or not _grad_enabled():
+            return
+        # Backward bookkeeping: the call's outputs (enter) and inputs (exit).
+        outs = _grad_tensors(output)
+        if kwargs:
+            extra = _grad_tensors(kwargs)
+            if extra:
+                frame.exit_nodes = (frame.exit_nodes or []) + extra
+        if outs is None and frame.exit_nodes is None:
+            call = None
+        else:
+            call = self._register_backward(frame, outs)
+        if stack and (call is not None or frame.calls):
+            parent = stack[-1]
+            if parent.calls is None:
+                parent.calls = []
+            if call is not None:
+                parent.calls.append(call)
+            if frame.calls:
+                parent.calls.extend(frame.calls)
+
+    def _register_backward(self, frame: _Frame, outs: list[torch.Tensor] | None) -> _Call:
+        call = _Call(frame.module_id, frame.call_id, frame.device_id)
+        if frame.exit_nodes:
+            seen: set[int] = set()
+            for t in frame.exit_nodes:
+                node = self._node_of(t)
+                if node is None or id(node) in seen:
+                    continue
+                seen.add(id(node))
+                self._entries(node, t)[0].append(call)
+            call.n_exit = len(seen)
+        if outs:
+            seen_out: set[int] = set()
+            for t in outs:
+                node = t.grad_fn
+                if node is None or id(node) in seen_out:
+                    continue
+                seen_out.add(id(node))
+                self._entries(node, t)[1].append(call)
+        return call
+
+    def _exit_forward(self, st: _ThreadState, frame: _Frame, status: int) -> None:
+        stream = self._stream(frame.device_id, None) if self._cuda_devices else None
+        self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
+                      self.step, st.tid, frame.device_id, stream, status, None if frame.task == -1 else frame.task, 0))
+
+    def _node_of(self, t: torch.Tensor) -> Any:
+        node = t.grad_fn
+        if node is not None:
+            return node
+        if t.requires_grad:  # a leaf: its AccumulateGrad node
+            return t.view_as(t).grad_fn.next_functions[0][0]
+        return None
+
+    def _entries(self, node: Any, t: torch.Tensor) -> tuple[list[_Call], list[_Call]]:
+        md = node.metadata
+        entries: tuple[list[_Call], list[_Call]] | None = md.get(_META_KEY)
+        if entries is None:
+            entries = ([], [])
+            md[_META_KEY] = entries
+            leaf = t.grad_fn is None
+            handle = node.register_prehook(partial(self._dispatch, entries, leaf))
+            if leaf:
+                old = self._leaf_handles.get(t)
+                if old is not None:
+                    old.remove()
+                self._leaf_handles[t] = handle
+        return entries
+
+    # -- backward --------------------------------------------------------------
+
+    def _dispatch(self, entries: tuple[list[_Call], list[_Call]], leaf: bool, grad_outputs: Any) -> None:
+        if not self._active:
+            return None
+        exits, enters = entries
+        if leaf:
+            # AccumulateGrad nodes outlive the graph: take their entries once.
+            exits, enters = list(exits), list(enters)
+            entries[0].clear()
+            entries[1].clear()
+        task = _graph_task_id()
+        open_calls = self._bw.get(task)
+        if open_calls is None:
+            open_calls = self._bw[task] = []
+            torch.autograd.Variable._execution_engine.queue_callback(partial(self._end_of_task, task))
+        try:
+            st: _ThreadState = self._local.st
+        except AttributeError:
+            st = self._thread()
+        tie = 0
+        for call in exits:
+            if call.cancelled:
+                continue
+            if call.task != task:
+                if call in enters:  # output is its input (an identity): enter, then exit
+                    tie = self._bw_enter(call, task, open_calls, st, tie)
+                else:
+                    continue  # its outputs never got a gradient: it had no backward
+            if call.closed:
+                continue
+            call.exits_seen += 1
+            if call.exits_seen < call.n_exit:
+                continue
+            while open_calls:
+                top = open_calls.pop()
+                if top is call:
+                    break
+                top.closed = True  # a descendant nothing closed: it is done too
+                tie = self._bw_event(top, _EXIT, _OK, task, st, tie)
+            call.closed = True
+            tie = self._bw_event(call, _EXIT, _OK, task, st, tie)
+        for call in reversed(enters):
+            if call.cancelled or call.task == task:
+                continue
+            tie = self._bw_enter(call, task, open_calls, st, tie)
+        return None
+
+    def _bw_enter(self, call: _Call, task: int, open_calls: list[_Call], st: _ThreadState, tie: int) -> int:
+        call.task = task
+        call.exits_seen = 0
+        call.closed = False
+        ancestors = self._anc[call.module_id]
+        while open_calls:
+            top = open_calls[-1]
+            if top.module_id == call.module_id or top.module_id in ancestors:
+                break
+            # An unrelated module's backward starts: the open one has finished.
+            open_calls.pop()
+            top.closed = True
+            tie = self._bw_event(top, _EXIT, _OK, task, st, tie)
+        open_calls.append(call)
+        return self._bw_event(call, _ENTER, _OK, task, st, tie)
+
+    def _bw_event(self, call: _Call, kind: int, status: int, task: int, st: _ThreadState, tie: int) -> int:
+        stream = self._stream(call.device_id, None) if self._cuda_devices else None
+        self._append((next(self._seq), self._clock() - self.t0, kind, call.module_id, _BACKWARD, call.call_id,
+                      self.step, st.tid, call.device_id, stream, status, task, tie))
+        return 1
+
+    def _end_of_task(self, task: int) -> None:
+        open_calls = self._bw.pop(task, None)
+        self._recomputed.pop(task, None)
+        if not open_calls or not self._active:
+            return
+        try:
+            st: _ThreadState = self._local.st
+        except AttributeError:
+            st = self._thread()
+        tie = 0
+        for call in reversed(open_calls):
+            call.closed = True
+            tie = self._bw_event(call, _EXIT, _CLOSED_AT_END, task, st, tie)
+
+    def close_open_forward(self, status: int = _ERROR) -> int:
+        """Close this thread's forward calls left open (an exception no hook saw)."""
+        st = getattr(self._local, "st", None)
+        if st is None:
+            return 0
+        n = 0
+        while st.stack:
+            self._exit_forward(st, st.stack.pop(), status)
+            n += 1
+        return n
+
+
+def _grad_tensors(obj: Any) -> list[torch.Tensor] | None:
+    """Tensors needing grad in a (possibly nested) output or kwargs structure."""
+    if isinstance(obj, _Tensor):
+        return [obj] if obj.requires_grad else None
+    found: list[torch.Tensor] = []
+    for t in _iter_tensors(obj, 0):
+        if t.requires_grad:
+            found.append(t)
+    return found or None
+
+
+def _iter_tensors(obj: Any, depth: int) -> Iterator[torch.Tensor]:
+    if isinstance(obj, _Tensor):
+        yield obj
+    elif depth > 4:
+        return
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _iter_tensors(item, depth + 1)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _iter_tensors(item, depth + 1)
+    elif hasattr(obj, "__dataclass_fields__") or hasattr(obj, "_fields"):
+        values = obj.values() if hasattr(obj, "values") and callable(obj.values) else vars(obj).values() if hasattr(obj, "__dict__") else obj
+        for item in values:
+            yield from _iter_tensors(item, depth + 1)
