@@ -19,6 +19,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     ForeignKeyConstraint,
+    Index,
     Integer,
     MetaData,
     PrimaryKeyConstraint,
@@ -31,7 +32,7 @@ from sqlalchemy import (
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001",)
+REVISIONS: tuple[str, ...] = ("0001", "0002")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -145,6 +146,55 @@ events = Table(
     comment="Raw enter/exit events in compact form; query the event_log view for readable values.",
 )
 
+span_rows = Table(
+    "span_rows",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the span."),
+    Column("span_id", BigInteger, nullable=False, comment="Span id: the seq of its enter event, unique per (run_id, rank)."),
+    Column("parent_span_id", BigInteger, nullable=True, comment="span_id of the enclosing span on the same stack; NULL at a root. A recompute span's parent is the backward span open on its thread when it ran."),
+    Column("depth", Integer, nullable=False, comment="Nesting depth on its stack, 0 at a root."),
+    Column("module_id", Integer, nullable=False, comment="modules.module_id of the module called."),
+    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.codes.Phase)."),
+    Column("call_id", BigInteger, nullable=False, comment="The forward call this span belongs to (events.call_id)."),
+    Column("step", Integer, nullable=False, comment="Step at the span's enter."),
+    Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the span ran on."),
+    Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task of a backward or recompute span; NULL in forward."),
+    Column("start_ns", BigInteger, nullable=False, comment="ts_ns of the enter event."),
+    Column("end_ns", BigInteger, nullable=True, comment="ts_ns of the exit event; NULL when the span was never exited."),
+    Column("duration_ns", BigInteger, nullable=True, comment="end_ns - start_ns (inclusive time); NULL when never exited."),
+    Column("self_ns", BigInteger, nullable=True, comment="duration_ns minus the durations of its child spans (exclusive time); NULL when never exited."),
+    Column("device_id", Integer, nullable=True, comment="devices.device_id at the enter; NULL when unknown."),
+    Column("stream", BigInteger, nullable=True, comment="Accelerator stream at the enter; NULL on CPU."),
+    Column("status", SmallInteger, nullable=True, comment="Status of the exit event (modtrace.codes.Status); NULL when the span was never exited (shown as unclosed in the spans view)."),
+    Column("exit_seq", BigInteger, nullable=True, comment="seq of the exit event; NULL when never exited."),
+    PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_rows"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_span_rows_run"),
+    Index("ix_span_rows_module", "run_id", "rank", "module_id", "phase"),
+    sqlite_with_rowid=False,
+    comment="Spans rebuilt from events by modtrace analyze (one per module call and phase), in compact form; query the spans view for readable values.",
+)
+
+nesting_issues = Table(
+    "nesting_issues",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank whose events show the issue."),
+    Column("seq", BigInteger, nullable=False, comment="seq of the event the issue is about."),
+    Column("kind", String(32), nullable=False, comment="no_enter | unclosed | crossed | reentered | duplicate_enter | duplicate_exit | error_exit | early_stop | closed_at_end_of_backward."),
+    Column("severity", String(8), nullable=False, comment="error | warning | info. A healthy record has no error or warning."),
+    Column("fqn", Text, nullable=True, comment="Fully qualified name of the module of that event."),
+    Column("phase", String(16), nullable=False, comment="forward | backward | recompute."),
+    Column("call_id", BigInteger, nullable=False, comment="events.call_id of that event."),
+    Column("step", Integer, nullable=True, comment="Step of that event."),
+    Column("thread_id", Integer, nullable=True, comment="threads.thread_id of that event."),
+    Column("message", Text, nullable=False, comment="What happened, naming the module, phase, step and the events involved."),
+    PrimaryKeyConstraint("run_id", "rank", "seq", "kind", name="pk_nesting_issues"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_nesting_issues_run"),
+    CheckConstraint("severity IN ('error', 'warning', 'info')", name="ck_nesting_issues_severity"),
+    comment="Nesting problems found by modtrace analyze: events that do not form a proper hierarchy, and unusual closes.",
+)
+
 # Public relations engineers query, and the columns each must expose.  Tests
 # check that the live database has them and that docs/schema.md lists them.
 PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
@@ -156,5 +206,12 @@ PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
     "event_log": (
         "run_id", "seq", "ts_ns", "kind", "fqn", "module_type", "phase", "call_id", "step",
         "rank", "thread_id", "device", "stream", "status",
+    ),
+    "spans": (
+        "run_id", "rank", "span_id", "parent_span_id", "depth", "fqn", "module_type", "phase", "call_id",
+        "step", "thread_id", "start_ns", "end_ns", "duration_ns", "self_ns", "device", "stream", "status",
+    ),
+    "nesting_issues": (
+        "run_id", "rank", "seq", "kind", "severity", "fqn", "phase", "call_id", "step", "thread_id", "message",
     ),
 }
