@@ -54,7 +54,7 @@ class JsonRenderer(Renderer):
     name = "json"
 
     def render(self, columns: Sequence[str], rows: Sequence[Row], *, title: str | None = None) -> str:
-        return json.dumps([dict(zip(columns, row)) for row in rows], indent=2, default=str) + "\n"
+        return json.dumps([dict(zip(columns, row, strict=True)) for row in rows], indent=2, default=str) + "\n"
 
 
 class CsvRenderer(Renderer):
