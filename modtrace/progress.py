@@ -42,7 +42,7 @@ class ProgressLine:
         self.read = read
         self.interval = interval
         self.clock = clock
-        self._start = clock()
+        self._start = 0.0  # set by start()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

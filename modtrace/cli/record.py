@@ -205,7 +205,7 @@ def _start_recorder(
         candidate = name if attempt == 1 else f"{name}-{attempt}"
         rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze)
         try:
-            rec.__enter__()
+            rec.__enter__()  # Recorder.start
         except RunNameTaken:
             if not auto or attempt >= AUTO_NAME_ATTEMPTS:
                 raise
