@@ -194,11 +194,11 @@ def list_runs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
     for rr in rank_rows:
         by_run.setdefault(int(rr[0]), []).append(rr)
     for row in rows:
-        rr = by_run.get(row["id"], [])
-        row["events"] = sum(int(r[5]) for r in rr)
-        row["steps"] = max((int(r[6]) for r in rr), default=0)
-        row["ranks"] = len(rr)
-        row["status"] = display_status(row["status"], [(r[2], r[3], r[4]) for r in rr])
+        of_run = by_run.get(row["id"], [])
+        row["events"] = sum(int(r[5]) for r in of_run)
+        row["steps"] = max((int(r[6]) for r in of_run), default=0)
+        row["ranks"] = len(of_run)
+        row["status"] = display_status(row["status"], [(r[2], r[3], r[4]) for r in of_run])
         start, end = parse_iso(row["started_at"]), parse_iso(row["ended_at"])
         row["duration_s"] = (end - start).total_seconds() if start and end else None
         row["tags"] = json.loads(row["tags"] or "{}")
