@@ -91,7 +91,7 @@ def check_run_name(name: str) -> str:
     epilog="Examples: modtrace record train.py --lr 3e-4    modtrace record --run base -m pkg.train --steps 10",
 )
 @db_option
-@click.option("--run", "run_name", metavar="NAME", default=None,
+@click.option("--run", "--run-name", "run_name", metavar="NAME", default=None,
               help="Run name, unique in the database (default: script or module name and start time).")
 @click.option("--tag", "tags", metavar="KEY=VALUE", multiple=True, help="Attach a tag to the run (repeatable).")
 @click.option("-m", "module", metavar="MODULE", default=None, help="Run a library module as a script, like python -m.")
