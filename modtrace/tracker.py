@@ -43,9 +43,11 @@ from typing import Any
 
 import torch
 from torch import nn
+import torch.nn.modules.module as _module_hooks
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
+from torch.utils.weak import WeakIdKeyDictionary
 
 from modtrace.codes import Kind, Phase, Status
 
@@ -71,8 +73,11 @@ _RECENT_CALLS = 256
 _RAISED = object()  # marks the post-hook call torch makes when a forward raised
 
 
-def _is_compiling() -> bool:
-    return bool(torch.compiler.is_compiling())
+# While dynamo traces a module our hooks must do nothing.  It cannot be
+# tracing before torch._dynamo is imported, which spares the call in eager code.
+_DYNAMO = "torch._dynamo"
+_sys_modules = sys.modules
+_compiling = torch.compiler.is_compiling
 
 
 class _Call:
@@ -116,12 +121,14 @@ class _ThreadState:
 
 
 class _ModuleInfo:
-    __slots__ = ("module_id", "fqn", "ancestors")
+    __slots__ = ("module_id", "fqn", "ancestors", "recent")
 
     def __init__(self, module_id: int, fqn: str, ancestors: frozenset[int]) -> None:
         self.module_id = module_id
         self.fqn = fqn
         self.ancestors = ancestors
+        # (call id, parent call id) of recent forward calls, to link recomputation
+        self.recent: deque[tuple[int, int]] = deque(maxlen=_RECENT_CALLS)
 
 
 class Tracker:
@@ -142,7 +149,8 @@ class Tracker:
         self._call_ids = itertools.count(1)
         self._active = False
         self._handles: list[RemovableHandle] = []
-        self._leaf_handles: weakref.WeakKeyDictionary[torch.Tensor, RemovableHandle] = weakref.WeakKeyDictionary()
+        # keyed by tensor identity (tensors compare elementwise, so not a WeakKeyDictionary)
+        self._leaf_handles: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._local = threading.local()
         self._lock = threading.Lock()
         self._thread_count = 0
@@ -156,7 +164,6 @@ class Tracker:
         self._cuda_devices: set[int] = set()
         # backward: graph task -> open calls (a stack, innermost last)
         self._bw: dict[int, list[_Call]] = {}
-        self._recent: dict[int, deque[tuple[int, int]]] = {}
         self._recomputed: dict[int, set[int]] = {}
         self.new_modules: list[tuple[int, str, str, int | None]] = []
         self.new_threads: list[tuple[int, int, str]] = []
@@ -182,13 +189,15 @@ class Tracker:
         self._active = False
         for handle in self._handles:
             handle.remove()
+            # torch's handle for a with_kwargs global hook leaves its id in
+            # this registry; take it out so nothing of ours outlives stop().
+            _module_hooks._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._handles = []
         for handle in list(self._leaf_handles.values()):
             handle.remove()
         self._leaf_handles.clear()
         self._bw.clear()
         self._recomputed.clear()
-        self._recent.clear()
 
     @property
     def active(self) -> bool:
@@ -310,7 +319,7 @@ class Tracker:
     # -- forward ---------------------------------------------------------------
 
     def _forward_pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
-        if _is_compiling():
+        if _DYNAMO in _sys_modules and _compiling():
             return
         try:
             st: _ThreadState = self._local.st
@@ -320,46 +329,44 @@ class Tracker:
         module_id = info.module_id
         task = _graph_task_id()
         dev = None
+        grad_inputs = None
         for a in args:
             if isinstance(a, _Tensor):
-                dev = a.device
-                break
-        else:
+                if dev is None:
+                    dev = a.device
+                if a.requires_grad:
+                    if grad_inputs is None:
+                        grad_inputs = [a]
+                    else:
+                        grad_inputs.append(a)
+        if dev is None:
             dev = self._module_device(mod)
-        device_id = self._device(dev) if dev is not None else None
+            device_id = None if dev is None else self._devices.get(dev)
+        else:
+            device_id = self._devices.get(dev)
+        if device_id is None and dev is not None:
+            device_id = self._device(dev)
         stream = self._stream(device_id, dev) if self._cuda_devices else None
         stack = st.stack
         if task == -1:
             phase = _FORWARD
             call_id = next(self._call_ids)
-            parent = stack[-1].call_id if stack else 0
-            recent = self._recent.get(module_id)
-            if recent is None:
-                recent = self._recent[module_id] = deque(maxlen=_RECENT_CALLS)
-            recent.append((call_id, parent))
+            info.recent.append((call_id, stack[-1].call_id if stack else 0))
         else:
             phase = _RECOMPUTE
-            call_id = self._link_recompute(module_id, stack, task)
+            call_id = self._link_recompute(info, stack, task)
         frame = _Frame(mod, module_id, call_id, device_id, phase, task)
         stack.append(frame)
         self._append((next(self._seq), self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step,
                       st.tid, device_id, stream, _OK, None if task == -1 else task, 0))
-        if _grad_enabled():
-            nodes = None
-            for a in args:
-                if isinstance(a, _Tensor) and a.requires_grad:
-                    if nodes is None:
-                        nodes = [a]
-                    else:
-                        nodes.append(a)
-            if nodes is not None:
-                frame.exit_nodes = nodes
+        if grad_inputs is not None and _grad_enabled():
+            frame.exit_nodes = grad_inputs
 
-    def _link_recompute(self, module_id: int, stack: list[_Frame], task: int) -> int:
+    def _link_recompute(self, info: _ModuleInfo, stack: list[_Frame], task: int) -> int:
         used = self._recomputed.get(task)
         if used is None:
             used = self._recomputed[task] = set()
-        recent = self._recent.get(module_id, ())
+        recent = info.recent
         parent = stack[-1] if stack and stack[-1].phase == _RECOMPUTE else None
         chosen = 0
         if parent is not None:
@@ -385,7 +392,7 @@ class Tracker:
             kwargs = None
         else:
             failed = False
-        if _is_compiling():
+        if _DYNAMO in _sys_modules and _compiling():
             return
         st: _ThreadState | None = getattr(self._local, "st", None)
         if st is None or not st.stack:
@@ -507,7 +514,8 @@ class Tracker:
                 continue
             if call.task != task:
                 if call in enters:  # output is its input (an identity): enter, then exit
-                    tie = self._bw_enter(call, task, open_calls, st, tie)
+                    self._bw_enter(call, task, open_calls, st, tie)
+                    tie = 0  # the exit starts a new tie group, so it is never ordered before its enter
                 else:
                     continue  # its outputs never got a gradient: it had no backward
             if call.closed:

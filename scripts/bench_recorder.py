@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Recorder overhead and write-path benchmark (issue: recorder performance).
+
+Side by side in one process, interleaved repeats, medians:
+
+* step time of a 200 x (Linear(16,16) + ReLU) Sequential, batch 4, forward +
+  backward, one CPU thread: bare; torch.utils.module_tracker.ModuleTracker;
+  torch.profiler.profile(CPU, with_stack=True); modtrace.Recorder writing to
+  a SQLite file (flushes included: each repeat opens and closes a recording).
+* write path: rows/s through modtrace's store vs raw sqlite3 executemany of
+  the same tuples into the same table.
+* bytes per event on disk.
+
+Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import modtrace  # noqa: E402
+from modtrace.store.engine import open_store  # noqa: E402
+from modtrace.store.runs import add_rank, create_run  # noqa: E402
+from modtrace.store.writer import EVENT_COLUMNS, RankWriter  # noqa: E402
+
+BLOCKS = 200
+
+
+def build_model() -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for _ in range(BLOCKS):
+        layers += [nn.Linear(16, 16), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def run_steps(model: nn.Module, x: torch.Tensor, steps: int) -> None:
+    for _ in range(steps):
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+
+def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: Path, rep: int) -> float:
+    if name == "bare":
+        ctx: Any = nullcontext()
+    elif name == "module_tracker":
+        from torch.utils.module_tracker import ModuleTracker
+
+        ctx = ModuleTracker()
+    elif name == "profiler_with_stack":
+        from torch.profiler import ProfilerActivity, profile
+
+        ctx = profile(activities=[ProfilerActivity.CPU], with_stack=True)
+    elif name == "modtrace":
+        ctx = modtrace.Recorder(db=str(tmp / "bench.db"), run=f"bench-{rep}", analyze=False)
+    else:
+        raise ValueError(name)
+    t0 = time.perf_counter()
+    with ctx:
+        run_steps(model, x, steps)
+    return (time.perf_counter() - t0) / steps
+
+
+def overhead(repeats: int, steps: int) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model()
+    x = torch.randn(4, 16)
+    configs = ["bare", "module_tracker", "profiler_with_stack", "modtrace"]
+    samples: dict[str, list[float]] = {c: [] for c in configs}
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for c in configs:  # warm-up
+            time_config(c, model, x, 2, tmp, -1 - configs.index(c))
+        for rep in range(repeats):
+            order = configs[:]
+            rng.shuffle(order)
+            for c in order:
+                samples[c].append(time_config(c, model, x, steps, tmp, rep))
+    med = {c: statistics.median(v) for c, v in samples.items()}
+    calls = 1 + 2 * BLOCKS  # module calls per step (each has a forward and a backward)
+    added = {c: (med[c] - med["bare"]) / calls for c in configs if c != "bare"}
+    return {
+        "step_ms_median": {c: round(v * 1e3, 3) for c, v in med.items()},
+        "added_us_per_module_call": {c: round(v * 1e6, 2) for c, v in added.items()},
+        "modtrace_vs_module_tracker_added_ratio": round(added["modtrace"] / added["module_tracker"], 3),
+        "modtrace_vs_profiler_step_ratio": round(med["modtrace"] / med["profiler_with_stack"], 3),
+        "module_calls_per_step": calls,
+        "repeats": repeats,
+        "steps_per_repeat": steps,
+    }
+
+
+def synthetic_rows(n: int) -> list[tuple[Any, ...]]:
+    rows = []
+    for i in range(n):
+        rows.append((i, 1000 * i, i & 1, (i >> 1) % 400, (i // 802) & 1, i >> 1, i // 1604, 0, 0, None, 0, None if (i // 802) & 1 == 0 else 7, 0))
+    return rows
+
+
+def write_path(n: int, repeats: int) -> dict[str, Any]:
+    rows = synthetic_rows(n)
+    cols = ", ".join(EVENT_COLUMNS)
+    marks = ", ".join("?" for _ in EVENT_COLUMNS)
+    ours: list[float] = []
+    raw: list[float] = []
+    with tempfile.TemporaryDirectory() as d:
+        for rep in range(repeats):
+            for which in (["ours", "raw"] if rep % 2 == 0 else ["raw", "ours"]):
+                path = Path(d) / f"{which}-{rep}.db"
+                store = open_store(str(path), create=True)
+                run_id, _ = create_run(store, f"w{rep}", {})
+                add_rank(store, run_id, 0, 0)
+                if which == "ours":
+                    writer = RankWriter(store, run_id, 0)
+                    t0 = time.perf_counter()
+                    for i in range(0, n, 20_000):
+                        writer.write(rows[i:i + 20_000])
+                    ours.append(n / (time.perf_counter() - t0))
+                    store.dispose()
+                else:
+                    store.dispose()
+                    conn = sqlite3.connect(path)
+                    conn.execute("PRAGMA synchronous = NORMAL")
+                    conn.execute("PRAGMA foreign_keys = ON")
+                    sql = f"INSERT INTO events (run_id, rank, {cols}) VALUES ({run_id}, 0, {marks})"
+                    t0 = time.perf_counter()
+                    for i in range(0, n, 20_000):
+                        with conn:
+                            conn.executemany(sql, rows[i:i + 20_000])
+                    raw.append(n / (time.perf_counter() - t0))
+                    conn.close()
+    o, r = statistics.median(ours), statistics.median(raw)
+    return {"rows_per_s_modtrace": round(o), "rows_per_s_raw_sqlite3": round(r), "ratio": round(o / r, 3), "rows": n}
+
+
+def bytes_per_event(steps: int) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    model = build_model()
+    x = torch.randn(4, 16)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "size.db"
+        empty = Path(d) / "empty.db"
+        open_store(str(empty), create=True).dispose()
+        with modtrace.Recorder(db=str(path), run="size", analyze=False) as rec:
+            run_steps(model, x, steps)
+        events = rec.events_recorded
+        for p in (path, empty):
+            conn = sqlite3.connect(p)
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("VACUUM")
+            conn.close()
+        conn = sqlite3.connect(path)
+        try:
+            events_bytes = conn.execute("SELECT SUM(pgsize) FROM dbstat WHERE name = 'events'").fetchone()[0]
+        except sqlite3.OperationalError:
+            events_bytes = None
+        conn.close()
+        size = os.path.getsize(path) - os.path.getsize(empty)
+    return {
+        "events": events,
+        "file_bytes_per_event": round(size / events, 2),
+        "events_table_bytes_per_event": round(events_bytes / events, 2) if events_bytes else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--write-rows", type=int, default=400_000)
+    args = ap.parse_args()
+    summary = {
+        "overhead": overhead(args.repeats, args.steps),
+        "write_path": write_path(args.write_rows, max(3, args.repeats // 2)),
+        "disk": bytes_per_event(50),
+        "torch": torch.__version__,
+    }
+    for section, values in summary.items():
+        print(f"{section}: {values}", file=sys.stderr)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""modtrace.Recorder end to end: real models, real databases, the public relations."""
+
+from __future__ import annotations
+
+import gc
+import json
+import tracemalloc
+
+import pytest
+import torch
+import torch.nn.modules.module as module_hooks
+import torch.optim.optimizer as optimizer_hooks
+from sqlalchemy import text
+from torch import nn
+
+import modtrace
+from modtrace.errors import UsageError
+from modtrace.store.engine import open_store
+from tests.recording import FakeClock
+
+
+def mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def rows(db: str, sql: str, **params: object) -> list[tuple[object, ...]]:
+    store = open_store(db)
+    try:
+        with store.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(sql), params)]
+    finally:
+        store.dispose()
+
+
+def train(model: nn.Module, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_recorder_writes_runs_modules_and_event_log(any_db: str) -> None:
+    model = mlp()
+    with modtrace.Recorder(db=any_db, run="base", tags={"lr": "0.01"}, clock=FakeClock()) as rec:
+        train(model, 3)
+    assert rec.run_name == "base" and rec.run_id > 0
+    assert rec.status == "completed"
+    (run,) = rows(any_db, "SELECT name, status, world_size, tags, modtrace_version, ended_at FROM runs")
+    assert run[:3] == ("base", "completed", 1)
+    assert json.loads(str(run[3])) == {"lr": "0.01"}
+    assert run[4] == modtrace.__version__ and run[5] is not None
+    mods = rows(any_db, "SELECT fqn, module_type, parent_module_id FROM modules WHERE run_id = :r ORDER BY module_id", r=rec.run_id)
+    assert mods == [("Sequential", "Sequential", None), ("Sequential.0", "Linear", 0), ("Sequential.1", "ReLU", 0), ("Sequential.2", "Linear", 0)]
+    ev = rows(any_db, "SELECT seq, kind, fqn, phase, step, rank, device, stream, status, ts_ns FROM event_log WHERE run_id = :r ORDER BY seq", r=rec.run_id)
+    assert len(ev) == 3 * 16 == rec.events_recorded
+    assert [e[0] for e in ev] == list(range(len(ev)))
+    assert [e[4] for e in ev] == [0] * 16 + [1] * 16 + [2] * 16  # the optimizer step advances the step
+    assert {e[5] for e in ev} == {0} and {e[6] for e in ev} == {"cpu"} and {e[7] for e in ev} == {None}
+    assert {e[3] for e in ev} == {"forward", "backward"}
+    ts = [int(e[9]) for e in ev]
+    assert ts == sorted(ts) and len(set(ts)) == len(ts)  # the injected clock ticks once per read
+    assert rows(any_db, "SELECT event_count, step_count, status FROM run_ranks") == [(48, 3, "completed")]
+
+
+def test_manual_steps_and_rank_from_environment(db_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    model = mlp()
+    with modtrace.Recorder(run="manual") as rec:
+        for _ in range(2):
+            with torch.no_grad():
+                model(torch.randn(1, 8))
+            rec.step()
+    assert rec.rank == 3
+    assert rows(str(db_path), "SELECT DISTINCT step, rank FROM event_log ORDER BY step") == [(0, 3), (1, 3)]
+
+
+def test_run_names_are_unique(db_path: object) -> None:
+    with modtrace.Recorder(run="same"):
+        pass
+    with pytest.raises(UsageError, match="a run named 'same' already exists"):
+        with modtrace.Recorder(run="same"):
+            pass
+    assert rows(str(db_path), "SELECT name, status FROM runs") == [("same", "completed")]
+
+
+def test_exception_marks_failed_and_keeps_events(db_path: object) -> None:
+    model = mlp()
+    with pytest.raises(ZeroDivisionError):
+        with modtrace.Recorder(run="boom"):
+            train(model, 2)
+            1 / 0
+    assert rows(str(db_path), "SELECT status, error FROM runs") == [("failed", "ZeroDivisionError: division by zero")]
+    assert rows(str(db_path), "SELECT COUNT(*) FROM event_log") == [(32,)]
+
+
+def test_keyboard_interrupt_inside_a_forward_marks_interrupted_and_closes_the_open_calls(db_path: object) -> None:
+    class Stop(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise KeyboardInterrupt
+
+    model = nn.Sequential(nn.Linear(8, 8), Stop())
+    with pytest.raises(KeyboardInterrupt):
+        with modtrace.Recorder(run="ctrl-c"):
+            model(torch.randn(1, 8))
+    assert rows(str(db_path), "SELECT status FROM runs") == [("interrupted",)]
+    ev = rows(str(db_path), "SELECT kind, fqn, status FROM event_log ORDER BY seq")
+    # KeyboardInterrupt skips torch's always_call hooks; the recorder closes what was open
+    assert ev[-2:] == [("exit", "Sequential.1", "error"), ("exit", "Sequential", "error")]
+
+
+def test_leaving_the_context_removes_every_hook_and_later_backward_records_nothing(db_path: object) -> None:
+    before = (dict(module_hooks._global_forward_pre_hooks), dict(module_hooks._global_forward_hooks),
+              dict(module_hooks._global_forward_hooks_always_called), dict(module_hooks._global_forward_hooks_with_kwargs),
+              dict(optimizer_hooks._global_optimizer_post_hooks))
+    model = mlp()
+    with modtrace.Recorder(run="r"):
+        out = model(torch.randn(2, 8, requires_grad=True)).sum()
+    after = (dict(module_hooks._global_forward_pre_hooks), dict(module_hooks._global_forward_hooks),
+             dict(module_hooks._global_forward_hooks_always_called), dict(module_hooks._global_forward_hooks_with_kwargs),
+             dict(optimizer_hooks._global_optimizer_post_hooks))
+    assert before == after
+    out.backward()
+    train(model, 1)
+    assert rows(str(db_path), "SELECT COUNT(*), MAX(phase) FROM event_log") == [(8, "forward")]
+
+
+def test_long_recording_keeps_memory_flat(db_path: object) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(2, 8, requires_grad=True)  # one leaf input reused every step
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    with modtrace.Recorder(run="long", flush_every=500, analyze=False) as rec:
+        steps(100)
+        rec.flush()
+        gc.collect()
+        tracemalloc.start()
+        base, _ = tracemalloc.get_traced_memory()
+        steps(900)
+        rec.flush()
+        gc.collect()
+        grown, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        tracker = rec._tracker
+        assert tracker is not None
+        assert len(tracker._bw) == 0 and len(tracker._recomputed) == 0
+        assert len(tracker._leaf_handles) <= 1
+    assert rec.step_count == 1000
+    # 900 steps x 16 events went to the database; what stays in memory must not grow with them
+    assert grown - base < 200_000, f"memory grew by {grown - base} bytes over 900 steps"
+    assert rows(str(db_path), "SELECT COUNT(*) FROM events") == [(16_000,)]
+
+
+def test_unflushed_window_goes_out_in_batches(db_path: object) -> None:
+    model = mlp()
+    with modtrace.Recorder(run="batches", flush_every=100, analyze=False) as rec:
+        with torch.no_grad():
+            for _ in range(50):
+                model(torch.randn(1, 8))
+        written_inside = rec.flush()
+        assert written_inside >= 0
+        assert rows(str(db_path), "SELECT COUNT(*) FROM events") == [(400,)]
+
+
+# -- ModuleTracker: torch's own expectations for its tracker hold for ours ------
+
+
+def test_module_tracker_parents_in_forward_and_backward() -> None:
+    from copy import copy
+
+    seen_fw: list[tuple[set[str], bool]] = []
+    seen_bw: list[tuple[set[str], bool]] = []
+
+    class Foo(nn.Module):
+        def forward(self, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            y = x["a"].relu_()
+            seen_fw.append((copy(tracker.parents), tracker.is_bw))
+            y.register_hook(lambda grad: seen_bw.append((copy(tracker.parents), tracker.is_bw)))
+            return {"a": torch.mm(y, y)}
+
+    class Mod(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = Foo()
+            self.b = nn.ModuleDict({"nest": Foo()})
+            self.c = nn.ModuleList([Foo()])
+
+        def forward(self, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            x = self.c[0](x)
+            return self.b["nest"](self.a(x))
+
+    mod = Mod()
+    with modtrace.ModuleTracker() as tracker:
+        for _ in range(2):
+            mod({"a": torch.randn(10, 10, requires_grad=True).clone()})["a"].sum().backward()
+        assert not tracker.is_bw and tracker.parents == {"Global"}
+    assert seen_fw == [({"Global", "Mod", f"Mod.{n}"}, False) for n in ("c.0", "a", "b.nest")] * 2
+    assert seen_bw == [({"Global", "Mod", f"Mod.{n}"}, True) for n in ("b.nest", "a", "c.0")] * 2
+
+
+def test_module_tracker_self_calling_module_under_checkpoint_and_bw_detection() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    class MyMod(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(2, 2)
+            self.ran = False
+
+        def forward(self, inp: torch.Tensor) -> torch.Tensor:
+            if not self.ran:
+                self.ran = True
+                return self(inp)
+            self.ran = False
+            return self.inner(inp)
+
+    mod = MyMod()
+    inp = torch.rand(1, 2, requires_grad=True)
+    with modtrace.ModuleTracker() as tracker:
+        mod(inp).sum().backward()
+        assert tracker.parents == {"Global"}
+    with modtrace.ModuleTracker() as tracker:
+        checkpoint(lambda t: mod(t), inp, use_reentrant=False).sum().backward()
+        assert tracker.parents == {"Global"}
+    lin = nn.Linear(2, 2)
+    with modtrace.ModuleTracker() as tracker:
+        lin(torch.rand(2, requires_grad=True)).sum().backward()
+        assert not tracker.is_bw
+        assert tracker.parents == {"Global"}
+
+
+def test_module_tracker_leaf_grad_does_not_crash() -> None:
+    # torch's trackers crash here (PyTorch issue 131753)
+    lin = nn.Linear(3, 3)
+    x = torch.randn(2, 3, requires_grad=True)
+    with modtrace.ModuleTracker() as tracker:
+        (g,) = torch.autograd.grad(lin(x).sum(), x)
+        assert g.shape == x.shape
+        assert tracker.parents == {"Global"}

@@ -1,0 +1,382 @@
+"""The recorder's hooks on real models: every case of the recorder issue.
+
+Each test records a real torch model on CPU through the real ``Tracker`` (a
+list as the sink, a counter as the clock) and checks the rows: a healthy
+model must give a faithful record, with no false alarm.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from tests.recording import problems, record, spans
+
+torch.manual_seed(0)
+
+
+def mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def test_mlp_forward_and_backward_are_nested_in_order() -> None:
+    model = mlp()
+    events, _ = record(lambda: model(torch.randn(3, 8)).sum().backward())
+    assert problems(events) == []
+    assert [e.short() for e in events] == [
+        ("enter", "forward", "Sequential"),
+        ("enter", "forward", "Sequential.0"),
+        ("exit", "forward", "Sequential.0"),
+        ("enter", "forward", "Sequential.1"),
+        ("exit", "forward", "Sequential.1"),
+        ("enter", "forward", "Sequential.2"),
+        ("exit", "forward", "Sequential.2"),
+        ("exit", "forward", "Sequential"),
+        # parent and last child share the output: one dispatch, parent first
+        ("enter", "backward", "Sequential"),
+        ("enter", "backward", "Sequential.2"),
+        ("exit", "backward", "Sequential.2"),
+        ("enter", "backward", "Sequential.1"),
+        ("exit", "backward", "Sequential.1"),
+        ("enter", "backward", "Sequential.0"),
+        # the input needs no grad: closed when the graph task ends, innermost first
+        ("exit", "backward", "Sequential.0"),
+        ("exit", "backward", "Sequential"),
+    ]
+    fwd = {e.fqn: e.call_id for e in events if e.phase == "forward"}
+    bwd = {e.fqn: e.call_id for e in events if e.phase == "backward"}
+    assert fwd == bwd  # backward rows refer to their forward call
+    assert len(set(fwd.values())) == 4
+    # rows produced by one hook dispatch after its first are marked as ties
+    assert [e.tie for e in events if e.phase == "backward"] == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert {e.device for e in events} == {"cpu"}
+    assert {e.stream for e in events} == {None}
+    assert [e.status for e in events][-2:] == ["closed_at_end_of_backward"] * 2
+    assert all(e.status == "ok" for e in events[:-2])
+    ts = [e.ts for e in events]
+    assert ts == sorted(ts)
+    assert {e.task for e in events if e.phase == "forward"} == {None}
+    assert len({e.task for e in events if e.phase == "backward"}) == 1
+
+
+def test_input_requiring_grad_closes_every_backward_by_hook() -> None:
+    model = mlp()
+    x = torch.randn(3, 8, requires_grad=True)
+    events, _ = record(lambda: model(x).sum().backward())
+    assert problems(events) == []
+    assert {e.status for e in events} == {"ok"}
+    # first layer and root exit together once the input's gradient is ready
+    assert [e.short() for e in events][-2:] == [("exit", "backward", "Sequential.0"), ("exit", "backward", "Sequential")]
+
+
+def test_sibling_branches_sharing_an_input_do_not_nest_in_each_other() -> None:
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v, self.o = (nn.Linear(4, 4) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.o(self.q(x) * self.k(x) + self.v(x))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = nn.LayerNorm(4)
+            self.attn = Attn()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.attn(self.ln(x))
+
+    model = Block()
+    events, _ = record(lambda: model(torch.randn(2, 4, requires_grad=True)).sum().backward())
+    assert problems(events) == []
+    depth = dict(spans(events, "backward"))
+    assert depth == {"Block": 0, "Block.attn": 1, "Block.attn.o": 2, "Block.attn.v": 2, "Block.attn.k": 2, "Block.attn.q": 2, "Block.ln": 1}
+
+
+def test_weight_sharing_and_self_calling_module() -> None:
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(torch.relu(self.lin(x)))
+
+    class Recursive(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(2, 2)
+            self.ran = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if not self.ran:
+                self.ran = True
+                return self(x)
+            self.ran = False
+            return self.inner(x)
+
+    shared = Shared()
+    events, _ = record(lambda: shared(torch.randn(2, 4, requires_grad=True)).sum().backward())
+    assert problems(events) == []
+    lin_calls = [e.call_id for e in events if e.fqn == "Shared.lin" and e.kind == "enter" and e.phase == "forward"]
+    assert len(set(lin_calls)) == 2
+    assert sorted(e.call_id for e in events if e.fqn == "Shared.lin" and e.kind == "enter" and e.phase == "backward") == sorted(lin_calls)
+
+    rec = Recursive()
+    events, _ = record(lambda: rec(torch.rand(1, 2, requires_grad=True)).sum().backward())
+    assert problems(events) == []
+    assert spans(events, "forward") == [("Recursive", 0), ("Recursive", 1), ("Recursive.inner", 2)]
+    assert spans(events, "backward") == [("Recursive", 0), ("Recursive", 1), ("Recursive.inner", 2)]
+    outer, inner = [e.call_id for e in events if e.fqn == "Recursive" and e.kind == "enter" and e.phase == "forward"]
+    assert outer != inner
+
+
+def test_forward_that_raises_records_error_exits_and_cancels_its_backward() -> None:
+    class Boom(Exception):
+        pass
+
+    class Flaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+            self.fail = True
+            self.kept: torch.Tensor | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            self.kept = h
+            if self.fail:
+                raise Boom("bad batch")
+            return self.b(h)
+
+    model = Flaky()
+
+    def run() -> None:
+        with pytest.raises(Boom):
+            model(torch.randn(2, 4))
+        assert model.kept is not None
+        model.kept.sum().backward()  # the failed call's graph: its module hooks are cancelled
+        model.fail = False
+        model(torch.randn(2, 4)).sum().backward()
+
+    events, _ = record(run)
+    assert problems(events) == []
+    first = events[:4]
+    assert [(e.short(), e.status) for e in first] == [
+        (("enter", "forward", "Flaky"), "ok"),
+        (("enter", "forward", "Flaky.a"), "ok"),
+        (("exit", "forward", "Flaky.a"), "ok"),
+        (("exit", "forward", "Flaky"), "error"),
+    ]
+    failed_calls = {e.call_id for e in first}
+    assert not [e for e in events if e.phase == "backward" and e.call_id in failed_calls]
+    later = events[4:]
+    assert {e.status for e in later if e.phase == "forward"} == {"ok"}
+    assert {e.fqn for e in later if e.phase == "backward"} == {"Flaky", "Flaky.a", "Flaky.b"}
+
+
+def _checkpointed(reentrant: bool) -> nn.Module:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(2)])
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=reentrant)
+            return self.head(x)
+
+    return Net()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recompute_is_linked_to_the_original_call(reentrant: bool) -> None:
+    model = _checkpointed(reentrant)
+    x = torch.randn(2, 4, requires_grad=True)
+    events, _ = record(lambda: model(x).sum().backward())
+    assert problems(events) == []
+    fwd = {(e.fqn): e.call_id for e in events if e.phase == "forward" and e.kind == "enter"}
+    rec = [e for e in events if e.phase == "recompute" and e.kind == "enter"]
+    recomputed = {e.fqn for e in rec}
+    assert {"Net.blocks.0", "Net.blocks.0.0", "Net.blocks.1", "Net.blocks.1.0"} <= recomputed
+    assert recomputed <= {f"Net.blocks.{i}{s}" for i in range(2) for s in ("", ".0", ".1")}
+    for e in rec:
+        assert e.call_id == fwd[e.fqn], f"recompute of {e.fqn} not linked to its forward"
+    bwd = {e.fqn for e in events if e.phase == "backward"}
+    assert {"Net.blocks.0.0", "Net.blocks.1.0", "Net.blocks.0", "Net.blocks.1", "Net.head", "Net"} <= bwd
+    if not reentrant:
+        # non-reentrant recompute stops once it has what it needs
+        assert "early_stop" in {e.status for e in events if e.phase == "recompute" and e.kind == "exit"}
+    else:
+        # reentrant: the original forward ran under no_grad; backward runs in a nested graph task
+        assert len({e.task for e in events if e.phase == "backward"}) == 3
+
+
+def test_tuple_and_dict_outputs_and_an_unused_submodule() -> None:
+    class Multi(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.unused = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            h = self.lin(x)
+            self.unused(x)  # output thrown away
+            return h, {"mask": (h > 0).float(), "h2": h * 2}
+
+    class Top(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.multi = Multi()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h, extra = self.multi(x)
+            return (h + extra["h2"] * extra["mask"]).sum()
+
+    model = Top()
+    events, _ = record(lambda: model(torch.randn(2, 4, requires_grad=True)).backward())
+    assert problems(events) == []
+    assert {e.fqn for e in events if e.phase == "backward"} == {"Top", "Top.multi", "Top.multi.lin"}
+    assert {e.fqn for e in events if e.phase == "forward"} == {"Top", "Top.multi", "Top.multi.lin", "Top.multi.unused"}
+
+
+def test_no_grad_and_inference_mode_record_forward_only() -> None:
+    model = mlp()
+
+    def run() -> None:
+        with torch.no_grad():
+            model(torch.randn(2, 8))
+        with torch.inference_mode():
+            model(torch.randn(2, 8))
+        model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+
+    events, _ = record(run)
+    assert problems(events) == []
+    calls = [e for e in events if e.fqn == "Sequential" and e.kind == "enter" and e.phase == "forward"]
+    assert len(calls) == 3
+    backward_calls = {e.call_id for e in events if e.phase == "backward"}
+    assert calls[0].call_id not in backward_calls and calls[1].call_id not in backward_calls
+    assert calls[2].call_id in backward_calls
+
+
+def test_grad_inside_forward_double_backward_leaf_grad_and_retain_graph() -> None:
+    class GradInside(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)
+            (g,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+            return y + g
+
+    model = GradInside()
+    lin = nn.Linear(3, 1)
+
+    def run() -> None:
+        x = torch.randn(2, 3, requires_grad=True)
+        out = model(x).sum()
+        (gx,) = torch.autograd.grad(out, x, create_graph=True)  # grad w.r.t. a leaf input
+        gx.sum().backward()  # double backward
+        y = lin(torch.randn(2, 3, requires_grad=True)).sum()
+        y.backward(retain_graph=True)
+        y.backward()
+
+    events, _ = record(run)
+    assert problems(events) == []
+    lin_tasks = [e.task for e in events if e.fqn == "Linear" and e.phase == "backward" and e.kind == "enter"]
+    assert len(lin_tasks) == 2 and lin_tasks[0] != lin_tasks[1]  # one backward pass per graph task
+
+
+def test_two_roots_and_keyword_tensors() -> None:
+    class KW(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, *, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)
+
+    model, loss_fn = KW(), nn.MSELoss()
+    events, _ = record(lambda: loss_fn(model(x=torch.randn(2, 4, requires_grad=True)), torch.zeros(2, 4)).backward())
+    assert problems(events) == []
+    bw = [e.short() for e in events if e.phase == "backward"]
+    assert bw[0] == ("enter", "backward", "MSELoss")
+    assert ("enter", "backward", "KW") in bw and ("exit", "backward", "KW") in bw
+    # KW's keyword input needs grad: its backward exit comes from a hook, not the end of the task
+    kw_exit = [e for e in events if e.fqn == "KW" and e.phase == "backward" and e.kind == "exit"]
+    assert kw_exit[0].status == "ok"
+
+
+def test_two_roots_of_one_class_are_disambiguated() -> None:
+    a, b = mlp(), mlp()
+
+    def run() -> None:
+        a(torch.randn(1, 8))
+        b(torch.randn(1, 8))
+        a(torch.randn(1, 8))
+
+    events, _ = record(run)
+    roots = [e.fqn for e in events if e.kind == "enter" and "." not in e.fqn]
+    assert roots == ["Sequential", "Sequential#1", "Sequential"]
+
+
+def test_threads_have_separate_stacks() -> None:
+    models = [mlp(), mlp()]
+    barrier = threading.Barrier(2)
+
+    def work(m: nn.Module) -> None:
+        barrier.wait()
+        for _ in range(20):
+            m(torch.randn(2, 8, requires_grad=True)).sum().backward()
+
+    def run() -> None:
+        threads = [threading.Thread(target=work, args=(m,)) for m in models]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    events, _ = record(run)
+    assert problems(events) == []
+    assert len({e.thread for e in events}) == 2
+    for tid in {e.thread for e in events}:
+        roots = {e.fqn for e in events if e.thread == tid and "." not in e.fqn}
+        assert len(roots) == 1  # each thread saw only its own model
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "Module.compile"])
+def test_compiled_models_do_not_crash_or_record_compiler_internals(how: str) -> None:
+    model = mlp()
+    if how == "torch.compile":
+        compiled = torch.compile(model, backend="eager")
+    else:
+        model.compile(backend="eager")
+        compiled = model
+
+    def run() -> None:
+        for _ in range(2):
+            compiled(torch.randn(2, 8, requires_grad=True)).sum().backward()
+
+    events, _ = record(run)
+    assert problems(events) == []
+    assert not [e for e in events if "_orig_mod" in e.fqn or "OptimizedModule" in e.fqn]
+    assert {e.fqn.split(".")[0] for e in events} <= {"Sequential"}
+
+
+def test_backward_after_the_context_records_nothing() -> None:
+    model = mlp()
+    kept: list[torch.Tensor] = []
+    events, tracker = record(lambda: kept.append(model(torch.randn(2, 8, requires_grad=True)).sum()))
+    n = len(events)
+    assert not tracker.active
+    kept[0].backward()  # hooks on the retained graph are inert now
+    assert n == 8
+    assert [e for e in events if e.phase == "backward"] == []
