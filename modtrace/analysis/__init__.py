@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from modtrace.analysis.events import normalize_events
+from modtrace.analysis.materialize import materialize
 from modtrace.analysis.nesting import ISSUE_COLUMNS, collect_issues
 from modtrace.analysis.spans import SPAN_COLUMNS, build_spans, pair_events, rebuild_spans
 
@@ -56,9 +57,3 @@ def check_nesting(events: pl.DataFrame, modules: pl.DataFrame, *, complete: bool
     ev = normalize_events(events, modules)
     return collect_issues(ev, pair_events(ev), modules, complete=complete)
 
-
-def materialize(store: object, run_id: int) -> Analysis:
-    """Rebuild run ``run_id``'s spans and issues and store them (see ``modtrace.store.analysis_store``)."""
-    from modtrace.store.analysis_store import analyze_run
-
-    return analyze_run(store, run_id)  # type: ignore[arg-type]

@@ -160,8 +160,8 @@ def _walk_dirty(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     issue_rows: list[tuple[object, ...]] = []
     for (rank, _), part in ev.group_by("rank", "stack", maintain_order=True):
         rows = part.select("seq", "kind", "module_id", "phase", "call_id", "status").iter_rows()
-        result = walk_stack(rows)  # type: ignore[arg-type]
-        span_rows.extend((int(rank), s, e, p, d) for s, e, p, d in result.spans)  # type: ignore[call-overload]
+        result = walk_stack(rows)
+        span_rows.extend((int(rank), s, e, p, d) for s, e, p, d in result.spans)
         issue_rows.extend(
             (rank, seq, kind, mod, phase, call, det.get("other"), det.get("other_exit"), det.get("other_module"), det.get("status"))
             for seq, kind, mod, phase, call, det in result.issues
@@ -186,8 +186,24 @@ def _walk_dirty(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return pairs, issues
 
 
-def build_spans(pairs: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
-    """Pairs frame -> spans frame (``SPAN_COLUMNS``): timings, self time, names."""
+# Columns of the stored form of a span (table span_rows): codes, no names.
+SPAN_ROW_COLUMNS: tuple[str, ...] = (
+    "run_id", "rank", "span_id", "parent_span_id", "depth", "module_id", "phase", "call_id", "step",
+    "thread_id", "graph_task", "start_ns", "end_ns", "duration_ns", "self_ns", "device_id", "stream",
+    "status", "exit_seq",
+)
+
+SPAN_ROW_SCHEMA: dict[str, pl.DataType] = {
+    "run_id": pl.Int32(), "rank": pl.Int32(), "span_id": pl.Int64(), "parent_span_id": pl.Int64(),
+    "depth": pl.Int32(), "module_id": pl.Int32(), "phase": pl.Int8(), "call_id": pl.Int64(),
+    "step": pl.Int32(), "thread_id": pl.Int32(), "graph_task": pl.Int64(), "start_ns": pl.Int64(),
+    "end_ns": pl.Int64(), "duration_ns": pl.Int64(), "self_ns": pl.Int64(), "device_id": pl.Int32(),
+    "stream": pl.Int64(), "status": pl.Int8(), "exit_seq": pl.Int64(),
+}
+
+
+def time_spans(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Pairs frame -> span rows (``SPAN_ROW_COLUMNS``): adds duration and self time."""
     spans = pairs.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
     children = (
         spans.filter(pl.col("parent_span_id").is_not_null())
@@ -195,23 +211,35 @@ def build_spans(pairs: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFram
         .agg(pl.col("duration_ns").sum().alias("_child_ns"))
         .rename({"parent_span_id": "span_id"})
     )
+    return (
+        spans.join(children, on=["rank", "span_id"], how="left", maintain_order="left")
+        .with_columns((pl.col("duration_ns") - pl.col("_child_ns").fill_null(0)).alias("self_ns"))
+        .select(SPAN_ROW_COLUMNS)
+    )
+
+
+def name_spans(rows: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
+    """Span rows (codes) -> spans frame (``SPAN_COLUMNS``): module and device names, phase and status as Enums."""
     names = conform(modules, MODULE_SCHEMA).select(
         "rank", "module_id", pl.col("fqn").cast(pl.Categorical), pl.col("module_type").cast(pl.Categorical)
     )
     devs = conform(devices, DEVICE_SCHEMA).select(
         "rank", "device_id", pl.col("name").cast(pl.Categorical).alias("device")
     )
-    spans = (
-        spans.join(children, on=["rank", "span_id"], how="left", maintain_order="left")
-        .with_columns((pl.col("duration_ns") - pl.col("_child_ns").fill_null(0)).alias("self_ns"))
-        .join(names, on=["rank", "module_id"], how="left", maintain_order="left")
+    return (
+        rows.join(names, on=["rank", "module_id"], how="left", maintain_order="left")
         .join(devs, on=["rank", "device_id"], how="left", maintain_order="left")
         .with_columns(
             decode(pl.col("phase"), PHASE_ENUM).alias("phase"),
             decode(pl.col("status"), STATUS_ENUM).alias("status"),
         )
+        .select(SPAN_COLUMNS)
     )
-    return spans.select(SPAN_COLUMNS)
+
+
+def build_spans(pairs: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
+    """Pairs frame -> spans frame (``SPAN_COLUMNS``): timings, self time, names."""
+    return name_spans(time_spans(pairs), modules, devices)
 
 
 def rebuild_spans(events: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
