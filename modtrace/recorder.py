@@ -31,7 +31,7 @@ from modtrace._version import __version__
 from modtrace.codes import Status
 from modtrace.errors import StoreError
 from modtrace.store.engine import Store, open_store
-from modtrace.store.runs import add_rank, create_run, finish_rank
+from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
 from modtrace.tracker import Tracker
 
@@ -121,7 +121,8 @@ class Recorder:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._flush_error: BaseException | None = None
+        self._flush_error: StoreError | None = None
+        self._dropped = 0
         self._started = 0.0
         self._prev_sigterm: Any = None
         self._atexit_registered = False
@@ -177,6 +178,7 @@ class Recorder:
             store.dispose()
             raise
         self._store = store
+        self._take_reserve()
         self._writer = RankWriter(store, self.run_id, self.rank)
         self._tracker = tracker
         self._started = time.monotonic()
@@ -198,20 +200,70 @@ class Recorder:
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join()
         self._restore_signal_handlers()
-        try:
-            self.flush()
-        except StoreError as exc:
-            status, error = "failed", str(exc)
-        if self._flush_error is not None and status == "completed":
-            status, error = "failed", f"writing events failed: {self._flush_error}"
+        if self._flush_error is None:
+            try:
+                self.flush()
+            except StoreError as exc:
+                self._write_failed(exc)
+        if self._flush_error is not None:
+            lost = self._dropped + len(self._buf)
+            status = "failed"
+            error = f"{self._flush_error}; {lost} event(s) not written" + (f" (the program: {error})" if error else "")
         assert self._store is not None
         self.status = status
+        if self._flush_error is not None:
+            self._release_reserve()  # room for the status update on a full disk
+            _checkpoint(self._store)
         try:
             finish_rank(self._store, self.run_id, self.rank, status, error)
             if self.analyze and self._flush_error is None:
                 self._materialize()
+        except Exception as exc:  # e.g. the disk is still full: what was written stays readable
+            print(f"modtrace: error: could not mark run {self.run_name!r} {status}: {_one_line(exc)}", file=sys.stderr)
         finally:
             self._store.dispose()
+            self._release_reserve()
+
+    # A SQLite database on a full disk cannot even record that it is full: the
+    # recorder keeps a small reserve file beside it and gives the space back
+    # when a write fails, so the run can still be marked failed.
+    _RESERVE_BYTES = 512 * 1024
+
+    def _reserve_path(self) -> Path | None:
+        if self._store is None or self._store.path is None:
+            return None
+        return self._store.path.with_name(f"{self._store.path.name}-reserve-{os.getpid()}")
+
+    def _take_reserve(self) -> None:
+        path = self._reserve_path()
+        if path is None:
+            return
+        for stale in path.parent.glob(f"{self._store.path.name}-reserve-*"):  # type: ignore[union-attr]
+            pid = stale.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                stale.unlink(missing_ok=True)
+        try:
+            with open(path, "wb") as fh:
+                os.posix_fallocate(fh.fileno(), 0, self._RESERVE_BYTES)
+        except OSError:
+            path.unlink(missing_ok=True)
+
+    def _release_reserve(self) -> None:
+        path = self._reserve_path()
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def _write_failed(self, exc: StoreError) -> None:
+        """Stop recording after a failed write; the program itself goes on."""
+        if self._flush_error is not None:
+            return
+        self._flush_error = exc
+        if self._tracker is not None:
+            self._tracker._append = self._drop  # later events are counted, not kept
+        print(f"modtrace: error: {exc}; recording stopped (run {self.run_name!r} will be marked failed)", file=sys.stderr)
+
+    def _drop(self, event: tuple[Any, ...]) -> None:
+        self._dropped += 1
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -271,7 +323,7 @@ class Recorder:
                 try:
                     self.flush()
                 except StoreError as exc:
-                    self._flush_error = exc.__cause__ or exc
+                    self._write_failed(exc)
                     return
                 last = now
 
@@ -316,6 +368,16 @@ class Recorder:
     def _atexit(self) -> None:
         if self.status is None and self._tracker is not None:
             self.finish("interrupted", "process exited inside the recording")
+
+
+def _checkpoint(store: Store) -> None:
+    if not store.is_sqlite:
+        return
+    try:
+        with store.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
+    except Exception:
+        pass
 
 
 def _drain(rows: list[Any]) -> list[Any]:
