@@ -1,0 +1,181 @@
+"""Aggregate: spans -> per-step samples and the module call tree.
+
+``step_samples`` is the unit other comparisons build on (``modtrace diff``
+compares the per-step samples of two runs); ``module_tree`` is what
+``modtrace tree`` shows.  Only spans that were exited count towards times.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+SAMPLE_COLUMNS: tuple[str, ...] = ("rank", "step", "fqn", "module_type", "phase", "calls", "inclusive_ns", "self_ns")
+
+NODE_COLUMNS: tuple[str, ...] = (
+    "node_id", "parent_node_id", "level", "fqn", "module_type", "phase", "calls", "steps",
+    "inclusive_total_ns", "self_total_ns", "inclusive_median_ns", "self_median_ns", "percent",
+)
+
+
+def step_samples(spans: pl.DataFrame) -> pl.DataFrame:
+    """Spans frame -> one row per (rank, step, fqn, phase) with its per-step totals.
+
+    Output columns (``SAMPLE_COLUMNS``): rank Int32, step Int32, fqn String,
+    module_type String, phase Enum, calls UInt32 (spans of that module and
+    phase in that step), inclusive_ns Int64 (sum of their durations),
+    self_ns Int64 (sum of their self times).  Spans never exited are left
+    out.  Sorted by rank, step, phase, fqn.
+    """
+    return (
+        spans.filter(pl.col("duration_ns").is_not_null())
+        .group_by("rank", "step", pl.col("fqn").cast(pl.String), pl.col("module_type").cast(pl.String), "phase")
+        .agg(
+            pl.len().alias("calls"),
+            pl.col("duration_ns").sum().alias("inclusive_ns"),
+            pl.col("self_ns").sum().alias("self_ns"),
+        )
+        .sort("rank", "step", "phase", "fqn")
+        .select(SAMPLE_COLUMNS)
+    )
+
+
+def step_times(spans: pl.DataFrame) -> pl.DataFrame:
+    """Spans frame -> (rank, step, start_ns, end_ns, wall_ns): each step's extent over its spans."""
+    return (
+        spans.group_by("rank", "step")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+        .with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("wall_ns"))
+        .sort("rank", "step")
+    )
+
+
+def assign_nodes(spans: pl.DataFrame) -> pl.DataFrame:
+    """Spans frame -> (rank, span_id, node_id, parent_node_id): the call-path node of each span.
+
+    A node is a path of (phase, fqn) from a root span down; spans with the
+    same path, in any step or rank, share a node.  node_id is a hash of the
+    path.
+    """
+    base = spans.select(
+        "rank", "span_id", "parent_span_id", "depth",
+        pl.struct(pl.col("phase").cast(pl.String), pl.col("fqn").cast(pl.String)).hash().alias("_own"),
+    )
+    max_depth = int(base["depth"].max() or 0) if base.height else 0
+    known = base.filter(pl.col("depth") == 0).select(
+        "rank", "span_id", pl.col("_own").alias("node_id"), pl.lit(None, dtype=pl.UInt64).alias("parent_node_id")
+    )
+    levels = [known]
+    for d in range(1, max_depth + 1):
+        level = base.filter(pl.col("depth") == d).join(
+            known.select("rank", pl.col("span_id").alias("parent_span_id"), pl.col("node_id").alias("parent_node_id")),
+            on=["rank", "parent_span_id"],
+            how="left",
+        )
+        known = level.select(
+            "rank",
+            "span_id",
+            pl.when(pl.col("parent_node_id").is_null())
+            .then(pl.col("_own"))
+            .otherwise(pl.struct("parent_node_id", "_own").hash())
+            .alias("node_id"),
+            "parent_node_id",
+        )
+        levels.append(known)
+    return pl.concat(levels)
+
+
+def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
+    """Spans frame -> call-tree nodes with their timings (``NODE_COLUMNS``), in tree pre-order.
+
+    Per node: calls (spans), steps (distinct (rank, step) samples), total
+    inclusive and self time, the per-step medians of both (over the steps
+    the node ran in), and percent: total inclusive time as a percentage of
+    the summed wall time of the steps present in ``spans`` (a step's wall
+    time runs from its first span's start to its last span's end).
+    ``level`` is the depth in the tree, ``parent_node_id`` null at a root.
+    Children follow their parent in order of first appearance.
+    """
+    if spans.height == 0:
+        return pl.DataFrame(schema={c: pl.Int64 for c in NODE_COLUMNS})
+    nodes = assign_nodes(spans)
+    tagged = spans.select(
+        "rank", "span_id", "step", "duration_ns", "self_ns", pl.col("fqn").cast(pl.String),
+        pl.col("module_type").cast(pl.String), "phase", "start_ns",
+    ).join(nodes, on=["rank", "span_id"], how="left")
+    per_step = tagged.group_by("node_id", "rank", "step").agg(
+        pl.col("duration_ns").sum().alias("_inc"), pl.col("self_ns").sum().alias("_self")
+    )
+    medians = per_step.group_by("node_id").agg(
+        pl.len().alias("steps"),
+        pl.col("_inc").median().alias("inclusive_median_ns"),
+        pl.col("_self").median().alias("self_median_ns"),
+    )
+    wall = step_times(spans)["wall_ns"].sum() or 0
+    agg = (
+        tagged.group_by("node_id")
+        .agg(
+            pl.col("parent_node_id").first(),
+            pl.col("fqn").first(),
+            pl.col("module_type").first(),
+            pl.col("phase").first(),
+            pl.len().alias("calls"),
+            pl.col("duration_ns").sum().alias("inclusive_total_ns"),
+            pl.col("self_ns").sum().alias("self_total_ns"),
+            pl.col("rank").min().alias("_rank"),
+            pl.col("span_id").filter(pl.col("rank") == pl.col("rank").min()).min().alias("_first"),
+        )
+        .join(medians, on="node_id")
+        .with_columns(
+            (pl.col("inclusive_total_ns") * 100.0 / wall if wall else pl.lit(None, dtype=pl.Float64)).alias("percent")
+        )
+        .sort("_rank", "_first")
+    )
+    # Pre-order walk over the (small) node table.
+    children: dict[int | None, list[int]] = {}
+    for node, parent in agg.select("node_id", "parent_node_id").iter_rows():
+        children.setdefault(parent, []).append(node)
+    order: list[tuple[int, int]] = []
+    stack = [(n, 0) for n in reversed(children.get(None, []))]
+    while stack:
+        node, level = stack.pop()
+        order.append((node, level))
+        stack.extend((c, level + 1) for c in reversed(children.get(node, [])))
+    layout = pl.DataFrame(order, schema={"node_id": pl.UInt64, "level": pl.Int32}, orient="row").with_row_index("_pos")
+    return layout.join(agg, on="node_id").sort("_pos").select(NODE_COLUMNS)
+
+
+def filter_tree(nodes: pl.DataFrame, *, phases: set[str] | None = None, max_depth: int | None = None,
+                min_percent: float | None = None) -> pl.DataFrame:
+    """Nodes (``module_tree``) -> the nodes to show, re-parented and re-levelled.
+
+    A node of another phase is hidden and its shown descendants move up to
+    its nearest shown ancestor; nodes deeper than ``max_depth`` (0 = roots
+    only) or below ``min_percent`` are dropped with their subtrees.
+    """
+    keep_phase = [phases is None or str(p) in phases for p in nodes["phase"].to_list()]
+    parents = dict(zip(nodes["node_id"].to_list(), nodes["parent_node_id"].to_list(), strict=True))
+    percent = dict(zip(nodes["node_id"].to_list(), nodes["percent"].to_list(), strict=True))
+    shown: dict[int, tuple[int | None, int]] = {}  # node -> (shown parent, level)
+    dropped: set[int] = set()
+    rows = []
+    for node, keep in zip(nodes["node_id"].to_list(), keep_phase, strict=True):
+        parent = parents[node]
+        if parent in dropped:
+            dropped.add(node)
+            continue
+        while parent is not None and parent not in shown:
+            parent = parents.get(parent)
+        level = 0 if parent is None else shown[parent][1] + 1
+        pct = percent[node]
+        too_small = min_percent is not None and (pct is None or pct < min_percent)
+        too_deep = max_depth is not None and level > max_depth
+        if keep and (too_small or too_deep):
+            dropped.add(node)
+            continue
+        if keep:
+            shown[node] = (parent, level)
+            rows.append((node, parent, level))
+    layout = pl.DataFrame(
+        rows, schema={"node_id": pl.UInt64, "parent_node_id": pl.UInt64, "level": pl.Int32}, orient="row"
+    ).with_row_index("_pos")
+    return layout.join(nodes.drop("parent_node_id", "level"), on="node_id").sort("_pos").select(NODE_COLUMNS)

@@ -1,0 +1,166 @@
+"""``modtrace analyze``, ``modtrace tree`` and ``modtrace check``.
+
+``analyze`` writes a run's spans and nesting issues into the database.
+``tree`` and ``check`` read them when stored and otherwise compute them on
+the fly without writing: read commands never modify the database.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from modtrace.cli._options import db_option, format_option
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from modtrace.store.engine import Store
+
+
+def _load(store: Store, run_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    from modtrace.analysis.materialize import compute
+    from modtrace.store.analysis_store import read_analysis
+
+    stored = read_analysis(store, run_id)
+    if stored is not None:
+        return stored
+    result = compute(store, run_id)
+    return result.spans, result.issues
+
+
+def _counts(issues: pl.DataFrame) -> str:
+    n = {s: int((issues["severity"] == s).sum()) for s in ("error", "warning", "info")}
+    return f"{n['error']} error(s), {n['warning']} warning(s), {n['info']} info"
+
+
+@click.command()
+@click.argument("run")
+@db_option
+def analyze(run: str, db: str | None) -> None:
+    """Rebuild RUN's spans and nesting issues and store them (idempotent).
+
+    RUN is a run name, a numeric id, @ (the newest run) or @~N.
+    """
+    from modtrace.analysis import materialize
+    from modtrace.store.engine import open_store
+    from modtrace.store.runs import resolve_run
+
+    store = open_store(db)
+    try:
+        ref = resolve_run(store, run)
+        result = materialize(store, ref.id)
+    finally:
+        store.dispose()
+    click.echo(
+        f"run {ref.name} (id {ref.id}): {result.spans.height} spans, "
+        f"{result.issues.height} nesting issue(s): {_counts(result.issues)}"
+    )
+
+
+def _step_arg(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        step = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a step number or 'all'", param_hint="'--step'") from None
+    if step < 0:
+        raise click.BadParameter("steps count from 0", param_hint="'--step'")
+    return step
+
+
+@click.command()
+@click.argument("run")
+@db_option
+@click.option("--phase", type=click.Choice(["forward", "backward", "recompute", "all"]), default="all",
+              show_default=True, help="Show only calls of this phase.")
+@click.option("--step", "step_opt", default="all", show_default=True, metavar="N|all",
+              help="Only this step (from 0), or all steps.")
+@click.option("--rank", type=int, default=None, help="Only this rank (default: all ranks).")
+@click.option("--max-depth", type=click.IntRange(min=0), default=None, help="Hide nodes deeper than this (0 = roots).")
+@click.option("--min-percent", type=click.FloatRange(min=0), default=None,
+              help="Hide nodes below this percentage of step time.")
+@format_option("table", "json")
+def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, max_depth: int | None,
+         min_percent: float | None, fmt: str) -> None:
+    """Show RUN's module call tree: calls, inclusive and self time, % of step.
+
+    Times are per-step medians (over the steps a node ran in) and totals;
+    % step is a node's total inclusive time over the summed wall time of the
+    selected steps.  Backward and recompute calls form their own subtrees.
+    """
+    import polars as pl
+
+    from modtrace.analysis.aggregate import filter_tree, module_tree
+    from modtrace.errors import UsageError
+    from modtrace.renderers.tree import TREE_RENDERERS
+    from modtrace.store.engine import open_store
+    from modtrace.store.runs import resolve_run
+
+    step = _step_arg(step_opt)
+    store = open_store(db)
+    try:
+        ref = resolve_run(store, run)
+        spans, _ = _load(store, ref.id)
+    finally:
+        store.dispose()
+    if rank is not None:
+        if rank not in set(spans["rank"].unique().to_list()):
+            raise UsageError(f"run {ref.name} has no spans on rank {rank}")
+        spans = spans.filter(pl.col("rank") == rank)
+    if step is not None:
+        spans = spans.filter(pl.col("step") == step)
+        if spans.height == 0:
+            raise UsageError(f"run {ref.name} has no spans in step {step}")
+    nodes = filter_tree(
+        module_tree(spans),
+        phases=None if phase == "all" else {phase},
+        max_depth=max_depth,
+        min_percent=min_percent,
+    )
+    if fmt == "table" and nodes.height == 0:
+        click.echo(f"run {ref.name}: no module calls to show")
+        return
+    rows: list[dict[str, Any]] = nodes.to_dicts()
+    click.echo(TREE_RENDERERS[fmt]().render(rows), nl=False)
+
+
+@click.command()
+@click.argument("run")
+@db_option
+@format_option("table", "json")
+@click.pass_context
+def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
+    """List RUN's nesting issues; exit 1 when any is an error.
+
+    Issues are calls whose events do not nest: a lost or repeated event, a
+    crossed exit, a call never exited; and, as info, unusual but healthy
+    closes (a forward that raised, an early-stopped recompute, a backward
+    closed at the end of the graph task).
+    """
+    import polars as pl
+
+    from modtrace.renderers import get_renderer
+    from modtrace.store.engine import open_store
+    from modtrace.store.runs import resolve_run
+
+    store = open_store(db)
+    try:
+        ref = resolve_run(store, run)
+        _, issues = _load(store, ref.id)
+    finally:
+        store.dispose()
+    columns = ["severity", "kind", "rank", "seq", "step", "phase", "fqn", "message"]
+    if fmt == "json":
+        out = issues.with_columns(pl.col("phase").cast(pl.String)).select(columns).rows()
+        click.echo(get_renderer("json").render(columns, out), nl=False)
+    elif issues.height == 0:
+        click.echo(f"run {ref.name}: no nesting issues")
+    else:
+        out = issues.select("severity", "kind", "rank", "seq", "message").rows()
+        click.echo(get_renderer("table").render(["severity", "kind", "rank", "seq", "message"], out), nl=False)
+        click.echo(f"run {ref.name}: {_counts(issues)}")
+    if (issues["severity"] == "error").any():
+        ctx.exit(1)

@@ -1,0 +1,82 @@
+"""Renderers for the module call tree (``modtrace tree``).
+
+Both take the nodes of ``modtrace.analysis.aggregate`` as plain dicts, in
+tree pre-order with their ``level``; nothing here computes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+Node = dict[str, Any]
+
+_JSON_KEYS = (
+    "fqn", "module_type", "phase", "calls", "steps", "inclusive_total_ns", "self_total_ns",
+    "inclusive_median_ns", "self_median_ns", "percent",
+)
+
+
+def format_ns(ns: float | int | None) -> str:
+    """A duration in the largest unit that keeps it >= 1 (ns, us, ms, s)."""
+    if ns is None:
+        return ""
+    value = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} ns"
+
+
+class TreeTextRenderer:
+    """An indented table: one line per node, children under their parent."""
+
+    name = "table"
+    columns = ("module", "type", "phase", "calls", "incl/step", "self/step", "incl total", "self total", "% step")
+
+    def render(self, nodes: Sequence[Node], *, title: str | None = None) -> str:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title, box=None, pad_edge=False, header_style="bold")
+        for col in self.columns:
+            table.add_column(col, justify="left" if col in ("module", "type", "phase") else "right", no_wrap=True)
+        for node in nodes:
+            phase = str(node["phase"])
+            table.add_row(
+                "  " * int(node["level"]) + str(node["fqn"]),
+                str(node["module_type"]),
+                phase,
+                str(node["calls"]),
+                format_ns(node["inclusive_median_ns"]),
+                format_ns(node["self_median_ns"]),
+                format_ns(node["inclusive_total_ns"]),
+                format_ns(node["self_total_ns"]),
+                "" if node["percent"] is None else f"{node['percent']:.1f}",
+            )
+        console = Console(width=240, force_terminal=False, color_system=None, highlight=False)
+        with console.capture() as cap:
+            console.print(table)
+        return "\n".join(line.rstrip() for line in cap.get().splitlines()) + "\n"
+
+
+class TreeJsonRenderer:
+    """Nested JSON: a list of root nodes, each with its ``children``; stable keys."""
+
+    name = "json"
+
+    def render(self, nodes: Sequence[Node], *, title: str | None = None) -> str:
+        roots: list[dict[str, Any]] = []
+        path: list[dict[str, Any]] = []
+        for node in nodes:
+            item: dict[str, Any] = {k: (str(node[k]) if k == "phase" else node[k]) for k in _JSON_KEYS}
+            item["children"] = []
+            level = int(node["level"])
+            del path[level:]
+            (path[-1]["children"] if path else roots).append(item)
+            path.append(item)
+        return json.dumps(roots, indent=2) + "\n"
+
+
+TREE_RENDERERS = {r.name: r for r in (TreeTextRenderer, TreeJsonRenderer)}
