@@ -60,7 +60,7 @@ def assign_nodes(spans: pl.DataFrame) -> pl.DataFrame:
         "rank", "span_id", "parent_span_id", "depth",
         pl.struct(pl.col("phase").cast(pl.String), pl.col("fqn").cast(pl.String)).hash().alias("_own"),
     )
-    max_depth = int(base["depth"].max() or 0) if base.height else 0
+    max_depth = int(base.select(pl.col("depth").max().fill_null(0)).item())
     known = base.filter(pl.col("depth") == 0).select(
         "rank", "span_id", pl.col("_own").alias("node_id"), pl.lit(None, dtype=pl.UInt64).alias("parent_node_id")
     )
