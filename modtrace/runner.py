@@ -34,6 +34,7 @@ from types import FrameType, TracebackType
 from typing import Any, Literal
 
 from modtrace.errors import UsageError
+from modtrace.recorder import Terminated  # the one exception SIGTERM becomes while recording
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM
@@ -71,10 +72,6 @@ class Outcome:
     status: Literal["completed", "failed", "interrupted"]
     exit_code: int
     error: str | None = None  # exception summary for failed / interrupted
-
-
-class Terminated(BaseException):
-    """Raised in the main thread by our SIGTERM handler, so cleanup runs and events are flushed."""
 
 
 def check_target(target: Target) -> None:
@@ -343,28 +340,3 @@ def git_commit(cwd: str) -> str | None:
         return None
     commit = proc.stdout.strip()
     return commit if proc.returncode == 0 and re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
-
-
-def process_meta() -> dict[str, Any]:
-    """Columns of the runs table that describe this process."""
-    import platform
-    import socket
-
-    from modtrace._version import __version__
-
-    cwd = os.getcwd()
-    meta: dict[str, Any] = {
-        "cwd": cwd,
-        "hostname": socket.gethostname(),
-        "pid": os.getpid(),
-        "git_commit": git_commit(cwd),
-        "python_version": platform.python_version(),
-        "modtrace_version": __version__,
-    }
-    try:
-        import torch
-
-        meta["torch_version"] = str(torch.__version__)
-    except ImportError:
-        meta["torch_version"] = None
-    return meta

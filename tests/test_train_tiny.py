@@ -96,7 +96,7 @@ def test_checkpointing_gives_the_same_gradients(tt: ModuleType) -> None:
         x, y = tt.synthetic_batch(torch.Generator().manual_seed(0), 256, 4, 32)
         torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).backward()
         grads.append([p.grad.clone() for p in model.parameters()])
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)
 
 

@@ -151,7 +151,7 @@ def _record(
         Terminated,
         default_run_name,
         execute,
-        process_meta,
+        git_commit,
         shared_run_name,
     )
 
@@ -163,7 +163,8 @@ def _record(
         else:
             run_name = default_run_name(target.stem, datetime.now())
     assert run_name is not None
-    meta = process_meta()
+    # The recorder fills in the process (cwd, host, pid, versions, world size); the commit is ours to find.
+    meta = {"git_commit": git_commit(os.getcwd())}
 
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze)
