@@ -42,8 +42,8 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
 import torch.nn.modules.module as _module_hooks
+from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
@@ -193,7 +193,7 @@ class Tracker:
             # this registry; take it out so nothing of ours outlives stop().
             _module_hooks._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._handles = []
-        for handle in list(self._leaf_handles.values()):
+        for handle in list(self._leaf_handles.values()):  # type: ignore[no-untyped-call]
             handle.remove()
         self._leaf_handles.clear()
         self._bw.clear()
@@ -470,7 +470,8 @@ class Tracker:
         if node is not None:
             return node
         if t.requires_grad:  # a leaf: its AccumulateGrad node
-            return t.view_as(t).grad_fn.next_functions[0][0]
+            view_node = t.view_as(t).grad_fn
+            return view_node.next_functions[0][0] if view_node is not None else None
         return None
 
     def _entries(self, node: Any, t: torch.Tensor) -> tuple[list[_Call], list[_Call]]:
@@ -482,7 +483,7 @@ class Tracker:
             leaf = t.grad_fn is None
             handle = node.register_prehook(partial(self._dispatch, entries, leaf))
             if leaf:
-                old = self._leaf_handles.get(t)
+                old = self._leaf_handles.get(t)  # type: ignore[no-untyped-call]
                 if old is not None:
                     old.remove()
                 self._leaf_handles[t] = handle

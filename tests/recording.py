@@ -97,7 +97,7 @@ def problems(events: list[Ev]) -> list[str]:
             top = stack.pop()
             if (top.call_id, top.phase) != (e.call_id, e.phase):
                 found.append(f"{e.fqn} {e.phase} exit (seq {e.seq}) crosses open {top.fqn} {top.phase} (seq {top.seq})")
-    for group, stack in stacks.items():
+    for stack in stacks.values():
         for e in stack:
             found.append(f"{e.fqn} {e.phase} never exited (seq {e.seq})")
     return found

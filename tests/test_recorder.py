@@ -90,7 +90,7 @@ def test_exception_marks_failed_and_keeps_events(db_path: object) -> None:
     with pytest.raises(ZeroDivisionError):
         with modtrace.Recorder(run="boom"):
             train(model, 2)
-            1 / 0
+            raise ZeroDivisionError("division by zero")
     assert rows(str(db_path), "SELECT status, error FROM runs") == [("failed", "ZeroDivisionError: division by zero")]
     assert rows(str(db_path), "SELECT COUNT(*) FROM event_log") == [(32,)]
 
