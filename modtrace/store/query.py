@@ -1,0 +1,507 @@
+"""Read-only SQL over a modtrace database: the query library and its runner.
+
+The library is the repository's ``queries/*.sql`` (shipped in the wheel as
+``modtrace/queries``).  Each file is one statement that starts with a comment
+header::
+
+    -- One line saying what the query answers.
+    --
+    -- Optional paragraphs explaining definitions and caveats.
+    --
+    -- Parameters:
+    --   :run_id   the run (modtrace query --run RUN)
+    --   :limit    most rows to return (default: 20)
+    --
+    -- Columns:
+    --   fqn       module's fully qualified name
+    --   self_ms   exclusive time, milliseconds
+
+Parameters are SQL named parameters (``:name``) bound by the driver, never
+formatted into the text.  A parameter called ``run_id`` or ending in ``_run``
+takes a run reference (name, id, ``@``, ``@~N``) and is bound as the run's id.
+
+Queries run on a connection that cannot write: SQLite is opened read-only
+(``mode=ro``, ``query_only``, and an authorizer that denies anything but
+reads), PostgreSQL in a ``READ ONLY`` transaction that is rolled back.  Before
+that, ``check_read_only`` refuses anything but one SELECT/WITH/VALUES/EXPLAIN
+statement with a message that says what was refused.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import DBAPIError, StatementError
+
+from modtrace.errors import ModtraceError, StoreError, UsageError
+from modtrace.store.engine import (
+    Store,
+    _check_sqlite_file,
+    _is_url,
+    _read_revision_sqlite,
+    _sqlite_engine,
+    check_revision,
+    open_store,
+    resolve_db,
+)
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+# Statements a query may be: they read.  EXPLAIN only describes a plan (on
+# PostgreSQL, EXPLAIN ANALYZE of a write still meets the read-only transaction).
+READ_KEYWORDS = frozenset({"SELECT", "WITH", "VALUES", "EXPLAIN"})
+
+# Statements that write or change the session: named in the refusal when one
+# of them is what the user sent.
+WRITE_KEYWORDS = frozenset({
+    "INSERT", "UPDATE", "DELETE", "REPLACE", "MERGE", "UPSERT", "DROP", "CREATE", "ALTER",
+    "TRUNCATE", "ATTACH", "DETACH", "PRAGMA", "VACUUM", "REINDEX", "ANALYZE", "GRANT", "REVOKE",
+    "COPY", "CALL", "DO", "SET", "RESET", "BEGIN", "START", "COMMIT", "END", "ROLLBACK",
+    "SAVEPOINT", "RELEASE", "LOCK", "LISTEN", "NOTIFY", "UNLISTEN", "REFRESH", "CLUSTER",
+    "COMMENT", "DISCARD", "PREPARE", "EXECUTE", "DEALLOCATE", "LOAD", "CHECKPOINT", "SECURITY",
+})
+
+# Words that make a statement that starts as a read write after all:
+# PostgreSQL's data-modifying CTEs (WITH d AS (DELETE ...)), SQLite's
+# WITH ... INSERT, SELECT ... INTO (creates a table) and row locks.
+_WRITES_INSIDE_READ = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE", "INTO"})
+
+
+class QueryRefused(UsageError):
+    """A statement that is not a single read-only query."""
+
+
+# --- scanning SQL text ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScannedSql:
+    """SQL text as the driver will see it, and what is in it.
+
+    ``bindable`` has comments blanked out and colons inside literals and
+    quoted identifiers escaped (``\\:``), so that SQLAlchemy's ``text()``
+    binds exactly ``params``.  ``words`` are the upper-cased bare words outside
+    literals and comments, per statement.
+    """
+
+    bindable: str
+    params: tuple[str, ...]
+    statements: tuple[tuple[str, ...], ...]
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+
+
+def scan_sql(sql: str) -> ScannedSql:
+    """Tokenise just enough SQL to find parameters, statements and keywords."""
+    out: list[str] = []
+    params: list[str] = []
+    statements: list[list[str]] = [[]]
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        nxt = sql[i + 1] if i + 1 < n else ""
+        if ch == "-" and nxt == "-":
+            end = sql.find("\n", i)
+            end = n if end < 0 else end
+            out.append(" ")
+            i = end
+        elif ch == "/" and nxt == "*":
+            end = sql.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append(" ")
+            i = end
+        elif ch in ("'", '"'):
+            j = i + 1
+            while j < n:
+                if sql[j] == ch:
+                    if j + 1 < n and sql[j + 1] == ch:  # doubled quote inside
+                        j += 2
+                        continue
+                    break
+                j += 1
+            out.append(sql[i:j + 1].replace(":", "\\:"))
+            i = j + 1
+        elif ch == ":":
+            if nxt == ":":  # PostgreSQL cast; never a parameter
+                out.append("\\:\\:")
+                i += 2
+                continue
+            m = _WORD.match(sql, i + 1)
+            prev = sql[i - 1] if i else ""
+            if m and not (prev.isalnum() or prev == "_"):
+                if m.group(0) not in params:
+                    params.append(m.group(0))
+                out.append(":" + m.group(0))
+                i = m.end()
+            else:
+                out.append("\\:")
+                i += 1
+        elif ch == ";":
+            statements.append([])
+            out.append(ch)
+            i += 1
+        elif ch.isalpha() or ch == "_":
+            m = _WORD.match(sql, i)
+            assert m is not None
+            statements[-1].append(m.group(0).upper())
+            out.append(m.group(0))
+            i = m.end()
+        elif ch.isdigit():
+            # a number such as 1e6 is not the word "e6"
+            j = i
+            while j < n and (sql[j].isalnum() or sql[j] in "._"):
+                j += 1
+            out.append(sql[i:j])
+            i = j
+        else:
+            out.append(ch)
+            i += 1
+    return ScannedSql(
+        bindable="".join(out),
+        params=tuple(params),
+        statements=tuple(tuple(s) for s in statements if s),
+    )
+
+
+def check_read_only(scanned: ScannedSql) -> None:
+    """Refuse anything but one read-only statement, saying what was refused."""
+    if not scanned.statements:
+        raise QueryRefused("query refused: no SQL statement given")
+    if len(scanned.statements) > 1:
+        kinds = ", ".join(s[0] for s in scanned.statements)
+        raise QueryRefused(f"query refused: one statement at a time; got {len(scanned.statements)} ({kinds})")
+    words = scanned.statements[0]
+    allowed = "only read-only statements (SELECT/WITH/VALUES/EXPLAIN) are allowed"
+    if words[0] not in READ_KEYWORDS:
+        hint = " (read pragmas with SELECT * FROM pragma_table_info('spans') and the like)" if words[0] == "PRAGMA" else ""
+        raise QueryRefused(f"query refused: {allowed}; got {words[0]}{hint}")
+    inside = next((w for w in words if w in _WRITES_INSIDE_READ), None)
+    if inside is None and any(a == "FOR" and b in ("SHARE", "KEY", "NO") for a, b in zip(words, words[1:], strict=False)):
+        inside = "FOR SHARE"
+    if inside is not None:
+        raise QueryRefused(f"query refused: {allowed}; this {words[0]} statement contains {inside}")
+
+
+# --- the library ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamDoc:
+    name: str
+    description: str
+    default: str | None = None
+
+    @property
+    def is_run(self) -> bool:
+        return is_run_param(self.name)
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query: its SQL and what its header says about it."""
+
+    name: str
+    sql: str
+    purpose: str = ""
+    description: str = ""
+    params: tuple[ParamDoc, ...] = ()
+    columns: tuple[tuple[str, str], ...] = ()
+    path: Path | None = None
+    scanned: ScannedSql = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scanned", scan_sql(self.sql))
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return self.scanned.params
+
+    def param_doc(self, name: str) -> ParamDoc | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+def is_run_param(name: str) -> bool:
+    """Parameters that take a run reference and are bound as a run id."""
+    return name == "run_id" or name.endswith("_run")
+
+
+def queries_dir() -> Path:
+    """The query library: inside the package when installed, else the repository's queries/."""
+    for candidate in (_PACKAGE_DIR / "queries", _PACKAGE_DIR.parent / "queries"):
+        if candidate.is_dir() and any(candidate.glob("*.sql")):
+            return candidate
+    raise StoreError("modtrace's query library is missing from this installation")
+
+
+_DEFAULT = re.compile(r"\(default:?\s*([^)]*)\)")
+_ENTRY = re.compile(r"^(\s+):?([A-Za-z_]\w*)\s{2,}(\S.*)$")
+
+
+def parse_header(sql: str) -> tuple[str, str, tuple[ParamDoc, ...], tuple[tuple[str, str], ...]]:
+    """(purpose, description, parameters, columns) from a query's leading comment block.
+
+    The first paragraph is the purpose, later ones the description, up to a
+    ``Parameters:`` or ``Columns:`` line.  Entries of those sections are
+    indented ``name  description`` lines (two spaces or more between);
+    a line indented deeper continues the entry above it.
+    """
+    lines: list[str] = []
+    for raw in sql.splitlines():
+        stripped = raw.strip()
+        if not stripped.startswith("--"):
+            if stripped:
+                break
+            continue
+        body = stripped[2:]
+        lines.append(body[1:] if body.startswith(" ") else body)
+    paragraphs: list[list[str]] = [[]]
+    entries: dict[str, list[list[str]]] = {"parameters": [], "columns": []}
+    section: str | None = None
+    indent = 0
+    for line in lines:
+        word = line.strip()
+        if word.lower() in ("parameters:", "columns:"):
+            section = word[:-1].lower()
+            continue
+        if section is None:
+            if word:
+                paragraphs[-1].append(word)
+            elif paragraphs[-1]:
+                paragraphs.append([])
+            continue
+        if not word:
+            continue
+        m = _ENTRY.match(line)
+        found = entries[section]
+        if m and (not found or len(m.group(1)) <= indent):
+            indent = len(m.group(1))
+            found.append([m.group(2), m.group(3).strip()])
+        elif found:
+            found[-1][1] += " " + word
+    texts = [" ".join(p) for p in paragraphs if p]
+    params = tuple(
+        ParamDoc(name, desc, (d.group(1).strip() if (d := _DEFAULT.search(desc)) else None))
+        for name, desc in entries["parameters"]
+    )
+    columns = tuple((name, desc) for name, desc in entries["columns"])
+    return (texts[0] if texts else ""), "\n\n".join(texts[1:]), params, columns
+
+
+def read_query(path: Path, name: str | None = None) -> Query:
+    try:
+        sql = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    purpose, description, params, columns = parse_header(sql)
+    return Query(
+        name=name or path.stem, sql=sql, purpose=purpose, description=description,
+        params=params, columns=columns, path=path,
+    )
+
+
+def library() -> list[Query]:
+    """Every query of the library, by name."""
+    return [read_query(p) for p in sorted(queries_dir().glob("*.sql"))]
+
+
+def library_query(name: str) -> Query:
+    """The library query called ``name`` (with or without .sql); unknown names suggest close ones."""
+    base = name[:-4] if name.endswith(".sql") else name
+    path = queries_dir() / f"{base}.sql"
+    if path.is_file():
+        return read_query(path)
+    names = sorted(p.stem for p in queries_dir().glob("*.sql"))
+    close = difflib.get_close_matches(base, names, n=3, cutoff=0.5)
+    if not close:
+        close = [n for n in names if base and (base in n or n in base)][:3]
+    hint = f"; did you mean {', '.join(close)}?" if close else "; `modtrace query --list` shows them"
+    raise UsageError(f"no query named {base!r} in the library{hint}")
+
+
+def resolve_query(arg: str) -> Query:
+    """NAME of a library query, PATH of a .sql file, or the text of one statement.
+
+    Text with whitespace, or a single SQL keyword, is a statement; an existing
+    file with a .sql suffix or a path separator is a file; anything else names
+    a library query.
+    """
+    s = arg.strip()
+    if any(c.isspace() for c in s) or s.upper() in READ_KEYWORDS | WRITE_KEYWORDS:
+        return Query(name="statement", sql=arg)
+    path = Path(s).expanduser()
+    if path.is_file() and (path.suffix == ".sql" or "/" in s):
+        return read_query(path)
+    if "/" in s:
+        raise UsageError(f"no query file {s!r}")
+    return library_query(s)
+
+
+# --- parameters -------------------------------------------------------------------------
+
+
+def coerce(value: str) -> int | float | str:
+    """A command-line value as the driver should bind it: integer, decimal or text."""
+    v = value.strip()
+    if re.fullmatch(r"[+-]?\d+", v):
+        return int(v)
+    if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?", v):
+        return float(v)
+    return value
+
+
+def bind_params(store: Store, query: Query, given: Mapping[str, str]) -> dict[str, Any]:
+    """Values for every parameter of ``query``: given, else the header's default.
+
+    Run parameters are resolved to run ids.  A missing parameter, or one the
+    query does not take, is a usage error naming it.
+    """
+    from modtrace.store.runs import resolve_run
+
+    wanted = query.param_names
+    extra = [k for k in given if k not in wanted]
+    if extra:
+        takes = ", ".join(f":{p}" for p in wanted) or "no parameters"
+        raise UsageError(f"query {query.name} takes no parameter :{extra[0]} (it takes {takes})")
+    values: dict[str, Any] = {}
+    for name in wanted:
+        doc = query.param_doc(name)
+        raw = given.get(name, doc.default if doc else None)
+        if raw is None:
+            how = "--run RUN or --param run_id=RUN" if name == "run_id" else f"--param {name}=VALUE"
+            raise UsageError(f"query {query.name} needs parameter :{name} (pass {how})")
+        if is_run_param(name):
+            values[name] = resolve_run(store, str(raw)).id
+        else:
+            values[name] = coerce(str(raw))
+    return values
+
+
+# --- read-only execution ----------------------------------------------------------------
+
+
+def open_readonly(db: str | None) -> Store:
+    """Open the database for reading only: version-checked, never created, never written.
+
+    A SQLite file is checked (ours, at head) through a read-only connection,
+    so not even a WAL checkpoint touches it.
+    """
+    target = resolve_db(db)
+    if _is_url(target):
+        from sqlalchemy.engine import make_url
+
+        try:
+            parsed = make_url(target)
+        except Exception:
+            raise UsageError(f"invalid database URL {target!r}") from None
+        if not parsed.drivername.startswith("sqlite"):
+            return open_store(target)
+        if parsed.database in (None, "", ":memory:"):
+            raise UsageError("an in-memory SQLite database has nothing to query; give a file path")
+        target = parsed.database
+    path = Path(target).expanduser().absolute()
+    if _check_sqlite_file(path, create=False):
+        raise StoreError(f"{path} is empty, not a modtrace database")
+    engine = _sqlite_engine(path, readonly=True)
+    store = Store(engine=engine, label=str(path), path=path)
+    try:
+        rev, has_tables = _read_revision_sqlite(store)
+        if rev is None:
+            if has_tables:
+                raise StoreError(f"{path} is a SQLite database of another application (no modtrace schema)")
+            raise StoreError(f"{path} has no modtrace schema yet")
+        check_revision(rev, str(path))
+    except BaseException:
+        engine.dispose()
+        raise
+    _deny_writes(engine)
+    return store
+
+
+# Authorizer actions a read needs (sqlite3 constants): everything else is denied.
+_SQLITE_READ_ACTIONS = frozenset({
+    sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
+})
+
+
+def _authorize(action: int, arg1: str | None, arg2: str | None, dbname: str | None, source: str | None) -> int:
+    if action in _SQLITE_READ_ACTIONS:
+        if action == sqlite3.SQLITE_FUNCTION and arg2 and arg2.lower() == "load_extension":
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_PRAGMA and arg2 is None and dbname is None:
+        return sqlite3.SQLITE_OK  # table-valued pragma functions read (pragma_table_info)
+    return sqlite3.SQLITE_DENY
+
+
+def _deny_writes(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _install(dbapi_conn: Any, _record: Any) -> None:
+        # Installed after the read-only PRAGMAs of the engine's own listener.
+        dbapi_conn.set_authorizer(_authorize)
+
+
+@dataclass(frozen=True)
+class Result:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def _plain(value: Any) -> Any:
+    # PostgreSQL returns NUMERIC for SUM/AVG of integers; SQLite returns int/float.
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() and value.as_tuple().exponent == 0 else float(value)
+    if isinstance(value, memoryview):
+        return bytes(value).hex()
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    msg = str(orig).strip().splitlines()
+    return msg[0] if msg else type(orig).__name__
+
+
+def execute(store: Store, query: Query, params: Mapping[str, Any]) -> Result:
+    """Run ``query`` with bound ``params`` on a connection that cannot write; nothing is committed."""
+    check_read_only(query.scanned)
+    stmt = text(query.scanned.bindable)
+    try:
+        with store.engine.connect() as conn:
+            try:
+                if store.dialect == "postgresql":
+                    conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                cursor = conn.execute(stmt, dict(params))
+                columns = list(cursor.keys()) if cursor.returns_rows else []
+                rows = [tuple(_plain(v) for v in row) for row in cursor] if cursor.returns_rows else []
+            finally:
+                conn.rollback()
+    except (DBAPIError, StatementError) as exc:
+        msg = _first_line(exc)
+        if "not authorized" in msg or "readonly database" in msg or "read-only transaction" in msg:
+            raise QueryRefused(f"query refused: the connection is read-only ({msg})") from None
+        what = "query" if query.path is None else f"query {query.name}"
+        raise ModtraceError(f"{what} failed: {msg}") from None
+    return Result(columns, rows)
+
+
+def run_query(
+    db: str | None, query: Query, given: Mapping[str, str] | None = None
+) -> Result:
+    """Open ``db`` read-only, bind ``given`` (strings, as from the command line) and run ``query``."""
+    check_read_only(query.scanned)
+    store = open_readonly(db)
+    try:
+        return execute(store, query, bind_params(store, query, given or {}))
+    finally:
+        store.dispose()
