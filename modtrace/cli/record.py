@@ -85,11 +85,7 @@ def check_run_name(name: str) -> str:
     return name
 
 
-@click.command(
-    cls=RecordCommand,
-    context_settings={"allow_interspersed_args": False},
-    epilog="Examples: modtrace record train.py --lr 3e-4    modtrace record --run base -m pkg.train --steps 10",
-)
+@click.command(cls=RecordCommand, context_settings={"allow_interspersed_args": False})
 @db_option
 @click.option("--run", "--run-name", "run_name", metavar="NAME", default=None,
               help="Run name, unique in the database (default: script or module name and start time).")
@@ -112,7 +108,19 @@ def record(
     """Run SCRIPT (or -m MODULE) as python would, recording its module calls.
 
     Options for modtrace go before SCRIPT; everything after SCRIPT is passed
-    to it.  The exit code is the target's.
+    to it.  The exit code is the target's: 1 after an uncaught exception
+    (the run is marked failed), 130 on Ctrl-C and 143 on SIGTERM (marked
+    interrupted; recorded events are kept).
+
+    \b
+    Examples:
+      modtrace record train.py --lr 3e-4
+      modtrace record --run base --tag lr=3e-4 -m pkg.train --steps 10
+      torchrun --nproc-per-node 2 -m modtrace record --run-name R train.py
+
+    Under torchrun every rank records into one run.  Name it with --run-name
+    (torchrun's own parser rejects --run as an abbreviation of its
+    --run-path), or let the ranks derive one name from the launch.
     """
     from modtrace.runner import Target, check_target
 
@@ -143,14 +151,10 @@ def _record(
 ) -> int:
     from datetime import datetime
 
-    from modtrace import progress as progress_mod
     from modtrace.runner import (
         EXIT_TERMINATED,
-        Outcome,
-        SigtermGuard,
         Terminated,
         default_run_name,
-        execute,
         git_commit,
         shared_run_name,
     )
@@ -165,6 +169,22 @@ def _record(
     assert run_name is not None
     # The recorder fills in the process (cwd, host, pid, versions, world size); the commit is ours to find.
     meta = {"git_commit": git_commit(os.getcwd())}
+
+    try:
+        return _record_under(target, run_name, auto, db=db, tags=tags, command=command, meta=meta,
+                             quiet=quiet, analyze=analyze)
+    except Terminated:
+        # SIGTERM before the target started or after it ended; a started
+        # recorder finishes from its atexit hook.
+        return EXIT_TERMINATED
+
+
+def _record_under(
+    target: Any, run_name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
+    meta: dict[str, Any], quiet: bool, analyze: bool,
+) -> int:
+    from modtrace import progress as progress_mod
+    from modtrace.runner import EXIT_TERMINATED, Outcome, SigtermGuard, Terminated, execute
 
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze)
