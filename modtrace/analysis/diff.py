@@ -3,7 +3,7 @@
 Everything here is a pure function of spans frames (``spans.SPAN_COLUMNS``);
 the CLI reads the frames from the store and hands the result to a renderer.
 
-Per-step samples (``step_samples``)
+Per-step samples (``compared_samples``, built on ``aggregate.step_samples``)
     One row per (rank, step, fqn, phase) with the module's call count and its
     inclusive and self time summed over those calls.  The first
     ``skip_steps`` steps of each rank are left out (step 0 usually pays
@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import polars as pl
+
+from modtrace.analysis.aggregate import step_samples
 
 PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
 VERDICTS: tuple[str, ...] = ("regression", "improvement", "inherited", "unchanged")
@@ -137,25 +139,20 @@ def _compared(spans: pl.DataFrame, skip_steps: int, phases: tuple[str, ...] | No
     return sp.filter(pl.col("step") >= first + skip_steps)
 
 
-def step_samples(
+def compared_samples(
     spans: pl.DataFrame, *, skip_steps: int = 1, phases: tuple[str, ...] | None = None
 ) -> pl.DataFrame:
-    """Spans frame -> per-step samples (``SAMPLE_SCHEMA``), sorted by (rank, step, fqn, phase).
+    """Spans frame -> per-step samples of the compared steps and phases (``SAMPLE_SCHEMA``).
 
-    Only modules that ran in a step have a row for it; ``fill_steps`` adds the zeros.
+    ``aggregate.step_samples`` over the spans left after ``skip_steps`` and
+    ``phases``.  Only modules that ran in a step have a row for it;
+    ``fill_steps`` adds the zeros.
     """
-    sp = _compared(spans, skip_steps, phases)
-    return (
-        sp.group_by("rank", "step", pl.col("fqn").cast(pl.String), pl.col("phase").cast(pl.String))
-        .agg(
-            pl.len().cast(pl.Int64).alias("calls"),
-            pl.col("duration_ns").sum().cast(pl.Int64).alias("incl_ns"),
-            pl.col("self_ns").sum().cast(pl.Int64).alias("self_ns"),
-        )
-        .select(list(SAMPLE_SCHEMA))
-        .cast(SAMPLE_SCHEMA)  # type: ignore[arg-type]
-        .sort("rank", "step", "fqn", "phase")
-    )
+    samples = step_samples(_compared(spans, skip_steps, phases))
+    return samples.select(
+        "rank", "step", "fqn", pl.col("phase").cast(pl.String), "calls",
+        pl.col("inclusive_ns").alias("incl_ns"), "self_ns",
+    ).cast(SAMPLE_SCHEMA)  # type: ignore[arg-type]
 
 
 def step_units(spans: pl.DataFrame, *, skip_steps: int = 1) -> pl.DataFrame:
@@ -533,8 +530,8 @@ def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: Diff
     options = options or DiffOptions()
     units_b = step_units(base_spans, skip_steps=options.skip_steps)
     units_c = step_units(cand_spans, skip_steps=options.skip_steps)
-    base = fill_steps(step_samples(base_spans, skip_steps=options.skip_steps, phases=options.phases), units_b)
-    cand = fill_steps(step_samples(cand_spans, skip_steps=options.skip_steps, phases=options.phases), units_c)
+    base = fill_steps(compared_samples(base_spans, skip_steps=options.skip_steps, phases=options.phases), units_b)
+    cand = fill_steps(compared_samples(cand_spans, skip_steps=options.skip_steps, phases=options.phases), units_c)
     step_b = _median(units_b["step_ns"])
     step_c = _median(units_c["step_ns"])
     timing = compare_timing(base, cand, options, step_ns=step_b)

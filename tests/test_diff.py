@@ -1,0 +1,378 @@
+"""modtrace.analysis.diff on synthetic spans frames with exact durations.
+
+``synth`` lays out a module tree's calls step by step, as the recorder and
+the span rebuild would produce them: each span's self time is given, its
+duration is its self time plus its children's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from modtrace.analysis.diff import (
+    DiffOptions,
+    collapse_subtrees,
+    compared_samples,
+    diff_spans,
+    fill_steps,
+    mann_whitney,
+    min_p_value,
+    step_units,
+)
+from modtrace.analysis.events import PHASE_ENUM, STATUS_ENUM
+from modtrace.analysis.spans import SPAN_COLUMNS
+
+# fqn -> children, in call order
+TREE: dict[str, list[str]] = {
+    "Net": ["Net.embed", "Net.block0", "Net.block1", "Net.head"],
+    "Net.embed": [],
+    "Net.block0": ["Net.block0.attn", "Net.block0.mlp"],
+    "Net.block0.attn": [],
+    "Net.block0.mlp": [],
+    "Net.block1": ["Net.block1.attn", "Net.block1.mlp"],
+    "Net.block1.attn": [],
+    "Net.block1.mlp": [],
+    "Net.head": [],
+}
+# self time of every call, in microseconds
+SELF_US: dict[str, float] = {
+    "Net": 50, "Net.embed": 100, "Net.block0": 40, "Net.block0.attn": 300, "Net.block0.mlp": 400,
+    "Net.block1": 40, "Net.block1.attn": 300, "Net.block1.mlp": 400, "Net.head": 200,
+}
+
+SelfFn = Callable[[str, str, int], float]  # (fqn, phase, step) -> self microseconds
+
+
+def synth(
+    steps: int = 20,
+    self_us: SelfFn | None = None,
+    *,
+    tree: dict[str, list[str]] | None = None,
+    phases: tuple[str, ...] = ("forward", "backward"),
+    noise: float = 0.03,
+    seed: int = 0,
+    rank: int = 0,
+    device: Callable[[str], str | None] = lambda fqn: "cpu",
+    stream: Callable[[str], int | None] = lambda fqn: None,
+    calls: Callable[[str, str], int] = lambda fqn, phase: 1,
+) -> pl.DataFrame:
+    """A spans frame (``SPAN_COLUMNS``) of ``steps`` steps of the module tree."""
+    tree = tree or TREE
+    rng = random.Random(seed)
+    fn = self_us or (lambda fqn, phase, step: SELF_US[fqn])
+    rows: list[dict[str, object]] = []
+    seq = [0]
+    clock = [0]
+
+    def call(fqn: str, phase: str, step: int, depth: int, parent: int | None) -> int:
+        span_id = seq[0]
+        seq[0] += 2
+        start = clock[0]
+        own = int(fn(fqn, phase, step) * 1000 * (1 + rng.uniform(-noise, noise)))
+        clock[0] += own
+        children = tree[fqn] if phase == "forward" else list(reversed(tree[fqn]))
+        for child in children:
+            for _ in range(calls(child, phase)):
+                call(child, phase, step, depth + 1, span_id)
+        end = clock[0]
+        rows.append({
+            "run_id": 1, "rank": rank, "span_id": span_id, "parent_span_id": parent, "depth": depth,
+            "module_id": list(tree).index(fqn), "fqn": fqn, "module_type": "M", "phase": phase,
+            "call_id": span_id, "step": step, "thread_id": 0, "graph_task": None if phase == "forward" else step,
+            "start_ns": start, "end_ns": end, "duration_ns": end - start, "self_ns": own,
+            "device_id": 0, "device": device(fqn), "stream": stream(fqn), "status": "ok", "exit_seq": span_id + 1,
+        })
+        return end - start
+
+    root = next(iter(tree))
+    for step in range(steps):
+        for phase in phases:
+            call(root, phase, step, 0, None)
+    schema = {
+        "run_id": pl.Int32, "rank": pl.Int32, "span_id": pl.Int64, "parent_span_id": pl.Int64, "depth": pl.Int32,
+        "module_id": pl.Int32, "fqn": pl.Categorical, "module_type": pl.Categorical, "phase": PHASE_ENUM,
+        "call_id": pl.Int64, "step": pl.Int32, "thread_id": pl.Int32, "graph_task": pl.Int64,
+        "start_ns": pl.Int64, "end_ns": pl.Int64, "duration_ns": pl.Int64, "self_ns": pl.Int64,
+        "device_id": pl.Int32, "device": pl.Categorical, "stream": pl.Int64, "status": STATUS_ENUM,
+        "exit_seq": pl.Int64,
+    }
+    return pl.DataFrame(rows, schema=schema).sort("span_id").select(SPAN_COLUMNS)
+
+
+def slower(fqn: str, factor: float, phase: str | None = None) -> SelfFn:
+    def fn(name: str, ph: str, step: int) -> float:
+        base = SELF_US[name]
+        return base * factor if name == fqn and (phase is None or ph == phase) else base
+
+    return fn
+
+
+def verdicts(result) -> dict[tuple[str, str], str]:  # type: ignore[no-untyped-def]
+    return {(f, p): v for f, p, v in result.timing.select("fqn", "phase", "verdict").iter_rows()}
+
+
+def flagged(result, verdict: str = "regression") -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return sorted(k for k, v in verdicts(result).items() if v == verdict)
+
+
+# -- A/A and blame ----------------------------------------------------------------
+
+
+def test_identical_runs_have_no_findings() -> None:
+    spans = synth(seed=1)
+    result = diff_spans(spans, spans)
+    assert flagged(result) == [] and flagged(result, "improvement") == []
+    assert result.structure.height == 0
+    assert result.divergence is None
+    assert result.timing["self_delta_ns"].abs().max() == 0
+    assert set(result.timing["self_p_value"].to_list()) == {1.0}
+    assert result.summary["step_ratio"] == 1.0
+
+
+def test_same_configuration_with_independent_noise_is_not_a_regression() -> None:
+    for seed in range(5):
+        result = diff_spans(synth(seed=seed), synth(seed=100 + seed))
+        assert flagged(result) == [], seed
+        assert flagged(result, "improvement") == [], seed
+
+
+def test_blame_goes_to_the_module_whose_self_time_grew_not_its_ancestors() -> None:
+    base = synth(seed=1)
+    cand = synth(self_us=slower("Net.block1.mlp", 1.5), seed=2)
+    result = diff_spans(base, cand)
+    assert flagged(result) == [("Net.block1.mlp", "backward"), ("Net.block1.mlp", "forward")]
+    v = verdicts(result)
+    # Ancestors got slower inclusively only: context.
+    for ancestor in ("Net", "Net.block1"):
+        assert v[(ancestor, "forward")] == "inherited"
+        assert v[(ancestor, "backward")] == "inherited"
+    # Siblings and the other block are untouched.
+    for other in ("Net.block1.attn", "Net.block0.mlp", "Net.block0.attn", "Net.embed", "Net.head", "Net.block0"):
+        assert v[(other, "forward")] == "unchanged", other
+    row = result.timing.row(0, named=True)
+    assert row["verdict"] == "regression"
+    assert row["self_base_ns"] == pytest.approx(400_000, rel=0.03)
+    assert row["self_cand_ns"] == pytest.approx(600_000, rel=0.03)
+    assert row["self_ratio"] == pytest.approx(1.5, rel=0.05)
+    assert row["self_p_value"] < 1e-6
+    assert row["self_ci_low_ns"] < row["self_delta_ns"] < row["self_ci_high_ns"]
+    assert row["self_ci_low_ns"] > 0
+    assert row["impact_ns"] == row["self_delta_ns"]
+
+
+def test_regressions_are_sorted_by_impact_and_improvements_reported() -> None:
+    def fn(name: str, phase: str, step: int) -> float:
+        factor = {"Net.block0.attn": 1.2, "Net.head": 2.0, "Net.embed": 0.5}.get(name, 1.0)
+        return SELF_US[name] * factor
+
+    result = diff_spans(synth(seed=3), synth(self_us=fn, seed=4, phases=("forward",)), DiffOptions(phases=("forward",)))
+    regressions = result.timing.filter(pl.col("verdict") == "regression")
+    # head: +200 us per step, block0.attn: +60 us per step
+    assert regressions["fqn"].to_list() == ["Net.head", "Net.block0.attn"]
+    assert flagged(result, "improvement") == [("Net.embed", "forward")]
+    assert result.summary["regressions"] == 2 and result.summary["improvements"] == 1
+
+
+def test_threshold_and_min_delta_gate_a_real_but_small_change() -> None:
+    base = synth(seed=5, noise=0.01)
+    # 8% slower (+32 us): real (p tiny) but under the 10% threshold.
+    five = diff_spans(base, synth(self_us=slower("Net.block0.mlp", 1.08), seed=6, noise=0.01))
+    row = five.timing.filter((pl.col("fqn") == "Net.block0.mlp") & (pl.col("phase") == "forward")).row(0, named=True)
+    assert row["self_p_value"] < 0.01 and row["verdict"] == "unchanged"
+    assert ("Net.block0.mlp", "forward") in flagged(
+        diff_spans(base, synth(self_us=slower("Net.block0.mlp", 1.08), seed=6, noise=0.01), DiffOptions(threshold=0.05))
+    )
+    # Twice as slow but only +15 us per step: under the 20 us minimum.
+    tiny = {**SELF_US}
+
+    def small(name: str, phase: str, step: int) -> float:
+        return 15.0 if name == "Net.embed" else tiny[name]
+
+    def doubled(name: str, phase: str, step: int) -> float:
+        return 30.0 if name == "Net.embed" else tiny[name]
+
+    result = diff_spans(synth(self_us=small, seed=7), synth(self_us=doubled, seed=8))
+    assert verdicts(result)[("Net.embed", "forward")] == "unchanged"
+    assert ("Net.embed", "forward") in flagged(
+        diff_spans(synth(self_us=small, seed=7), synth(self_us=doubled, seed=8), DiffOptions(min_delta_ns=10_000))
+    )
+
+
+def test_a_median_shift_from_a_few_outliers_is_not_significant() -> None:
+    base = synth(seed=9)
+
+    def spiky(name: str, phase: str, step: int) -> float:
+        # 3 slow steps out of 20 do not move the median, and the test disagrees with a shift.
+        return SELF_US[name] * (4.0 if name == "Net.head" and step in (3, 9, 15) else 1.0)
+
+    result = diff_spans(base, synth(self_us=spiky, seed=10))
+    assert verdicts(result)[("Net.head", "forward")] == "unchanged"
+
+
+def test_too_few_steps_cannot_be_significant_and_says_so() -> None:
+    result = diff_spans(synth(steps=4, seed=1), synth(steps=4, self_us=slower("Net.head", 3.0), seed=2))
+    assert flagged(result) == []
+    assert result.summary["min_p_value"] >= 0.01
+    assert min_p_value(3, 3) == pytest.approx(0.0809, abs=1e-3)
+    assert min_p_value(29, 29) < 1e-9
+
+
+# -- samples ------------------------------------------------------------------------
+
+
+def test_samples_skip_the_first_steps_of_each_rank_and_sum_calls() -> None:
+    spans = pl.concat([
+        synth(steps=4, rank=0, calls=lambda fqn, phase: 2 if fqn == "Net.head" else 1),
+        synth(steps=4, rank=1).with_columns(pl.col("step") + 10),
+    ])
+    samples = compared_samples(spans, skip_steps=1)
+    assert samples.select("rank", "step").unique().sort("rank", "step").rows() == [
+        (0, 1), (0, 2), (0, 3), (1, 11), (1, 12), (1, 13),
+    ]
+    head = samples.filter((pl.col("fqn") == "Net.head") & (pl.col("phase") == "forward") & (pl.col("rank") == 0))
+    assert head["calls"].to_list() == [2, 2, 2]
+    assert head["self_ns"].to_list() == pytest.approx([400_000] * 3, rel=0.04)
+    assert compared_samples(spans, skip_steps=0, phases=("backward",))["phase"].unique().to_list() == ["backward"]
+    units = step_units(spans, skip_steps=3)
+    assert units.select("rank", "step").rows() == [(0, 3), (1, 13)]
+
+
+def test_fill_steps_counts_a_missing_call_as_zero() -> None:
+    spans = synth(steps=6, calls=lambda fqn, phase: 1)
+    spans = spans.filter(~((pl.col("fqn") == "Net.head") & (pl.col("step") % 2 == 1)))
+    filled = fill_steps(compared_samples(spans, skip_steps=0), step_units(spans, skip_steps=0))
+    head = filled.filter((pl.col("fqn") == "Net.head") & (pl.col("phase") == "forward")).sort("step")
+    assert head["calls"].to_list() == [1, 0, 1, 0, 1, 0]
+    assert head["self_ns"].to_list()[1::2] == [0, 0, 0]
+
+
+# -- statistics ----------------------------------------------------------------------
+
+
+def reference_mann_whitney(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Textbook U of y and its two-sided p (normal approximation, tie and continuity correction)."""
+    u = sum(1.0 if b > a else 0.5 if b == a else 0.0 for a in x for b in y)
+    n0, n1 = len(x), len(y)
+    n = n0 + n1
+    counts: dict[float, int] = {}
+    for v in x + y:
+        counts[v] = counts.get(v, 0) + 1
+    tie = sum(t**3 - t for t in counts.values())
+    var = n0 * n1 / 12 * ((n + 1) - tie / (n * (n - 1)))
+    if var <= 0:
+        return u, 1.0
+    z = max(abs(u - n0 * n1 / 2) - 0.5, 0) / math.sqrt(var)
+    return u, math.erfc(z / math.sqrt(2))
+
+
+def test_mann_whitney_known_values() -> None:
+    long = pl.DataFrame({
+        "k": ["a"] * 6 + ["b"] * 6,
+        "side": [0, 0, 0, 1, 1, 1] * 2,
+        "v": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0],
+    })
+    out = {k: (u, p) for k, u, p in mann_whitney(long, ["k"]).iter_rows()}
+    assert out["a"][0] == 9.0
+    assert out["a"][1] == pytest.approx(0.0809, abs=1e-4)
+    assert out["b"] == (4.5, 1.0)  # all tied
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=12),
+    st.lists(st.integers(0, 6), min_size=1, max_size=12),
+)
+def test_mann_whitney_matches_the_textbook_formula(x: list[int], y: list[int]) -> None:
+    long = pl.DataFrame({
+        "k": ["k"] * (len(x) + len(y)),
+        "side": [0] * len(x) + [1] * len(y),
+        "v": [float(v) for v in x + y],
+    })
+    ((_, u, p),) = mann_whitney(long, ["k"]).rows()
+    ref_u, ref_p = reference_mann_whitney([float(v) for v in x], [float(v) for v in y])
+    assert u == pytest.approx(ref_u)
+    assert p == pytest.approx(ref_p, abs=1e-12)
+
+
+# -- structure ------------------------------------------------------------------------
+
+
+def kinds(result) -> list[tuple[str, str | None, str | None, str, str]]:  # type: ignore[no-untyped-def]
+    return result.structure.select("kind", "fqn", "phase", "base", "cand").rows()
+
+
+def test_removed_subtree_is_one_finding_and_order_shows_where() -> None:
+    small = {k: [c for c in v if c != "Net.block1"] for k, v in TREE.items() if not k.startswith("Net.block1")}
+    result = diff_spans(synth(seed=1), synth(tree=small, seed=1))
+    assert kinds(result) == [
+        ("module_removed", "Net.block1", None, "called", "not called"),
+        ("order_changed", None, None, "step 1", "step 1"),
+    ]
+    assert "Net.block1 (and 2 submodules) is not called" in result.structure["message"][0]
+    d = result.divergence
+    assert d is not None and (d.step_base, d.position) == (1, 6)
+    assert d.excerpt.rows() == [
+        ("=", 3, 3, "forward     Net.block0", "forward     Net.block0"),
+        ("=", 4, 4, "forward       Net.block0.attn", "forward       Net.block0.attn"),
+        ("=", 5, 5, "forward       Net.block0.mlp", "forward       Net.block0.mlp"),
+        ("-", 6, None, "forward     Net.block1", None),
+        ("-", 7, None, "forward       Net.block1.attn", None),
+        ("-", 8, None, "forward       Net.block1.mlp", None),
+        ("=", 9, 6, "forward     Net.head", "forward     Net.head"),
+        ("=", 10, 7, "backward  Net", "backward  Net"),
+        ("=", 11, 8, "backward    Net.head", "backward    Net.head"),
+    ]
+    # Timing still compares what both runs share.
+    assert ("Net.block1.mlp", "forward") not in verdicts(result)
+    assert ("Net.block0.mlp", "forward") in verdicts(result)
+
+
+def test_recompute_that_appeared_is_a_phase_change() -> None:
+    base = synth(seed=1)
+    recompute = synth(tree={"Net.block0": TREE["Net.block0"], "Net.block0.attn": [], "Net.block0.mlp": []},
+                      phases=("recompute",), seed=2).with_columns(pl.col("span_id") + 1_000_000)
+    result = diff_spans(base, pl.concat([synth(seed=1), recompute]))
+    assert kinds(result)[0] == ("phase_added", "Net.block0", "recompute", "none", "1")
+    assert "(and 2 submodules) has recompute calls in the candidate only" in result.structure["message"][0]
+    assert [k[0] for k in kinds(result)] == ["phase_added", "order_changed"]
+    # ... and back: the base has it, the candidate does not.
+    assert kinds(diff_spans(pl.concat([synth(seed=1), recompute]), base))[0][0] == "phase_removed"
+
+
+def test_call_count_device_and_stream_changes() -> None:
+    base = synth(seed=1, device=lambda f: "cuda:0", stream=lambda f: 7)
+    cand = synth(
+        seed=1,
+        calls=lambda fqn, phase: 2 if fqn == "Net.head" else 1,
+        device=lambda f: "cuda:1" if f == "Net.embed" else "cuda:0",
+        stream=lambda f: 9 if f == "Net.block0.mlp" else 7,
+    )
+    found = kinds(diff_spans(base, cand))
+    assert ("calls_changed", "Net.head", "forward", "1", "2") in found
+    assert ("calls_changed", "Net.head", "backward", "1", "2") in found
+    assert ("device_changed", "Net.embed", None, "cuda:0", "cuda:1") in found
+    assert ("stream_changed", "Net.block0.mlp", None, "7", "9") in found
+    assert found[-1][0] == "order_changed"
+
+
+def test_phase_filter_limits_every_finding() -> None:
+    cand = synth(self_us=slower("Net.head", 2.0, phase="backward"), seed=2,
+                 calls=lambda fqn, phase: 2 if (fqn, phase) == ("Net.embed", "backward") else 1)
+    both = diff_spans(synth(seed=1), cand)
+    # Two calls per step instead of one is also twice the time per step.
+    assert flagged(both) == [("Net.embed", "backward"), ("Net.head", "backward")]
+    assert [k[0] for k in kinds(both)] == ["calls_changed", "order_changed"]
+    forward = diff_spans(synth(seed=1), cand, DiffOptions(phases=("forward",)))
+    assert flagged(forward) == [] and forward.structure.height == 0
+    assert set(forward.timing["phase"].to_list()) == {"forward"}
+
+
+def test_collapse_subtrees() -> None:
+    assert collapse_subtrees({"a.b", "a.b.c", "a.b.c.d", "a.bc", "x"}) == [("a.b", 2), ("a.bc", 0), ("x", 0)]
