@@ -168,56 +168,54 @@ def normalize_events(events: pl.DataFrame, modules: pl.DataFrame) -> pl.DataFram
     if ev.height == 0 or not bool((ev["tie"] == 1).any()):
         return with_stack(ev)
 
-    ev = ev.with_row_index("_row")
-    # Tie groups: numbered per thread by counting group starts.
-    gid = ev.select(
-        "_row",
-        "rank",
-        "seq",
-        "kind",
-        "module_id",
-        "phase",
-        "call_id",
-        ((pl.col("tie") == 0).cum_sum().over("rank", "thread_id")).alias("_g"),
-        "thread_id",
+    # Rows by thread (stable: seq order within a thread); a dispatch is a
+    # tie=0 row and the tie=1 rows after it on its thread.
+    thread_key = pl.col("rank").cast(pl.Int64) * (1 << 32) + pl.col("thread_id").cast(pl.Int64)
+    by_thread = (
+        ev.select(
+            pl.int_range(pl.len(), dtype=pl.Int64).alias("_row"), thread_key.alias("_t"), "rank", "seq", "kind",
+            "module_id", "phase", "call_id", "graph_task", "tie",
+        )
+        .sort("_t", maintain_order=True)
+        .with_columns(
+            ((pl.col("tie") == 0) | (pl.col("_t") != pl.col("_t").shift(1)).fill_null(True)).alias("_start"),
+        )
+        .with_columns(pl.col("_start").cum_sum().alias("_g"))
     )
-    gid = gid.with_columns(pl.len().over("rank", "thread_id", "_g").alias("_n"))
-    tied = gid.filter(pl.col("_n") > 1)
-    tied = tied.with_columns(pl.col("seq").min().over("rank", "thread_id", "_g").alias("_gstart"))
+    tied = by_thread.filter(
+        (~pl.col("_start")) | (~pl.col("_start").shift(-1).fill_null(True))
+    ).with_columns(pl.col("seq").min().over("_g").alias("_gstart"))
     depths = module_depths(modules)
-    tied = tied.join(depths, on=["rank", "module_id"], how="left").with_columns(
+    tied = tied.join(depths, on=["rank", "module_id"], how="left", maintain_order="left").with_columns(
         pl.col("module_depth").fill_null(0)
     )
 
-    # Every enter's place in the normalised order: (group start, depth, seq);
-    # an untied enter is its own group.
-    enters = (
-        ev.filter(pl.col("kind") == ENTER)
-        .select("rank", "seq", "call_id", "phase")
-        .join(tied.select("seq", "rank", "_gstart", "module_depth"), on=["rank", "seq"], how="left")
-        .with_columns(
-            pl.col("_gstart").fill_null(pl.col("seq")),
-            pl.col("module_depth").fill_null(0),
+    # The enter each tied exit closes: the latest enter of its call, phase and
+    # graph task before it; its place in the normalised order is (group
+    # start, module depth, seq), an untied enter being its own group.
+    exits = tied.filter(pl.col("kind") == EXIT).select("_row", "rank", "seq", "call_id", "phase", "graph_task")
+    key = ["rank", "call_id", "phase", "graph_task"]
+    enters = ev.filter(pl.col("kind") == ENTER).select(*key, pl.col("seq").alias("_eseq"))
+    matched = (
+        exits.join(enters, on=key, how="inner", nulls_equal=True)
+        .filter(pl.col("_eseq") < pl.col("seq"))
+        .group_by("_row")
+        .agg(pl.col("_eseq").max())
+        .join(
+            tied.filter(pl.col("kind") == ENTER).select(
+                "rank", pl.col("seq").alias("_eseq"), pl.col("_gstart").alias("_eg"), pl.col("module_depth").alias("_ed")
+            ),
+            on="_eseq",
+            how="left",
         )
-        .sort("rank", "seq")
+        .with_columns(pl.col("_eg").fill_null(pl.col("_eseq")), pl.col("_ed").fill_null(0))
+        .select("_row", "_eg", "_ed", "_eseq")
     )
-    exits = tied.filter(pl.col("kind") == EXIT).select("rank", "seq", "call_id", "phase").sort("rank", "seq")
-    # The enter an exit closes: the latest enter of its call and phase before it.
-    matched = exits.join_asof(
-        enters.rename({"seq": "_eseq"}),
-        left_on="seq",
-        right_on="_eseq",
-        by=["rank", "call_id", "phase"],
-        strategy="backward",
-        check_sortedness=False,
-    ).select("rank", "seq", pl.col("_gstart").alias("_eg"), pl.col("module_depth").alias("_ed"), "_eseq")
-    tied = tied.join(matched, on=["rank", "seq"], how="left")
+    tied = tied.join(matched, on="_row", how="left")
 
     is_enter = pl.col("kind") == ENTER
-    key = tied.select(
+    order = tied.select(
         "_row",
-        "rank",
-        "thread_id",
         "_g",
         "seq",
         is_enter.cast(pl.Int8).alias("_k0"),
@@ -225,25 +223,11 @@ def normalize_events(events: pl.DataFrame, modules: pl.DataFrame) -> pl.DataFram
         pl.when(is_enter).then(pl.col("seq")).otherwise(-pl.col("_ed").cast(pl.Int64)).alias("_k2"),
         pl.when(is_enter).then(0).otherwise(-pl.col("_eseq")).alias("_k3"),
     )
-    by_seq = key.sort("rank", "thread_id", "_g", "seq")
-    by_key = key.sort(
-        "rank", "thread_id", "_g", "_k0", "_k1", "_k2", "_k3", "seq", nulls_last=True
-    )
+    by_seq = order.sort("_g", "seq")
+    by_key = order.sort("_g", "_k0", "_k1", "_k2", "_k3", "seq", nulls_last=True)
     # Row i of a group in key order takes the i-th seq slot (and row) of the group.
-    moved = pl.DataFrame(
-        {
-            "_row": by_key["_row"],
-            "_target": by_seq["_row"],
-            "_slot": by_seq["seq"],
-        }
-    )
-    ev = (
-        ev.join(moved, on="_row", how="left")
-        .with_columns(
-            pl.col("_slot").fill_null(pl.col("seq")).alias("order"),
-            pl.col("_target").fill_null(pl.col("_row")).alias("_target"),
-        )
-        .sort("_target")
-        .drop("_row", "_target", "_slot")
-    )
+    perm = pl.select(pl.int_range(ev.height, dtype=pl.Int64)).to_series()
+    perm.scatter(by_seq["_row"], by_key["_row"])
+    slots = ev["seq"].alias("order")
+    ev = ev[perm].with_columns(slots)
     return with_stack(ev)

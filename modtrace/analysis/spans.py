@@ -86,66 +86,104 @@ class Pairing:
     issues: pl.DataFrame
 
 
+def _levels(ev: pl.DataFrame) -> pl.DataFrame:
+    """Narrow frame of ``ev``'s rows sorted by (stack, level, order), with neighbours.
+
+    ``_row`` is the row's position in ``ev``.  A row's level is the depth it
+    opens (enter) or closes (exit); ``_p*`` describe the previous row at the
+    same level of the same stack, ``_n*`` the next one, ``_parent`` the
+    enter a row's enter is nested in, when the previous row of its stack is
+    that enter.  Sorts are stable single-key sorts, which polars does much
+    faster than windows over many small groups.
+    """
+    is_enter = pl.col("kind") == ENTER
+    narrow = (
+        ev.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), "stack", "kind", "call_id", "phase", "seq",
+                  "ts_ns", "status")
+        .sort("stack", maintain_order=True)
+        .with_columns(
+            (pl.col("stack") != pl.col("stack").shift(1)).fill_null(True).alias("_first"),
+            pl.when(is_enter).then(1).otherwise(-1).cast(pl.Int64).cum_sum().alias("_c"),
+            pl.when(is_enter).then(1).otherwise(-1).cast(pl.Int64).alias("_d"),
+        )
+        .with_columns(
+            (pl.col("_c") - pl.when(pl.col("_first")).then(pl.col("_c") - pl.col("_d")).forward_fill()).alias("_after"),
+            pl.when(is_enter & ~pl.col("_first") & (pl.col("kind").shift(1) == ENTER))
+            .then(pl.col("seq").shift(1))
+            .alias("_pk_parent"),
+            pl.col("_first").cum_sum().cast(pl.Int64).alias("_sid"),
+        )
+        .with_columns((pl.col("_after") - is_enter.cast(pl.Int64)).alias("_level"))
+        .with_columns((pl.col("_sid") * (1 << 32) + pl.col("_level") + (1 << 31)).alias("_key"))
+        .sort("_key", maintain_order=True)
+    )
+    first = (pl.col("_key") != pl.col("_key").shift(1)).fill_null(True)
+    last = (pl.col("_key") != pl.col("_key").shift(-1)).fill_null(True)
+
+    def prev(c: str) -> pl.Expr:
+        return pl.when(~first).then(pl.col(c).shift(1))
+
+    def nxt(c: str) -> pl.Expr:
+        return pl.when(~last).then(pl.col(c).shift(-1))
+
+    # Parents: known where the previous row of the stack is an enter, else
+    # the same as the previous enter at this level (a sibling); -1 stops the
+    # fill at the start of a level.
+    return narrow.with_columns(
+        prev("kind").alias("_pk"),
+        prev("call_id").alias("_pc"),
+        prev("phase").alias("_pp"),
+        nxt("kind").alias("_nk"),
+        nxt("seq").alias("_ns"),
+        nxt("ts_ns").alias("_nt"),
+        nxt("status").alias("_nst"),
+        pl.when(first & pl.col("_pk_parent").is_null())
+        .then(-1)
+        .otherwise(pl.col("_pk_parent"))
+        .forward_fill()
+        .alias("_parent"),
+    ).with_columns(pl.when(pl.col("_parent") >= 0).then(pl.col("_parent")).alias("_parent"))
+
+
 def pair_events(ev: pl.DataFrame) -> Pairing:
     """Normalised event frame (``normalize_events``) -> enter/exit pairs and structural issues."""
+    lv = _levels(ev)
     is_enter = pl.col("kind") == ENTER
-    ev = ev.with_columns(
-        pl.when(is_enter).then(1).otherwise(-1).cast(pl.Int32).cum_sum().over("stack").alias("_after"),
-    ).with_columns((pl.col("_after") - is_enter.cast(pl.Int32)).alias("_level"))
-    lvl = ["stack", "_level"]
-    ev = ev.with_columns(
-        pl.col("kind").shift(1).over(lvl).alias("_pk"),
-        pl.col("call_id").shift(1).over(lvl).alias("_pc"),
-        pl.col("phase").shift(1).over(lvl).alias("_pp"),
-        pl.col("kind").shift(-1).over(lvl).alias("_nk"),
-        pl.col("seq").shift(-1).over(lvl).alias("_ns"),
-        pl.col("ts_ns").shift(-1).over(lvl).alias("_nt"),
-        pl.col("status").shift(-1).over(lvl).alias("_nst"),
-        pl.when(pl.col("kind").shift(1).over("stack") == ENTER)
-        .then(pl.col("seq").shift(1).over("stack"))
-        .alias("_parent"),
-    )
     bad_exit = (pl.col("kind") == EXIT) & ~(
         (pl.col("_pk") == ENTER) & (pl.col("_pc") == pl.col("call_id")) & (pl.col("_pp") == pl.col("phase"))
     ).fill_null(False)
-    dirty = set(ev.filter(bad_exit)["stack"].unique().to_list())
-    repeated = (
-        ev.filter(is_enter)
-        .group_by("stack", "call_id", "phase")
-        .agg(pl.len().alias("_n"))
-        .filter(pl.col("_n") > 1)["stack"]
-        .unique()
-        .to_list()
-    )
-    dirty.update(repeated)
+    dirty = set(lv.filter(bad_exit)["stack"].unique().to_list())
+    enters = lv.filter(is_enter)
+    repeated = enters.select("stack", "call_id", "phase").filter(pl.struct("stack", "call_id", "phase").is_duplicated())
+    dirty.update(repeated["stack"].unique().to_list())
 
-    clean = ev.filter(is_enter & ~pl.col("stack").is_in(list(dirty))) if dirty else ev.filter(is_enter)
-    clean = clean.with_columns(pl.col("_parent").forward_fill().over(lvl))
+    if dirty:
+        enters = enters.filter(~pl.col("stack").is_in(list(dirty)))
     # In a clean stack the next row at an enter's depth is its exit, if any.
+    enters = enters.sort("_row")
     closed = pl.col("_nk") == EXIT
-    pairs = clean.select(
-        "run_id",
-        "rank",
-        pl.col("seq").alias("span_id"),
-        pl.col("_parent").alias("parent_span_id"),
-        pl.col("_level").alias("depth"),
-        "module_id",
-        "phase",
-        "call_id",
-        "step",
-        "thread_id",
-        "graph_task",
-        pl.col("ts_ns").alias("start_ns"),
-        pl.when(closed).then(pl.col("_nt")).alias("end_ns"),
-        "device_id",
-        "stream",
-        pl.when(closed).then(pl.col("_nst")).alias("status"),
-        pl.when(closed).then(pl.col("_ns")).alias("exit_seq"),
-        "order",
+    attrs = ev.select("run_id", "rank", "module_id", "phase", "call_id", "step", "thread_id", "graph_task",
+                      "device_id", "stream", "order")[enters["_row"]]
+    pairs = pl.concat(
+        [
+            attrs,
+            enters.select(
+                pl.col("seq").alias("span_id"),
+                pl.col("_parent").alias("parent_span_id"),
+                pl.col("_level").cast(pl.Int32).alias("depth"),
+                pl.col("ts_ns").alias("start_ns"),
+                pl.when(closed).then(pl.col("_nt")).alias("end_ns"),
+                pl.when(closed).then(pl.col("_nst")).alias("status"),
+                pl.when(closed).then(pl.col("_ns")).alias("exit_seq"),
+                (~closed.fill_null(False)).alias("_open"),
+            ),
+        ],
+        how="horizontal",
     )
-    unclosed = clean.filter(~closed.fill_null(False)).select(
-        "rank", "seq", pl.lit("unclosed").alias("kind"), "module_id", "phase", "call_id"
+    unclosed = pairs.filter(pl.col("_open")).select(
+        "rank", pl.col("span_id").alias("seq"), pl.lit("unclosed").alias("kind"), "module_id", "phase", "call_id"
     )
+    pairs = pairs.select(_PAIR_COLUMNS)
     issues = [conform(unclosed, RAW_ISSUE_SCHEMA)]
     if dirty:
         walked_pairs, walked_issues = _walk_dirty(ev.filter(pl.col("stack").is_in(list(dirty))))

@@ -1,0 +1,358 @@
+"""Benchmark: events -> spans + nesting issues, polars rebuild vs a plain Python stack loop.
+
+Generates events of a realistic shape (a ~600-module model, 12 blocks of 50
+modules, forward and backward every step, backward hook dispatches tied as
+autograd fires them, roots closed at the end of backward), then for each
+size times, in one process with interleaved repeats:
+
+- ``polars``: modtrace.analysis.analyze_events (normalise, rebuild, check);
+- ``python``: a straightforward pure-Python loop doing the same work over the
+  same rows, given as a list of tuples (tie normalisation, one stack per
+  thread and graph task, self time, unclosed/no_enter/crossed and status
+  issues).
+
+Peak RSS of the polars path is measured in a child process per size
+(generation included).  Reading the rows back from SQLite through
+modtrace.store.reader is timed separately.  Prints one JSON summary.
+
+    python scripts/bench_analysis.py [--sizes 1000000,10000000] [--repeats 3]
+        [--python-repeats 1] [--read-sizes 1000000] [--skip-read]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+BLOCKS, GROUPS, LEAVES = 12, 7, 6  # 1 + 12 * (1 + 7 * (1 + 6)) + 1 = 602 modules
+
+
+def build_model() -> tuple[pl.DataFrame, list[tuple[int, list[int]]]]:
+    """Modules frame, and the call tree as (module, children) for each module."""
+    rows: list[tuple[int, str, str, int | None]] = [(0, "Net", "Net", None)]
+    children: dict[int, list[int]] = {0: []}
+
+    def add(fqn: str, kind: str, parent: int) -> int:
+        mid = len(rows)
+        rows.append((mid, fqn, kind, parent))
+        children[mid] = []
+        children[parent].append(mid)
+        return mid
+
+    for b in range(BLOCKS):
+        blk = add(f"Net.blocks.{b}", "Block", 0)
+        for g in range(GROUPS):
+            grp = add(f"Net.blocks.{b}.g{g}", "Group", blk)
+            for leaf in range(LEAVES):
+                add(f"Net.blocks.{b}.g{g}.fc{leaf}", "Linear", grp)
+    add("Net.head", "Linear", 0)
+    mods = pl.DataFrame(
+        [(0, *r) for r in rows],
+        schema={"rank": pl.Int32, "module_id": pl.Int32, "fqn": pl.String, "module_type": pl.String,
+                "parent_module_id": pl.Int32},
+        orient="row",
+    )
+    return mods, list(children.items())
+
+
+def step_template(children: dict[int, list[int]]) -> list[tuple[int, int, int, int, int]]:
+    """One step's events as (kind, module, phase, tie, status); call id = module id."""
+    out: list[tuple[int, int, int, int, int]] = []
+
+    def fwd(m: int) -> None:
+        out.append((0, m, 0, 0, 0))
+        for c in children[m]:
+            fwd(c)
+        out.append((1, m, 0, 0, 0))
+
+    fwd(0)
+    bwd: list[tuple[int, int, int, int, int]] = []
+
+    def back(m: int) -> None:
+        bwd.append((0, m, 1, 0, 0))
+        for c in reversed(children[m]):
+            back(c)
+        bwd.append((1, m, 1, 0, 0))
+
+    back(0)
+    # The root and the first block's first group close at the end of the graph
+    # task (their inputs need no grad): move their exits to the end, innermost first.
+    late = [0, 1, 2]
+    moved = [e for e in bwd if e[0] == 1 and e[1] in late]
+    bwd = [e for e in bwd if not (e[0] == 1 and e[1] in late)]
+    bwd += [(1, m, 1, 0, 3) for m in (2, 1, 0)]
+    assert len(moved) == 3
+    # Hook dispatches: an enter followed by its child's enter fires child first;
+    # a child's exit followed by its parent's exit fires parent first.
+    i = 0
+    while i + 1 < len(bwd):
+        a, b = bwd[i], bwd[i + 1]
+        if a[0] == 0 and b[0] == 0 and a[4] == 0:
+            bwd[i], bwd[i + 1] = (b[0], b[1], 1, 0, b[4]), (a[0], a[1], 1, 1, a[4])
+            i += 2
+        elif a[0] == 1 and b[0] == 1 and a[4] == 0 and b[4] == 0:
+            bwd[i], bwd[i + 1] = (b[0], b[1], 1, 0, b[4]), (a[0], a[1], 1, 1, a[4])
+            i += 2
+        else:
+            i += 1
+    return out + bwd
+
+
+def generate(n_events: int, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    mods, tree = build_model()
+    template = np.array(step_template(dict(tree)), dtype=np.int64)
+    per_step = len(template)
+    steps = max(1, n_events // per_step)
+    n = steps * per_step
+    rng = np.random.default_rng(seed)
+    tiled = np.tile(template, (steps, 1))
+    step = np.repeat(np.arange(steps, dtype=np.int32), per_step)
+    n_modules = mods.height
+    call = step.astype(np.int64) * n_modules + tiled[:, 1]
+    ts = np.cumsum(rng.integers(1, 2000, n, dtype=np.int64))
+    phase = tiled[:, 2].astype(np.int8)
+    events = pl.DataFrame({
+        "run_id": np.ones(n, dtype=np.int32),
+        "rank": np.zeros(n, dtype=np.int32),
+        "seq": np.arange(n, dtype=np.int64),
+        "ts_ns": ts,
+        "kind": tiled[:, 0].astype(np.int8),
+        "module_id": tiled[:, 1].astype(np.int32),
+        "phase": phase,
+        "call_id": call,
+        "step": step,
+        "thread_id": np.zeros(n, dtype=np.int32),
+        "device_id": np.zeros(n, dtype=np.int32),
+        "stream": pl.Series([None] * 0, dtype=pl.Int64).extend_constant(None, n),
+        "status": tiled[:, 4].astype(np.int8),
+        "graph_task": pl.Series(np.where(phase == 1, step.astype(np.int64) + 1, 0)).set(
+            pl.Series(phase == 0), None),  # type: ignore[arg-type]
+        "tie": tiled[:, 3].astype(np.int8),
+    })
+    devices = pl.DataFrame({"rank": [0], "device_id": [0], "name": ["cpu"]})
+    return events, mods, devices
+
+
+# ----------------------------------------------------------- plain Python path
+
+
+def python_analysis(rows: list[tuple[Any, ...]], depth_of: dict[int, int]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Spans and issues with a plain loop. Row: (seq, ts, kind, module, phase, call, step, thread, status, gt, tie)."""
+    # 1. tie normalisation, per thread, in seq order
+    opened: dict[tuple[int, int], int] = {}
+    counter = 0
+    pending: dict[int, list[tuple[Any, ...]]] = {}
+    ordered: list[tuple[int, tuple[Any, ...]]] = []
+
+    def flush(group: list[tuple[Any, ...]]) -> None:
+        nonlocal counter
+        if len(group) == 1:
+            r = group[0]
+            if r[2] == 0:
+                counter += 1
+                opened[(r[5], r[4])] = counter
+            ordered.append((r[0], r))
+            return
+        exits = sorted((r for r in group if r[2] == 1), key=lambda r: -opened.get((r[5], r[4]), -1))
+        enters = sorted((r for r in group if r[2] == 0), key=lambda r: (depth_of.get(r[3], 0), r[0]))
+        for r in enters:
+            counter += 1
+            opened[(r[5], r[4])] = counter
+        for slot, r in zip(sorted(r[0] for r in group), exits + enters, strict=True):
+            ordered.append((slot, r))
+
+    for r in rows:
+        thread = r[7]
+        if r[10] == 1 and thread in pending:
+            pending[thread].append(r)
+            continue
+        if thread in pending:
+            flush(pending.pop(thread))
+        pending[thread] = [r]
+    for group in pending.values():
+        flush(group)
+    ordered.sort(key=lambda x: x[0])
+    # 2. stacks
+    stacks: dict[tuple[int, Any], list[list[Any]]] = {}
+    spans: list[list[Any]] = []
+    issues: list[tuple[Any, ...]] = []
+    for _, r in ordered:
+        seq, ts, kind, module, phase, call, step, thread, status, gt, _tie = r
+        stack = stacks.setdefault((thread, None if phase == 0 else gt), [])
+        if kind == 0:
+            parent = stack[-1][0][0] if stack else None
+            span = [seq, parent, len(stack), module, phase, call, step, ts, None, None]
+            stack.append([span, call, phase])
+            spans.append(span)
+        else:
+            if stack and stack[-1][1] == call and stack[-1][2] == phase:
+                span = stack.pop()[0]
+                span[8], span[9] = ts, status
+                if status in (1, 2, 3):
+                    issues.append((seq, ("error_exit", "early_stop", "closed_at_end_of_backward")[status - 1], module))
+            elif any(e[1] == call and e[2] == phase for e in stack):
+                issues.append((seq, "crossed", module))
+                while stack and not (stack[-1][1] == call and stack[-1][2] == phase):
+                    stack.pop()
+                span = stack.pop()[0]
+                span[8], span[9] = ts, status
+            else:
+                issues.append((seq, "no_enter", module))
+    for stack in stacks.values():
+        for span, _, _ in stack:
+            issues.append((span[0], "unclosed", span[3]))
+    # 3. self time
+    index = {s[0]: s for s in spans}
+    child_ns: dict[int, int] = {}
+    for s in spans:
+        if s[1] is not None and s[8] is not None:
+            child_ns[s[1]] = child_ns.get(s[1], 0) + s[8] - s[7]
+    out = []
+    for s in spans:
+        dur = None if s[8] is None else s[8] - s[7]
+        out.append((*s, dur, None if dur is None else dur - child_ns.get(s[0], 0)))
+    del index
+    return out, issues
+
+
+# ------------------------------------------------------------------ measuring
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child_polars(n: int) -> None:
+    from modtrace.analysis import analyze_events
+
+    events, mods, devs = generate(n)
+    gc.collect()
+    before = rss_mb()
+    t0 = time.perf_counter()
+    result = analyze_events(events, mods, devs)
+    elapsed = time.perf_counter() - t0
+    print(json.dumps({"events": events.height, "spans": result.spans.height, "issues": result.issues.height,
+                      "seconds": elapsed, "peak_rss_mb": rss_mb(), "rss_before_analysis_mb": before}))
+
+
+def measure_size(n: int, repeats: int, python_repeats: int) -> dict[str, Any]:
+    from modtrace.analysis import analyze_events
+    from modtrace.analysis.events import module_depths
+
+    events, mods, devs = generate(n)
+    depth_of = {m: d for _, m, d in module_depths(mods).iter_rows()}
+    rows = events.select("seq", "ts_ns", "kind", "module_id", "phase", "call_id", "step", "thread_id", "status",
+                         "graph_task", "tie").rows()
+    polars_s: list[float] = []
+    python_s: list[float] = []
+    check: dict[str, int] = {}
+    for i in range(max(repeats, python_repeats)):
+        if i < repeats:
+            gc.collect()
+            t0 = time.perf_counter()
+            result = analyze_events(events, mods, devs)
+            polars_s.append(time.perf_counter() - t0)
+            check["polars_spans"], check["polars_issues"] = result.spans.height, result.issues.height
+            del result
+        if i < python_repeats:
+            gc.collect()
+            t0 = time.perf_counter()
+            spans, issues = python_analysis(rows, depth_of)
+            python_s.append(time.perf_counter() - t0)
+            check["python_spans"], check["python_issues"] = len(spans), len(issues)
+            del spans, issues
+    assert check["polars_spans"] == check["python_spans"], check
+    assert check["polars_issues"] == check["python_issues"], check
+    del rows
+    child = subprocess.run([sys.executable, __file__, "--child", str(n)], capture_output=True, text=True, check=True)
+    peak = json.loads(child.stdout.strip().splitlines()[-1])
+    return {
+        "events": events.height,
+        "spans": check["polars_spans"],
+        "issues": check["polars_issues"],
+        "polars_median_s": statistics.median(polars_s),
+        "polars_runs_s": polars_s,
+        "python_median_s": statistics.median(python_s),
+        "python_runs_s": python_s,
+        "speedup": statistics.median(python_s) / statistics.median(polars_s),
+        "polars_peak_rss_mb": peak["peak_rss_mb"],
+        "polars_rss_before_analysis_mb": peak["rss_before_analysis_mb"],
+        "polars_child_s": peak["seconds"],
+    }
+
+
+def measure_read(n: int) -> dict[str, Any]:
+    from modtrace.store.engine import open_store
+    from modtrace.store.reader import read_events
+    from modtrace.store.runs import add_rank, create_run
+    from modtrace.store.writer import EVENT_COLUMNS, RankWriter
+
+    events, mods, devs = generate(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store(os.path.join(tmp, "bench.db"), create=True)
+        try:
+            run_id, _ = create_run(store, "bench", {})
+            add_rank(store, run_id, 0, 0)
+            writer = RankWriter(store, run_id, 0)
+            writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
+            t0 = time.perf_counter()
+            for start in range(0, events.height, 500_000):
+                writer.write(events.slice(start, 500_000).select(EVENT_COLUMNS).rows())
+            write_s = time.perf_counter() - t0
+            del events
+            gc.collect()
+            t0 = time.perf_counter()
+            frame = read_events(store, run_id)
+            read_s = time.perf_counter() - t0
+        finally:
+            store.dispose()
+    return {"events": frame.height, "sqlite_write_s": write_s, "sqlite_read_s": read_s,
+            "read_events_per_s": frame.height / read_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000000,10000000")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--python-repeats", type=int, default=1)
+    parser.add_argument("--read-sizes", default="1000000")
+    parser.add_argument("--skip-read", action="store_true")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        child_polars(args.child)
+        return
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    results = [measure_size(n, args.repeats, args.python_repeats) for n in sizes]
+    summary: dict[str, Any] = {"benchmark": "analysis", "modules": build_model()[0].height, "sizes": results}
+    if len(results) >= 2:
+        small, big = results[0], results[-1]
+        summary["growth"] = {
+            "events_ratio": big["events"] / small["events"],
+            "polars_time_ratio": big["polars_median_s"] / small["polars_median_s"],
+        }
+    summary["criteria"] = {
+        "speedup_at_least_3x": all(r["speedup"] >= 3 for r in results),
+        "peak_rss_at_most_3gb": all(r["polars_peak_rss_mb"] <= 3 * 1024 for r in results),
+        "linear_growth_at_most_11x": summary.get("growth", {}).get("polars_time_ratio", 0) <= 11
+        * summary.get("growth", {}).get("events_ratio", 10) / 10,
+    }
+    if not args.skip_read:
+        summary["sqlite_read"] = [measure_read(int(s)) for s in args.read_sizes.split(",") if s]
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
