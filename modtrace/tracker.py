@@ -81,35 +81,26 @@ _compiling = torch.compiler.is_compiling
 
 
 class _Call:
-    """Backward bookkeeping of one forward call that built autograd graph."""
+    """One module call: open on its thread's stack during the forward (or
+    recompute), then, when it built autograd graph, the backward bookkeeping
+    that node hooks refer to."""
 
-    __slots__ = ("module_id", "call_id", "device_id", "task", "exits_seen", "n_exit", "closed", "cancelled")
+    __slots__ = ("module", "module_id", "call_id", "device_id", "phase", "task", "tid", "exit_nodes",
+                 "bw_task", "exits_seen", "n_exit", "closed")
 
-    def __init__(self, module_id: int, call_id: int, device_id: int | None) -> None:
-        self.module_id = module_id
-        self.call_id = call_id
-        self.device_id = device_id
-        self.task = -1  # graph task in which the backward was entered
-        self.exits_seen = 0
-        self.n_exit = 0  # input nodes whose gradient must be ready before the exit
-        self.closed = True
-        self.cancelled = False
-
-
-class _Frame:
-    """One open forward or recompute call on a thread's stack."""
-
-    __slots__ = ("module", "module_id", "call_id", "device_id", "phase", "task", "exit_nodes", "calls")
-
-    def __init__(self, module: nn.Module, module_id: int, call_id: int, device_id: int | None, phase: int, task: int) -> None:
-        self.module = module
+    def __init__(self, module: nn.Module, module_id: int, call_id: int, device_id: int | None, phase: int, task: int, tid: int) -> None:
+        self.module: nn.Module | None = module  # dropped once the forward returns
         self.module_id = module_id
         self.call_id = call_id
         self.device_id = device_id
         self.phase = phase
-        self.task = task
-        self.exit_nodes: list[Any] | None = None
-        self.calls: list[_Call] | None = None  # backward bookkeeping made inside this call
+        self.task = task  # graph task of a recompute, -1 in forward
+        self.tid = tid
+        self.exit_nodes: list[Any] | None = None  # inputs needing grad, until the forward returns
+        self.bw_task = -1  # graph task in which the backward was entered
+        self.exits_seen = 0
+        self.n_exit = 0  # input nodes whose gradient must be ready before the exit
+        self.closed = True
 
 
 class _ThreadState:
@@ -117,7 +108,7 @@ class _ThreadState:
 
     def __init__(self, tid: int) -> None:
         self.tid = tid
-        self.stack: list[_Frame] = []
+        self.stack: list[_Call] = []
 
 
 class _ModuleInfo:
@@ -165,6 +156,8 @@ class Tracker:
         # backward: graph task -> open calls (a stack, innermost last)
         self._bw: dict[int, list[_Call]] = {}
         self._recomputed: dict[int, set[int]] = {}
+        # (thread, first, last) call ids made inside forwards that raised
+        self._cancelled: deque[tuple[int, int, int]] = deque(maxlen=64)
         self.new_modules: list[tuple[int, str, str, int | None]] = []
         self.new_threads: list[tuple[int, int, str]] = []
         self.new_devices: list[tuple[int, str]] = []
@@ -234,7 +227,8 @@ class Tracker:
             if target is not None and id(target) in self._mods:
                 return self._alias(mod, self._mods[id(target)])
             for frame in reversed(st.stack):  # a child added after its parent was named
-                if self._name_tree(frame.module, self._mods[id(frame.module)].fqn, find=mod):
+                owner = frame.module
+                if owner is not None and self._name_tree(owner, self._mods[id(owner)].fqn, find=mod):
                     return self._mods[id(mod)]
             root = target if target is not None else mod
             base = type(root).__name__
@@ -355,14 +349,14 @@ class Tracker:
         else:
             phase = _RECOMPUTE
             call_id = self._link_recompute(info, stack, task)
-        frame = _Frame(mod, module_id, call_id, device_id, phase, task)
+        frame = _Call(mod, module_id, call_id, device_id, phase, task, st.tid)
         stack.append(frame)
         self._append((next(self._seq), self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step,
                       st.tid, device_id, stream, _OK, None if task == -1 else task, 0))
         if grad_inputs is not None and _grad_enabled():
             frame.exit_nodes = grad_inputs
 
-    def _link_recompute(self, info: _ModuleInfo, stack: list[_Frame], task: int) -> int:
+    def _link_recompute(self, info: _ModuleInfo, stack: list[_Call], task: int) -> int:
         used = self._recomputed.get(task)
         if used is None:
             used = self._recomputed[task] = set()
@@ -414,61 +408,65 @@ class Tracker:
             exc_type = sys.exc_info()[0]
             early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
             status = _EARLY_STOP if early else _ERROR
-            if frame.calls:  # nested calls that finished: their backward will never come
-                for inner in frame.calls:
-                    inner.cancelled = True
+            if status == _ERROR and frame.phase == _FORWARD:
+                # Calls made inside the failed one have ids above it on this
+                # thread: their backward hooks must never fire.
+                self._cancelled.append((frame.tid, frame.call_id, next(self._call_ids)))
         self._exit_forward(st, frame, status)
+        frame.module = None
+        exit_nodes = frame.exit_nodes
+        frame.exit_nodes = None
         if status != _OK or not _grad_enabled():
             return
         # Backward bookkeeping: the call's outputs (enter) and inputs (exit).
-        outs = _grad_tensors(output)
+        if isinstance(output, _Tensor):
+            outs = [output] if output.requires_grad else None
+        else:
+            outs = _grad_tensors(output)
         if kwargs:
             extra = _grad_tensors(kwargs)
             if extra:
-                frame.exit_nodes = (frame.exit_nodes or []) + extra
-        if outs is None and frame.exit_nodes is None:
-            call = None
-        else:
-            call = self._register_backward(frame, outs)
-        if stack and (call is not None or frame.calls):
-            parent = stack[-1]
-            if parent.calls is None:
-                parent.calls = []
-            if call is not None:
-                parent.calls.append(call)
-            if frame.calls:
-                parent.calls.extend(frame.calls)
-
-    def _register_backward(self, frame: _Frame, outs: list[torch.Tensor] | None) -> _Call:
-        call = _Call(frame.module_id, frame.call_id, frame.device_id)
-        if frame.exit_nodes:
-            seen: set[int] = set()
-            for t in frame.exit_nodes:
-                node = self._node_of(t)
-                if node is None or id(node) in seen:
-                    continue
-                seen.add(id(node))
-                self._entries(node, t)[0].append(call)
-            call.n_exit = len(seen)
-        if outs:
-            seen_out: set[int] = set()
-            for t in outs:
+                exit_nodes = (exit_nodes or []) + extra
+        if exit_nodes is not None:
+            if len(exit_nodes) == 1:
+                t = exit_nodes[0]
                 node = t.grad_fn
-                if node is None or id(node) in seen_out:
-                    continue
-                seen_out.add(id(node))
-                self._entries(node, t)[1].append(call)
-        return call
+                if node is None:
+                    node = self._leaf_node(t)
+                self._entries(node, t)[0].append(frame)
+                frame.n_exit = 1
+            else:
+                seen: set[int] = set()
+                for t in exit_nodes:
+                    node = t.grad_fn
+                    if node is None:
+                        node = self._leaf_node(t)
+                    if node is None or id(node) in seen:
+                        continue
+                    seen.add(id(node))
+                    self._entries(node, t)[0].append(frame)
+                frame.n_exit = len(seen)
+        if outs is not None:
+            if len(outs) == 1:
+                t = outs[0]
+                node = t.grad_fn
+                if node is not None:
+                    self._entries(node, t)[1].append(frame)
+            else:
+                seen_out: set[int] = set()
+                for t in outs:
+                    node = t.grad_fn
+                    if node is None or id(node) in seen_out:
+                        continue
+                    seen_out.add(id(node))
+                    self._entries(node, t)[1].append(frame)
 
-    def _exit_forward(self, st: _ThreadState, frame: _Frame, status: int) -> None:
+    def _exit_forward(self, st: _ThreadState, frame: _Call, status: int) -> None:
         stream = self._stream(frame.device_id, None) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, frame.device_id, stream, status, None if frame.task == -1 else frame.task, 0))
 
-    def _node_of(self, t: torch.Tensor) -> Any:
-        node = t.grad_fn
-        if node is not None:
-            return node
+    def _leaf_node(self, t: torch.Tensor) -> Any:
         if t.requires_grad:  # a leaf: its AccumulateGrad node
             view_node = t.view_as(t).grad_fn
             return view_node.next_functions[0][0] if view_node is not None else None
@@ -510,10 +508,11 @@ class Tracker:
         except AttributeError:
             st = self._thread()
         tie = 0
+        cancelled = self._cancelled
         for call in exits:
-            if call.cancelled:
+            if cancelled and self._is_cancelled(call):
                 continue
-            if call.task != task:
+            if call.bw_task != task:
                 if call in enters:  # output is its input (an identity): enter, then exit
                     self._bw_enter(call, task, open_calls, st, tie)
                     tie = 0  # the exit starts a new tie group, so it is never ordered before its enter
@@ -533,13 +532,19 @@ class Tracker:
             call.closed = True
             tie = self._bw_event(call, _EXIT, _OK, task, st, tie)
         for call in reversed(enters):
-            if call.cancelled or call.task == task:
+            if call.bw_task == task or (cancelled and self._is_cancelled(call)):
                 continue
             tie = self._bw_enter(call, task, open_calls, st, tie)
         return None
 
+    def _is_cancelled(self, call: _Call) -> bool:
+        for tid, lo, hi in self._cancelled:
+            if call.tid == tid and lo < call.call_id < hi:
+                return True
+        return False
+
     def _bw_enter(self, call: _Call, task: int, open_calls: list[_Call], st: _ThreadState, tie: int) -> int:
-        call.task = task
+        call.bw_task = task
         call.exits_seen = 0
         call.closed = False
         ancestors = self._anc[call.module_id]

@@ -380,3 +380,19 @@ def test_backward_after_the_context_records_nothing() -> None:
     kept[0].backward()  # hooks on the retained graph are inert now
     assert n == 8
     assert [e for e in events if e.phase == "backward"] == []
+
+
+def test_a_child_added_after_its_parent_was_named_gets_its_path() -> None:
+    class Grows(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if not hasattr(self, "late"):
+                self.late = nn.Linear(2, 2)
+            return self.late(self.first(x))
+
+    model = Grows()
+    events, _ = record(lambda: model(torch.randn(1, 2)))
+    assert [e.fqn for e in events if e.kind == "enter"] == ["Grows", "Grows.first", "Grows.late"]
