@@ -1,0 +1,352 @@
+"""``modtrace export`` (Perfetto/Chrome trace, Parquet, CSV) and ``modtrace report`` (HTML)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import click
+
+from modtrace.cli._options import db_option
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from modtrace.store.engine import Store
+
+# Runs with more spans (or events) than this get a progress bar on a terminal.
+PROGRESS_MIN_ROWS = int(os.environ.get("MODTRACE_PROGRESS_MIN_ROWS", "200000"))
+TABLES = ("spans", "events")
+
+
+@dataclass
+class RunData:
+    """What the renderers need of one run, read through ``modtrace.store``."""
+
+    info: dict[str, Any]
+    spans: pl.DataFrame
+    issues: pl.DataFrame
+    anchors: dict[int, int]
+    thread_names: dict[tuple[int, int], str | None]
+
+
+def _read_anchors_and_threads(store: Store, run_id: int) -> tuple[dict[int, int], dict[tuple[int, int], str | None]]:
+    from sqlalchemy import select
+
+    from modtrace.store.schema import run_ranks, threads
+
+    with store.engine.connect() as conn:
+        anchors = {
+            int(r): int(a)
+            for r, a in conn.execute(
+                select(run_ranks.c.rank, run_ranks.c.wall_anchor_ns).where(run_ranks.c.run_id == run_id)
+            )
+        }
+        names = {
+            (int(r), int(t)): n
+            for r, t, n in conn.execute(
+                select(threads.c.rank, threads.c.thread_id, threads.c.name).where(threads.c.run_id == run_id)
+            )
+        }
+    return anchors, names
+
+
+def load_run(store: Store, ref: str, *, quiet: bool = False) -> RunData:
+    """Resolve RUN and read its metadata, spans, issues, clock anchors and thread names.
+
+    A run that was never analysed (recorded with analysis off, or killed) is
+    analysed on the fly, without writing to the database.
+    """
+    from modtrace.store.analysis_store import read_analysis
+    from modtrace.store.runs import resolve_run, run_details
+
+    run = resolve_run(store, ref)
+    info = run_details(store, run.id)
+    stored = read_analysis(store, run.id)
+    if stored is None:
+        from modtrace.analysis.materialize import compute
+
+        if not quiet:
+            click.echo(f"modtrace: run {run.name!r} has no stored analysis; analysing its events now "
+                       f"(`modtrace analyze {run.name}` stores it)", err=True)
+        result = compute(store, run.id)
+        spans, issues = result.spans, result.issues
+    else:
+        spans, issues = stored
+    anchors, names = _read_anchors_and_threads(store, run.id)
+    return RunData(info=info, spans=spans, issues=issues, anchors=anchors, thread_names=names)
+
+
+# -- progress ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def progress_bar(label: str, total: int, *, quiet: bool) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar on stderr for big jobs on a terminal; None otherwise."""
+    from modtrace.progress import wanted
+
+    if total < PROGRESS_MIN_ROWS or not wanted(sys.stderr, quiet):
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(file=sys.stderr)
+    with Progress(
+        TextColumn("modtrace: {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=console, transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+# -- writing files -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def atomic_text(path: str) -> Iterator[TextIO]:
+    """A text stream to ``path`` (``-``: stdout) that replaces the file only when complete."""
+    if path == "-":
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            yield fh
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_frame(frame: pl.DataFrame, path: Path | str, fmt: str) -> None:
+    if path == "-":
+        sys.stdout.write(frame.write_csv())
+        return
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        if fmt == "parquet":
+            frame.write_parquet(tmp)
+        else:
+            frame.write_csv(tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _check_output_dir(path: Path) -> None:
+    from modtrace.errors import UsageError
+
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"-o {path}: exists and is not a directory (exporting spans and events writes a directory; "
+                         "use --what spans|events for a single file)")
+    if not path.parent.is_dir():
+        raise UsageError(f"-o {path}: directory {path.parent} does not exist")
+
+
+def _check_output_file(path: str) -> None:
+    from modtrace.errors import UsageError
+
+    if path == "-":
+        return
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise UsageError(f"-o {path}: directory {parent} does not exist")
+    if Path(path).is_dir():
+        raise UsageError(f"-o {path}: is a directory")
+
+
+# -- tables for DataFrame users -------------------------------------------------------
+
+
+def spans_table(data: RunData) -> pl.DataFrame:
+    """The spans frame with names as plain strings and each rank's wall clock added (``wall_start_ns``)."""
+    import polars as pl
+
+    anchors = pl.DataFrame(
+        {"rank": list(data.anchors), "_anchor": list(data.anchors.values())},
+        schema={"rank": pl.Int32(), "_anchor": pl.Int64()},
+    )
+    sp = data.spans
+    return (
+        sp.join(anchors, on="rank", how="left", maintain_order="left")
+        .with_columns(
+            pl.col(c).cast(pl.String) for c in ("fqn", "module_type", "phase", "device", "status")
+        )
+        .with_columns(
+            pl.col("status").fill_null("unclosed"),
+            (pl.col("_anchor") + pl.col("start_ns")).alias("wall_start_ns"),
+        )
+        .drop("_anchor")
+        .sort("rank", "span_id")
+    )
+
+
+def event_tables(store: Store, run_id: int, anchors: dict[int, int]) -> Iterator[pl.DataFrame]:
+    """The run's events, rank by rank in seq order, with names instead of codes (as ``event_log``)."""
+    import polars as pl
+
+    from modtrace.analysis.events import PHASE_ENUM, STATUS_ENUM
+    from modtrace.store.reader import iter_event_chunks, read_devices, read_modules, read_ranks
+
+    modules = read_modules(store, run_id).select("rank", "module_id", "fqn", "module_type")
+    devices = read_devices(store, run_id).rename({"name": "device"})
+    kinds = ["enter", "exit"]
+    phases = list(PHASE_ENUM.categories)
+    statuses = list(STATUS_ENUM.categories)
+    for rank in read_ranks(store, run_id):
+        anchor = anchors.get(rank, 0)
+        for chunk in iter_event_chunks(store, run_id, rank):
+            yield (
+                chunk.join(modules, on=["rank", "module_id"], how="left", maintain_order="left")
+                .join(devices, on=["rank", "device_id"], how="left", maintain_order="left")
+                .select(
+                    "run_id", "rank", "seq", "ts_ns", (pl.col("ts_ns") + anchor).alias("wall_ns"),
+                    pl.col("kind").replace_strict(list(range(2)), kinds, return_dtype=pl.String).alias("kind"),
+                    "fqn", "module_type",
+                    pl.col("phase").replace_strict(list(range(len(phases))), phases, return_dtype=pl.String).alias("phase"),
+                    "call_id", "step", "thread_id", "device", "stream",
+                    pl.col("status").replace_strict(list(range(len(statuses))), statuses, return_dtype=pl.String).alias("status"),
+                    "graph_task", "tie", "module_id",
+                )
+            )
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("run")
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["perfetto", "parquet", "csv"]), default="perfetto",
+              show_default=True, help="perfetto: Chrome trace event JSON; parquet/csv: tables for DataFrames.")
+@click.option("-o", "--output", "output", required=True, metavar="PATH",
+              help="Output file (perfetto, or one table); a directory for both tables; - for stdout (text formats).")
+@click.option("--what", type=click.Choice(["spans", "events", "all"]), default=None,
+              help="Tables to write with parquet/csv (default: all, into the directory PATH).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes on stderr.")
+def export(run: str, db: str | None, fmt: str, output: str, what: str | None, quiet: bool) -> None:
+    """Export RUN's spans as a Perfetto / chrome://tracing trace, or spans and events as Parquet or CSV.
+
+    \b
+    modtrace export RUN -o trace.json                     # open in ui.perfetto.dev
+    modtrace export RUN --format parquet -o out/          # out/spans.parquet, out/events.parquet
+    modtrace export RUN --format csv --what spans -o spans.csv
+    """
+    from modtrace.errors import UsageError
+    from modtrace.store.engine import open_store
+
+    if fmt == "perfetto":
+        if what not in (None, "spans"):
+            raise UsageError("--format perfetto exports spans only; --what events|all needs --format parquet or csv")
+        _check_output_file(output)
+    else:
+        what = what or "all"
+        if output == "-" and (fmt == "parquet" or what == "all"):
+            raise UsageError("-o - (stdout) needs --format csv and --what spans or events")
+        if what == "all":
+            _check_output_dir(Path(output))
+        elif output != "-" and Path(output).is_dir():
+            output = str(Path(output) / f"{what}.{fmt}")
+        _check_output_file(output)
+
+    store = open_store(db)
+    try:
+        data = load_run(store, run, quiet=quiet)
+        if fmt == "perfetto":
+            from modtrace.renderers.perfetto import PerfettoRenderer
+
+            with progress_bar("writing trace", data.spans.height, quiet=quiet) as advance, atomic_text(output) as out:
+                n = PerfettoRenderer(progress=advance).write(
+                    out, data.spans, data.anchors, data.thread_names, run=data.info
+                )
+            written = [(output, n, "spans")]
+        else:
+            written = []
+            if what == "all":
+                Path(output).mkdir(exist_ok=True)
+            if what in ("spans", "all"):
+                path = output if what == "spans" else str(Path(output) / f"spans.{fmt}")
+                table = spans_table(data)
+                _write_frame(table, path, fmt)
+                written.append((path, table.height, "spans"))
+            if what in ("events", "all"):
+                import polars as pl
+
+                path = output if what == "events" else str(Path(output) / f"events.{fmt}")
+                total = int(data.info.get("events") or 0)
+                parts = []
+                with progress_bar("reading events", total, quiet=quiet) as advance:
+                    for part in event_tables(store, data.info["id"], data.anchors):
+                        parts.append(part)
+                        if advance is not None:
+                            advance(part.height)
+                if parts:
+                    events = pl.concat(parts)
+                else:
+                    events = pl.DataFrame(schema={"run_id": pl.Int32(), "rank": pl.Int32(), "seq": pl.Int64()})
+                _write_frame(events, path, fmt)
+                written.append((path, events.height, "events"))
+    finally:
+        store.dispose()
+    if not quiet and output != "-":
+        for path, n, kind in written:
+            click.echo(f"modtrace: wrote {n:,} {kind} of run {data.info['name']!r} to {path}", err=True)
+
+
+@click.command()
+@click.argument("run")
+@db_option
+@click.option("--vs", "base", metavar="BASE", default=None, help="Compare with run BASE: the diff, regressions highlighted.")
+@click.option("-o", "--output", "output", required=True, metavar="FILE", help="HTML file to write (- for stdout).")
+@click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the median-time step).")
+@click.option("--rank", type=int, default=None, help="Rank shown in the flame chart (default: the lowest).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes on stderr.")
+def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None, quiet: bool) -> None:
+    """Write one self-contained HTML file about RUN: a flame chart of a step
+    (forward, backward, recompute), per-step times, the nesting issues and,
+    with --vs BASE, the diff against BASE.  It needs no network to view."""
+    from modtrace.errors import UsageError
+    from modtrace.renderers.html_report import HtmlReportRenderer, report_data
+    from modtrace.store.engine import open_store
+
+    _check_output_file(output)
+    store = open_store(db)
+    try:
+        data = load_run(store, run, quiet=quiet)
+        diff = None
+        base_info = None
+        if base is not None:
+            from modtrace.analysis.diff import diff_spans
+
+            base_data = load_run(store, base, quiet=quiet)
+            if base_data.info["id"] == data.info["id"]:
+                raise UsageError(f"--vs {base}: is the same run as {run}")
+            diff = diff_spans(base_data.spans, data.spans)
+            base_info = base_data.info
+    finally:
+        store.dispose()
+    if rank is not None and data.spans.height and rank not in set(data.spans["rank"].unique().to_list()):
+        raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
+    with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
+        payload = report_data(
+            data.info, data.spans, data.issues, step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
+        )
+    html = HtmlReportRenderer().render(payload)
+    with atomic_text(output) as out:
+        out.write(html)
+    if not quiet and output != "-":
+        click.echo(f"modtrace: wrote report of run {data.info['name']!r} to {output}", err=True)

@@ -1,0 +1,490 @@
+// modtrace report: draws the page from the JSON model embedded in #modtrace-data.
+// Plain DOM and canvas, no libraries, nothing fetched.
+(function () {
+  "use strict";
+
+  var DATA = JSON.parse(document.getElementById("modtrace-data").textContent);
+  var PHASES = DATA.phases;
+  var STATUSES = DATA.statuses;
+  var COLORS = { forward: "#3b7dd8", backward: "#e0803a", recompute: "#3aa66b" };
+  var ROW_H = 18;
+  var LANE_HEAD = 18;
+  var AXIS_H = 22;
+
+  // -- helpers ---------------------------------------------------------------
+
+  function el(tag, attrs, children) {
+    var node = document.createElement(tag);
+    if (attrs) {
+      Object.keys(attrs).forEach(function (k) {
+        if (k === "text") node.textContent = attrs[k];
+        else if (k === "cls") node.className = attrs[k];
+        else node.setAttribute(k, attrs[k]);
+      });
+    }
+    (children || []).forEach(function (c) {
+      node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
+    });
+    return node;
+  }
+
+  function fmtNs(ns) {
+    if (ns === null || ns === undefined || isNaN(ns)) return "";
+    var a = Math.abs(ns);
+    if (a < 1e3) return ns.toFixed(0) + " ns";
+    if (a < 1e6) return (ns / 1e3).toFixed(a < 1e4 ? 2 : 1) + " \u00b5s";
+    if (a < 1e9) return (ns / 1e6).toFixed(a < 1e7 ? 2 : 1) + " ms";
+    return (ns / 1e9).toFixed(2) + " s";
+  }
+
+  function fmtNum(v, digits) {
+    if (v === null || v === undefined) return "";
+    if (typeof v !== "number") return String(v);
+    return digits === undefined ? v.toLocaleString("en-US") : v.toFixed(digits);
+  }
+
+  // columns: [{key, label, fmt, num, cls}]
+  function table(columns, rows, rowClass) {
+    var head = el("tr", null, columns.map(function (c) {
+      return el("th", { cls: c.num ? "num" : "", text: c.label });
+    }));
+    var body = rows.map(function (r) {
+      var tr = el("tr", rowClass ? { cls: rowClass(r) } : null, columns.map(function (c) {
+        var v = r[c.key];
+        var text = c.fmt ? c.fmt(v, r) : (v === null || v === undefined ? "" : String(v));
+        var cls = [c.num ? "num" : "", c.cls ? (typeof c.cls === "function" ? c.cls(v, r) : c.cls) : ""].join(" ").trim();
+        return el("td", cls ? { cls: cls, text: text } : { text: text });
+      }));
+      return tr;
+    });
+    return el("table", null, [el("thead", null, [head]), el("tbody", null, body)]);
+  }
+
+  function scroll(node) { return el("div", { cls: "scroll" }, [node]); }
+
+  function hashHue(s) {
+    var h = 0;
+    for (var i = 0; i < s.length; i++) h = (h * 31 + s.charCodeAt(i)) | 0;
+    return Math.abs(h);
+  }
+
+  function shade(hex, name) {
+    // Same phase, a slightly different lightness per module, so neighbours differ.
+    var r = parseInt(hex.slice(1, 3), 16), g = parseInt(hex.slice(3, 5), 16), b = parseInt(hex.slice(5, 7), 16);
+    var f = 0.78 + (hashHue(name) % 45) / 100;
+    function c(x) { return Math.max(0, Math.min(255, Math.round(x * f))); }
+    return "rgb(" + c(r) + "," + c(g) + "," + c(b) + ")";
+  }
+
+  function setupCanvas(canvas, cssHeight) {
+    var dpr = window.devicePixelRatio || 1;
+    var width = canvas.parentNode.clientWidth || 800;
+    if (canvas.parentNode.id !== "flame-wrap") width = canvas.clientWidth || width;
+    canvas.style.height = cssHeight + "px";
+    canvas.width = Math.max(1, Math.floor(width * dpr));
+    canvas.height = Math.max(1, Math.floor(cssHeight * dpr));
+    var ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    return { ctx: ctx, w: width, h: cssHeight };
+  }
+
+  // -- header and summary ------------------------------------------------------
+
+  var run = DATA.run;
+  document.getElementById("title").textContent = "modtrace report: " + (run.name || "run " + run.id);
+  document.getElementById("subtitle").textContent = [
+    run.status, run.started_at ? "started " + run.started_at : null,
+    run.command ? run.command : null,
+  ].filter(Boolean).join(" \u00b7 ");
+
+  var steps = DATA.steps;
+  var mySteps = steps.filter(function (s) { return s.rank === DATA.rank; });
+  var walls = mySteps.map(function (s) { return s.wall_ns; }).sort(function (a, b) { return a - b; });
+  var median = walls.length ? walls[Math.floor((walls.length - 1) / 2)] : null;
+  var sev = { error: 0, warning: 0, info: 0 };
+  DATA.issues.counts.forEach(function (c) { sev[c.severity] = (sev[c.severity] || 0) + c.n; });
+
+  var cards = [
+    ["status", run.status || "", run.status === "failed" ? "bad" : ""],
+    ["steps", fmtNum(mySteps.length), ""],
+    ["median step", fmtNs(median), ""],
+    ["spans", fmtNum(DATA.span_count), ""],
+    ["ranks", fmtNum(DATA.ranks.length), ""],
+    ["nesting errors", fmtNum(sev.error), sev.error ? "bad" : ""],
+    ["warnings", fmtNum(sev.warning), sev.warning ? "warn" : ""],
+  ];
+  if (DATA.diff) {
+    var s = DATA.diff.summary;
+    cards.push(["regressions", fmtNum(s.regressions), s.regressions ? "bad" : ""]);
+    if (s.step_ratio) cards.push(["step time vs base", "\u00d7" + s.step_ratio.toFixed(3), s.step_ratio > 1.05 ? "bad" : ""]);
+  }
+  var summary = document.getElementById("summary");
+  cards.forEach(function (c) {
+    summary.appendChild(el("div", { cls: "card " + c[2] }, [el("div", { cls: "v", text: c[1] }), el("div", { cls: "k", text: c[0] })]));
+  });
+
+  // -- flame chart ---------------------------------------------------------------
+
+  var flame = DATA.flame;
+  var names = flame.names;
+  var canvas = document.getElementById("flame");
+  var tooltip = document.getElementById("tooltip");
+  var select = document.getElementById("step-select");
+  var state = { step: null, v0: 0, v1: 1, lanes: [], boxes: [] };
+
+  var legend = document.getElementById("legend");
+  PHASES.forEach(function (p) {
+    legend.appendChild(el("span", { cls: "sw", style: "background:" + COLORS[p] }));
+    legend.appendChild(document.createTextNode(p));
+  });
+
+  flame.steps.forEach(function (s, i) {
+    var opt = el("option", { value: String(i), text: "step " + s.step + " (" + fmtNs(s.duration_ns) + ", " + s.spans.length + " spans)" });
+    if (s.step === DATA.default_step) opt.selected = true;
+    select.appendChild(opt);
+  });
+
+  function layout(step) {
+    // One lane per (thread, band); band 0 forward, 1 backward with its recompute.
+    var keys = {};
+    step.spans.forEach(function (sp) {
+      var k = sp[4] + ":" + sp[3];
+      keys[k] = Math.max(keys[k] === undefined ? 0 : keys[k], sp[2]);
+    });
+    var lanes = Object.keys(keys).map(function (k) {
+      var parts = k.split(":");
+      return { thread: +parts[0], band: +parts[1], rows: keys[k] + 1 };
+    }).sort(function (a, b) { return a.thread - b.thread || a.band - b.band; });
+    var y = AXIS_H;
+    lanes.forEach(function (l) {
+      l.y = y;
+      l.label = "thread " + l.thread + " \u00b7 " + (l.band === 0 ? "forward" : "backward + recompute");
+      y += LANE_HEAD + l.rows * ROW_H + 6;
+    });
+    return { lanes: lanes, height: Math.max(y, 80) };
+  }
+
+  function drawFlame() {
+    if (!flame.steps.length) {
+      var empty = setupCanvas(canvas, 60);
+      empty.ctx.fillStyle = "#5d6778";
+      empty.ctx.font = "13px system-ui, sans-serif";
+      empty.ctx.fillText("no spans recorded", 12, 34);
+      return;
+    }
+    var step = flame.steps[state.step];
+    var lay = layout(step);
+    state.lanes = lay.lanes;
+    var c = setupCanvas(canvas, lay.height);
+    var ctx = c.ctx, W = c.w;
+    var span = Math.max(state.v1 - state.v0, 1);
+    var scale = W / span;
+    ctx.clearRect(0, 0, W, c.h);
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+
+    // time axis
+    ctx.fillStyle = "#f5f7fa";
+    ctx.fillRect(0, 0, W, AXIS_H);
+    var target = span / Math.max(2, Math.floor(W / 110));
+    var pow = Math.pow(10, Math.floor(Math.log10(target)));
+    var tick = [1, 2, 5, 10].map(function (m) { return m * pow; }).filter(function (t) { return t >= target; })[0] || pow * 10;
+    ctx.strokeStyle = "#dde2ea";
+    ctx.fillStyle = "#5d6778";
+    for (var t = Math.ceil(state.v0 / tick) * tick; t <= state.v1; t += tick) {
+      var x = (t - state.v0) * scale;
+      ctx.beginPath(); ctx.moveTo(x + 0.5, AXIS_H - 6); ctx.lineTo(x + 0.5, c.h); ctx.stroke();
+      ctx.fillText(fmtNs(t), x + 3, AXIS_H / 2);
+    }
+
+    var laneOf = {};
+    lay.lanes.forEach(function (l) {
+      laneOf[l.thread + ":" + l.band] = l;
+      ctx.fillStyle = "#1d2430";
+      ctx.font = "600 11px system-ui, sans-serif";
+      ctx.fillText(l.label, 4, l.y + LANE_HEAD / 2);
+    });
+    ctx.font = "11px system-ui, sans-serif";
+    var boxes = [];
+    step.spans.forEach(function (sp) {
+      var x0 = sp[0], dur = sp[1];
+      if (x0 + dur < state.v0 || x0 > state.v1) return;
+      var x = (x0 - state.v0) * scale;
+      var w = dur * scale;
+      if (w < 0.4) return;
+      var lane = laneOf[sp[4] + ":" + sp[3]];
+      var y = lane.y + LANE_HEAD + sp[2] * ROW_H;
+      var name = names[sp[5]] || "?";
+      var phase = PHASES[sp[6]];
+      var status = STATUSES[sp[7]];
+      ctx.fillStyle = shade(COLORS[phase] || "#888888", name);
+      ctx.fillRect(x, y, Math.max(w - 0.5, 0.6), ROW_H - 2);
+      if (status === "unclosed" || status === "error" || status === "no_enter") {
+        ctx.strokeStyle = "#c8312f"; ctx.lineWidth = 2;
+        ctx.strokeRect(x + 1, y + 1, Math.max(w - 2, 1), ROW_H - 4);
+        ctx.lineWidth = 1;
+      }
+      if (w > 28) {
+        var parts = name.split(".");
+        var label = parts.length > 1 && /^[0-9]+$/.test(parts[parts.length - 1]) ? parts.slice(-2).join(".") : parts[parts.length - 1];
+        var full = ctx.measureText(name).width < w - 6 ? name : label;
+        var shown = full;
+        if (ctx.measureText(shown).width > w - 6) {
+          while (shown.length > 1 && ctx.measureText(shown + "\u2026").width > w - 6) shown = shown.slice(0, -1);
+          shown += "\u2026";
+        }
+        ctx.fillStyle = "#ffffff";
+        ctx.save();
+        ctx.beginPath(); ctx.rect(x, y, w, ROW_H); ctx.clip();
+        ctx.fillText(shown, Math.max(x, 0) + 3, y + (ROW_H - 2) / 2);
+        ctx.restore();
+      }
+      boxes.push({ x: x, y: y, w: w, sp: sp });
+    });
+    state.boxes = boxes;
+  }
+
+  function showStep(index) {
+    state.step = index;
+    state.v0 = 0;
+    state.v1 = flame.steps.length ? flame.steps[index].duration_ns : 1;
+    drawFlame();
+    drawStepsChart();
+  }
+
+  function hit(ev) {
+    var rect = canvas.getBoundingClientRect();
+    var x = ev.clientX - rect.left, y = ev.clientY - rect.top;
+    for (var i = state.boxes.length - 1; i >= 0; i--) {
+      var b = state.boxes[i];
+      if (x >= b.x && x <= b.x + Math.max(b.w, 2) && y >= b.y && y < b.y + ROW_H - 2) return { box: b, x: x, y: y };
+    }
+    return null;
+  }
+
+  canvas.addEventListener("mousemove", function (ev) {
+    var h = hit(ev);
+    if (!h) { tooltip.hidden = true; return; }
+    var sp = h.box.sp;
+    tooltip.textContent = [
+      names[sp[5]],
+      PHASES[sp[6]] + " \u00b7 " + STATUSES[sp[7]] + " \u00b7 thread " + sp[4],
+      "duration " + fmtNs(sp[1]) + (sp[8] !== null ? " \u00b7 self " + fmtNs(sp[8]) : ""),
+      "starts at +" + fmtNs(sp[0]) + " \u00b7 call " + sp[9],
+    ].join("\n");
+    tooltip.hidden = false;
+    var wrap = canvas.parentNode.getBoundingClientRect();
+    var left = Math.min(h.x + 14, wrap.width - 300);
+    tooltip.style.left = Math.max(left, 0) + "px";
+    tooltip.style.top = (h.y + 16) + "px";
+  });
+  canvas.addEventListener("mouseleave", function () { tooltip.hidden = true; });
+  canvas.addEventListener("click", function (ev) {
+    var h = hit(ev);
+    if (!h) return;
+    var sp = h.box.sp, pad = sp[1] * 0.02;
+    state.v0 = Math.max(0, sp[0] - pad);
+    state.v1 = sp[0] + sp[1] + pad;
+    drawFlame();
+  });
+  function resetZoom() {
+    state.v0 = 0;
+    state.v1 = flame.steps.length ? flame.steps[state.step].duration_ns : 1;
+    drawFlame();
+  }
+  canvas.addEventListener("dblclick", resetZoom);
+  document.getElementById("zoom-reset").addEventListener("click", resetZoom);
+  select.addEventListener("change", function () { showStep(+select.value); });
+
+  // -- per-step times ------------------------------------------------------------
+
+  var stepsCanvas = document.getElementById("steps-chart");
+  function drawStepsChart() {
+    var c = setupCanvas(stepsCanvas, 160);
+    var ctx = c.ctx, W = c.w, H = c.h;
+    ctx.clearRect(0, 0, W, H);
+    if (!mySteps.length) return;
+    var max = 0;
+    mySteps.forEach(function (s) { max = Math.max(max, s.forward_ns + s.backward_ns, s.wall_ns); });
+    var left = 64, bottom = 20, top = 10;
+    var bw = (W - left - 8) / mySteps.length;
+    var yscale = (H - bottom - top) / (max || 1);
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#5d6778";
+    ctx.textBaseline = "middle";
+    ctx.fillText(fmtNs(max), 4, top + 4);
+    ctx.fillText("0", 4, H - bottom);
+    var current = flame.steps.length && state.step !== null ? flame.steps[state.step].step : null;
+    mySteps.forEach(function (s, i) {
+      var x = left + i * bw;
+      var w = Math.max(bw - (bw > 4 ? 2 : 0), 1);
+      var fy = s.forward_ns * yscale, by = (s.backward_ns - s.recompute_ns) * yscale, ry = s.recompute_ns * yscale;
+      var y = H - bottom;
+      ctx.fillStyle = COLORS.forward; ctx.fillRect(x, y - fy, w, fy); y -= fy;
+      ctx.fillStyle = COLORS.backward; ctx.fillRect(x, y - by, w, by); y -= by;
+      ctx.fillStyle = COLORS.recompute; ctx.fillRect(x, y - ry, w, ry);
+      if (s.step === current) {
+        ctx.strokeStyle = "#1d2430"; ctx.lineWidth = 2;
+        ctx.strokeRect(x, top, w, H - bottom - top);
+        ctx.lineWidth = 1;
+      }
+    });
+    ctx.fillStyle = "#5d6778";
+    var every = Math.max(1, Math.ceil(mySteps.length / Math.max(1, Math.floor((W - left) / 40))));
+    mySteps.forEach(function (s, i) {
+      if (i % every === 0) ctx.fillText(String(s.step), left + i * bw + 1, H - bottom / 2);
+    });
+  }
+  stepsCanvas.addEventListener("click", function (ev) {
+    var rect = stepsCanvas.getBoundingClientRect();
+    var left = 64, bw = (rect.width - left - 8) / Math.max(mySteps.length, 1);
+    var i = Math.floor((ev.clientX - rect.left - left) / bw);
+    if (i < 0 || i >= mySteps.length) return;
+    for (var k = 0; k < flame.steps.length; k++) {
+      if (flame.steps[k].step === mySteps[i].step) { select.value = String(k); showStep(k); return; }
+    }
+  });
+
+  var multiRank = DATA.ranks.length > 1;
+  var stepCols = (multiRank ? [{ key: "rank", label: "rank", num: true }] : []).concat([
+    { key: "step", label: "step", num: true },
+    { key: "wall_ns", label: "wall", num: true, fmt: fmtNs },
+    { key: "forward_ns", label: "forward", num: true, fmt: fmtNs },
+    { key: "backward_ns", label: "backward", num: true, fmt: fmtNs },
+    { key: "recompute_ns", label: "of which recompute", num: true, fmt: fmtNs },
+    { key: "spans", label: "spans", num: true, fmt: function (v) { return fmtNum(v); } },
+    { key: "unclosed", label: "unclosed", num: true, fmt: function (v) { return v ? fmtNum(v) : ""; }, cls: function (v) { return v ? "sev-error" : ""; } },
+  ]);
+  document.getElementById("steps-table").appendChild(scroll(table(stepCols, steps)));
+
+  // -- modules by self time ------------------------------------------------------
+
+  var mods = DATA.top_modules;
+  var maxSelf = mods.reduce(function (m, r) { return Math.max(m, r.self_ns || 0); }, 0) || 1;
+  document.getElementById("modules-table").appendChild(table([
+    { key: "fqn", label: "module", cls: "fqn" },
+    { key: "module_type", label: "type" },
+    { key: "phase", label: "phase" },
+    { key: "calls", label: "calls", num: true, fmt: function (v) { return fmtNum(v); } },
+    { key: "self_per_step_ns", label: "self / step", num: true, fmt: fmtNs },
+    { key: "self_ns", label: "self total", num: true, fmt: fmtNs },
+    { key: "inclusive_ns", label: "inclusive total", num: true, fmt: fmtNs },
+  ], mods));
+  var modRows = document.querySelectorAll("#modules-table tbody tr");
+  mods.forEach(function (r, i) {
+    var cell = modRows[i].children[0];
+    var bar = el("span", { cls: "bar", style: "width:" + Math.max(2, Math.round(60 * (r.self_ns || 0) / maxSelf)) + "px;background:" + (COLORS[r.phase] || "#888") + ";margin-right:6px" });
+    cell.insertBefore(bar, cell.firstChild);
+  });
+  if (!mods.length) document.getElementById("modules-table").appendChild(el("p", { cls: "note", text: "no closed spans" }));
+
+  // -- nesting issues -----------------------------------------------------------
+
+  var issuesBox = document.getElementById("issues");
+  var iss = DATA.issues;
+  if (!iss.total) {
+    issuesBox.appendChild(el("p", { cls: "ok", text: "No nesting issues: every enter has its exit, properly nested." }));
+  } else {
+    issuesBox.appendChild(table([
+      { key: "severity", label: "severity", cls: function (v) { return "sev-" + v; } },
+      { key: "kind", label: "kind" },
+      { key: "n", label: "count", num: true, fmt: function (v) { return fmtNum(v); } },
+    ], iss.counts));
+    if (!sev.error && !sev.warning) {
+      issuesBox.appendChild(el("p", { cls: "ok", text: "No errors or warnings; the info rows are normal (checkpoint early stops, backward closed at the end of the pass)." }));
+    }
+    var cols = (multiRank ? [{ key: "rank", label: "rank", num: true }] : []).concat([
+      { key: "seq", label: "seq", num: true },
+      { key: "severity", label: "severity", cls: function (v) { return "sev-" + v; } },
+      { key: "kind", label: "kind" },
+      { key: "step", label: "step", num: true },
+      { key: "message", label: "message", cls: "fqn" },
+    ]);
+    issuesBox.appendChild(scroll(table(cols, iss.rows)));
+    if (iss.rows.length < iss.total) {
+      issuesBox.appendChild(el("p", { cls: "note", text: "showing " + iss.rows.length + " of " + fmtNum(iss.total) + " issues; `modtrace check` lists them all" }));
+    }
+  }
+
+  // -- diff --------------------------------------------------------------------
+
+  if (DATA.diff) {
+    var d = DATA.diff;
+    document.getElementById("diff-section").hidden = false;
+    document.getElementById("diff-base").textContent = (d.base.name || "run " + d.base.id) + " (base)";
+    var sm = d.summary;
+    document.getElementById("diff-summary").appendChild(el("p", null, [
+      "Median step time " + fmtNs(sm.base_step_ns) + " \u2192 " + fmtNs(sm.cand_step_ns) +
+      (sm.step_ratio ? " (\u00d7" + sm.step_ratio.toFixed(3) + ")" : "") +
+      "; compared " + fmtNum(sm.compared) + " module/phase pairs over " + fmtNum(sm.base_steps) + " base and " +
+      fmtNum(sm.cand_steps) + " candidate steps: ",
+      el("span", { cls: sm.regressions ? "sev-error" : "ok", text: fmtNum(sm.regressions) + " regressions" }),
+      ", " + fmtNum(sm.improvements) + " improvements, " + fmtNum(sm.structure_changes) + " structure changes.",
+    ]));
+    if (d.structure.length) {
+      document.getElementById("diff-structure").appendChild(el("h3", { text: "Structure" }));
+      document.getElementById("diff-structure").appendChild(scroll(table([
+        { key: "kind", label: "change" },
+        { key: "fqn", label: "module", cls: "fqn" },
+        { key: "phase", label: "phase" },
+        { key: "base", label: "base" },
+        { key: "cand", label: "candidate" },
+        { key: "message", label: "message" },
+      ], d.structure)));
+    }
+    if (d.divergence) {
+      var box = document.getElementById("diff-divergence");
+      box.appendChild(el("h3", { text: "Call order diverges at call " + d.divergence.position + " of step " + d.divergence.step_base }));
+      var ex = d.divergence.excerpt.map(function (r) {
+        if (r.op === "+") return "+ " + r.cand;
+        if (r.op === "~") return "~ " + r.base + "   \u2192   " + String(r.cand).trim();
+        return r.op + " " + (r.base === null ? "" : r.base);
+      }).join("\n");
+      box.appendChild(el("p", { cls: "note", text: "= same in both runs, - base only, + candidate only, ~ differs (base \u2192 candidate)" }));
+      box.appendChild(el("pre", { cls: "excerpt", text: ex }));
+    }
+    var timingBox = document.getElementById("diff-timing");
+    timingBox.appendChild(el("h3", { text: "Timing (median per step)" }));
+    var pct = function (v) { return v === null || v === undefined ? "" : (v >= 0 ? "+" : "") + v.toFixed(1) + "%"; };
+    timingBox.appendChild(scroll(table([
+      { key: "fqn", label: "module", cls: "fqn" },
+      { key: "phase", label: "phase" },
+      { key: "verdict", label: "verdict", cls: "verdict" },
+      { key: "impact_ns", label: "impact / step", num: true, fmt: function (v) { return v === null ? "" : (v >= 0 ? "+" : "") + fmtNs(v); } },
+      { key: "impact_pct", label: "of step", num: true, fmt: pct },
+      { key: "self_base_ns", label: "self base", num: true, fmt: fmtNs },
+      { key: "self_cand_ns", label: "self cand", num: true, fmt: fmtNs },
+      { key: "self_ratio", label: "ratio", num: true, fmt: function (v) { return v === null ? "" : "\u00d7" + v.toFixed(2); } },
+      { key: "self_p_value", label: "p", num: true, fmt: function (v) { return v === null ? "" : v.toExponential(1); } },
+      { key: "incl_base_ns", label: "incl base", num: true, fmt: fmtNs },
+      { key: "incl_cand_ns", label: "incl cand", num: true, fmt: fmtNs },
+    ], d.timing, function (r) { return r.verdict; })));
+    if (d.timing.length < d.timing_total) {
+      timingBox.appendChild(el("p", { cls: "note", text: "showing " + d.timing.length + " of " + fmtNum(d.timing_total) + " rows (all changed ones first); `modtrace diff` lists them all" }));
+    }
+  }
+
+  // -- run metadata ---------------------------------------------------------------
+
+  var runRows = Object.keys(run).filter(function (k) { return run[k] !== null && run[k] !== undefined; }).map(function (k) {
+    var v = run[k];
+    return { field: k, value: typeof v === "object" ? JSON.stringify(v) : String(v) };
+  });
+  document.getElementById("run-table").appendChild(table([
+    { key: "field", label: "field" }, { key: "value", label: "value", cls: "fqn" },
+  ], runRows));
+  document.getElementById("footer").textContent =
+    "Generated by modtrace " + DATA.modtrace_version + ". Self-contained: this file loads nothing from the network.";
+
+  // -- start -------------------------------------------------------------------------
+
+  var initial = 0;
+  flame.steps.forEach(function (s, i) { if (s.step === DATA.default_step) initial = i; });
+  showStep(initial);
+  var resizeTimer = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(function () { drawFlame(); drawStepsChart(); }, 100);
+  });
+  document.body.setAttribute("data-rendered", "true");
+})();

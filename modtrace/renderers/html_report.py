@@ -1,0 +1,284 @@
+"""A self-contained HTML report of a run: flame chart, per-step times, issues, diff.
+
+``report_data`` turns a run's frames into a plain JSON-able dict (the
+report's model); ``HtmlReportRenderer`` pours it into the template under
+``assets/`` with the stylesheet and script inlined, so the file needs no
+network to view -- it references no URL at all.  The page draws itself from
+the embedded JSON (``<script type="application/json" id="modtrace-data">``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from importlib import resources
+from typing import Any, ClassVar
+
+import polars as pl
+
+from modtrace.errors import UsageError
+
+PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
+STATUSES: tuple[str, ...] = ("ok", "error", "early_stop", "closed_at_end_of_backward", "no_enter", "unclosed")
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+# Caps that keep a report of a huge run small enough for a browser.
+FLAME_SPAN_BUDGET = 60_000  # spans embedded for the flame chart, over all embedded steps
+ISSUE_ROWS = 500
+TIMING_ROWS = 300
+TOP_MODULES = 30
+
+Progress = Callable[[int], None]
+
+
+def flame_depths(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]) -> list[int]:
+    """Row of each interval in a flame chart: how many earlier intervals of its key are still open.
+
+    Intervals come sorted by (key, start, end descending); an interval that
+    crosses an open one (never the case in a healthy record) is drawn below it.
+    """
+    out: list[int] = []
+    stack: list[int] = []
+    current: Any = object()
+    for start, end, key in zip(starts, ends, keys, strict=True):
+        if key != current:
+            current, stack = key, []
+        while stack and stack[-1] <= start:
+            stack.pop()
+        out.append(len(stack))
+        stack.append(end)
+    return out
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe scalars: NaN and infinities become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
+    return [{k: _clean(v) for k, v in row.items()} for row in frame.iter_rows(named=True)]
+
+
+def step_table(spans: pl.DataFrame) -> pl.DataFrame:
+    """Spans -> one row per (rank, step): forward, backward and recompute time, wall time, spans.
+
+    Forward and backward are the summed durations of that phase's root spans;
+    recompute is the time in outermost recompute spans (inside backward, so
+    also counted there); wall runs from the step's first enter to its last exit.
+    """
+    parents = spans.select("rank", pl.col("span_id").alias("parent_span_id"), pl.col("phase").alias("_pphase"))
+    sp = spans.join(parents, on=["rank", "parent_span_id"], how="left", maintain_order="left")
+    phase = pl.col("phase").cast(pl.String)
+    top_recompute = (phase == "recompute") & (pl.col("_pphase").cast(pl.String).fill_null("") != "recompute")
+    return (
+        sp.group_by("rank", "step")
+        .agg(
+            pl.col("duration_ns").filter((phase == "forward") & (pl.col("depth") == 0)).sum().alias("forward_ns"),
+            pl.col("duration_ns").filter((phase == "backward") & (pl.col("depth") == 0)).sum().alias("backward_ns"),
+            pl.col("duration_ns").filter(top_recompute).sum().alias("recompute_ns"),
+            (pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max()) - pl.col("start_ns").min()).alias("wall_ns"),
+            pl.len().alias("spans"),
+            pl.col("end_ns").is_null().sum().alias("unclosed"),
+        )
+        .sort("rank", "step")
+    )
+
+
+def default_step(steps: pl.DataFrame) -> int | None:
+    """The step of median wall time among those with forward and backward (else among all)."""
+    if steps.height == 0:
+        return None
+    full = steps.filter((pl.col("forward_ns") > 0) & (pl.col("backward_ns") > 0))
+    pool = full if full.height else steps
+    ordered = pool.sort("wall_ns", "step")
+    return int(ordered["step"][(ordered.height - 1) // 2])
+
+
+def flame_steps(spans: pl.DataFrame, rank: int, first: int, budget: int = FLAME_SPAN_BUDGET) -> dict[str, Any]:
+    """Flame-chart data for ``first`` and the steps nearest it on ``rank``, within ``budget`` spans."""
+    sp = spans.filter(pl.col("rank") == rank)
+    counts = sp.group_by("step").agg(pl.len().alias("n")).with_columns(
+        (pl.col("step") - first).abs().alias("_dist")
+    ).sort("_dist", "step")
+    chosen: list[int] = []
+    used = 0
+    for step, n, _ in counts.iter_rows():
+        if chosen and used + n > budget:
+            break
+        chosen.append(int(step))
+        used += n
+    sp = sp.filter(pl.col("step").is_in(chosen))
+    end = pl.col("end_ns").fill_null(pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max()).over("step"))
+    sp = sp.with_columns(
+        end.alias("_end"),
+        pl.when(pl.col("phase").cast(pl.String) == "forward").then(0).otherwise(1).alias("_band"),
+        pl.col("fqn").cast(pl.String),
+        pl.col("status").cast(pl.String).fill_null("unclosed"),
+    ).sort("step", "thread_id", "_band", "start_ns", "_end", "depth", descending=[False, False, False, False, True, False])
+    rows = flame_depths(
+        sp["start_ns"].to_list(), sp["_end"].to_list(), sp.select("step", "thread_id", "_band").iter_rows()
+    )
+    sp = sp.with_columns(pl.Series("_row", rows, dtype=pl.Int32))
+    names = sorted(set(sp["fqn"].drop_nulls().to_list()))
+    index = {n: i for i, n in enumerate(names)}
+    phase_ix = {p: i for i, p in enumerate(PHASES)}
+    status_ix = {s: i for i, s in enumerate(STATUSES)}
+    out: list[tuple[int, dict[str, Any]]] = []
+    for (step,), part in sp.group_by("step", maintain_order=True):
+        t0 = int(part["start_ns"].min())  # type: ignore[arg-type]
+        t1 = int(part["_end"].max())  # type: ignore[arg-type]
+        items = [
+            [s - t0, e - s, row, band, th, index.get(f, -1), phase_ix.get(str(p), 0), status_ix.get(st, 0),
+             selfns, call]
+            for s, e, row, band, th, f, p, st, selfns, call in part.select(
+                "start_ns", "_end", "_row", "_band", "thread_id", "fqn", pl.col("phase").cast(pl.String), "status",
+                "self_ns", "call_id",
+            ).iter_rows()
+        ]
+        out.append((int(step), {"step": int(step), "duration_ns": t1 - t0, "spans": items}))
+    out.sort(key=lambda s: s[0])
+    return {"names": names, "steps": [s for _, s in out]}
+
+
+def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES) -> pl.DataFrame:
+    """(fqn, phase) of ``rank`` by total self time: calls, total and per-step self and inclusive time."""
+    sp = spans.filter((pl.col("rank") == rank) & pl.col("duration_ns").is_not_null())
+    n_steps = max(sp["step"].n_unique(), 1) if sp.height else 1
+    return (
+        sp.group_by(pl.col("fqn").cast(pl.String), pl.col("module_type").cast(pl.String), pl.col("phase").cast(pl.String))
+        .agg(
+            pl.len().alias("calls"),
+            pl.col("self_ns").sum().alias("self_ns"),
+            pl.col("duration_ns").sum().alias("inclusive_ns"),
+        )
+        .with_columns((pl.col("self_ns") / n_steps).alias("self_per_step_ns"))
+        .sort("self_ns", "fqn", "phase", descending=[True, False, False])
+        .head(limit)
+    )
+
+
+def issue_data(issues: pl.DataFrame, limit: int = ISSUE_ROWS) -> dict[str, Any]:
+    iss = issues.with_columns(pl.col("phase").cast(pl.String))
+    counts = (
+        iss.group_by("severity", "kind").agg(pl.len().alias("n"))
+        .with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, default=9, return_dtype=pl.Int8).alias("_o"))
+        .sort("_o", "kind").drop("_o")
+    )
+    ordered = iss.with_columns(
+        pl.col("severity").replace_strict(SEVERITY_ORDER, default=9, return_dtype=pl.Int8).alias("_o")
+    ).sort("_o", "rank", "seq").drop("_o")
+    return {
+        "total": iss.height,
+        "counts": _rows(counts),
+        "rows": _rows(ordered.head(limit).select("rank", "seq", "severity", "kind", "fqn", "phase", "step", "thread_id", "message")),
+    }
+
+
+def diff_data(diff: Any, base_info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A ``modtrace.analysis.diff.DiffResult`` as JSON-able rows (regressions first, capped)."""
+    timing = diff.timing
+    changed = timing.filter(pl.col("verdict") != "unchanged")
+    shown = changed if changed.height >= TIMING_ROWS else pl.concat(
+        [changed, timing.filter(pl.col("verdict") == "unchanged").head(TIMING_ROWS - changed.height)]
+    )
+    out: dict[str, Any] = {
+        "base": {k: (base_info or {}).get(k) for k in ("id", "name", "status", "started_at")},
+        "summary": {k: _clean(v) for k, v in diff.summary.items()},
+        "timing_total": timing.height,
+        "timing": _rows(shown.with_columns(pl.col("phase").cast(pl.String))),
+        "structure": _rows(diff.structure),
+        "divergence": None,
+    }
+    if diff.divergence is not None:
+        d = diff.divergence
+        out["divergence"] = {
+            "step_base": d.step_base, "step_cand": d.step_cand, "position": d.position, "excerpt": _rows(d.excerpt),
+        }
+    return out
+
+
+_INFO_KEYS = (
+    "id", "name", "status", "started_at", "ended_at", "duration_s", "command", "hostname", "world_size",
+    "ranks", "steps", "events", "modules", "python_version", "torch_version", "modtrace_version", "git_commit", "tags",
+)
+
+
+def report_data(
+    info: Mapping[str, Any],
+    spans: pl.DataFrame,
+    issues: pl.DataFrame,
+    *,
+    step: int | None = None,
+    rank: int | None = None,
+    diff: Any = None,
+    base_info: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """The report's model: run metadata, per-step times, flame chart data, top modules, issues, diff."""
+    from modtrace._version import __version__
+
+    ranks = sorted(set(spans["rank"].unique().to_list())) if spans.height else []
+    if rank is None:
+        rank = ranks[0] if ranks else 0
+    steps = step_table(spans)
+    if progress is not None:
+        progress(spans.height // 2)
+    mine = steps.filter(pl.col("rank") == rank)
+    if step is not None and step not in set(mine["step"].to_list()):
+        raise UsageError(f"--step {step}: run {info.get('name')!r} has no spans in step {step} on rank {rank}")
+    first = step if step is not None else default_step(mine)
+    flame = flame_steps(spans, rank, first) if first is not None else {"names": [], "steps": []}
+    if progress is not None:
+        progress(spans.height - spans.height // 2)
+    return {
+        "modtrace_version": __version__,
+        "run": {k: _clean(info.get(k)) for k in _INFO_KEYS},
+        "ranks": ranks,
+        "rank": rank,
+        "span_count": spans.height,
+        "default_step": first,
+        "steps": _rows(steps),
+        "flame": flame,
+        "phases": list(PHASES),
+        "statuses": list(STATUSES),
+        "top_modules": _rows(top_modules(spans, rank)) if spans.height else [],
+        "issues": issue_data(issues),
+        "diff": diff_data(diff, base_info) if diff is not None else None,
+    }
+
+
+def _asset(name: str) -> str:
+    return resources.files("modtrace.renderers").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
+
+
+def embed_json(data: Any) -> str:
+    """JSON safe inside a ``<script>`` element: no ``<`` can close it or open a comment."""
+    text = json.dumps(data, allow_nan=False, separators=(",", ":"), default=str)
+    return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _html_text(value: Any) -> str:
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+class HtmlReportRenderer:
+    """Renders ``report_data``'s model as one HTML document with everything inlined."""
+
+    name: ClassVar[str] = "html"
+
+    def render(self, data: Mapping[str, Any]) -> str:
+        template = _asset("report.html")
+        title = f"modtrace report: {data['run'].get('name')}"
+        if data.get("diff"):
+            title += f" vs {data['diff']['base'].get('name')}"
+        # Placeholders are replaced in one pass each, data last: nothing inserted is scanned again.
+        page = template.replace("{{TITLE}}", _html_text(title), 1)
+        page = page.replace("/*{{CSS}}*/", _asset("report.css"), 1)
+        page = page.replace("/*{{JS}}*/", _asset("report.js"), 1)
+        head, sep, tail = page.partition("{{DATA}}")
+        if not sep:  # pragma: no cover - the template ships with the placeholder
+            raise RuntimeError("report template lacks its data placeholder")
+        return head + embed_json(data) + tail

@@ -1,0 +1,274 @@
+"""Chrome trace event JSON of a run's spans, for the Perfetto UI and chrome://tracing.
+
+One "X" (complete) event per span.  Each rank is a process (pid = rank + 1:
+pid 0 is the idle task to Perfetto's trace processor, google/perfetto#394),
+named ``rank N``.  Each recording thread gets one track per phase --
+``thread 0 MainThread forward``, ``... backward``, ``... recompute`` -- and a
+``steps`` track per rank spans each step.
+
+Slices on one track must nest strictly (a child inside its parent, siblings
+apart), or viewers draw them wrongly.  ``assign_lanes`` guarantees that: a
+span that would cross the slices already on its track (two backward graph
+tasks interleaving on one thread, a span left open) goes to the next lane of
+that track, shown as ``... backward #2``.
+
+Timestamps are microseconds from the earliest rank's wall-clock anchor
+(``run_ranks.wall_anchor_ns``), so ranks line up.  They are written as exact
+decimals of the nanosecond values (``1234.567``), never rounded to whole
+microseconds, and kept small (relative to that origin) so that a double
+parses them to nanosecond precision; the origin itself is in ``otherData``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TextIO
+
+import polars as pl
+
+PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
+CHUNK_ROWS = 50_000
+
+Progress = Callable[[int], None]
+
+
+def assign_lanes(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]) -> list[int]:
+    """Lane per interval, so that the intervals of one (key, lane) nest strictly.
+
+    Intervals must come sorted by (key, start, end descending).  Each lane
+    keeps the ends of its open intervals; an interval goes to the first lane
+    where it fits inside the innermost open one (or where none is open).
+    """
+    lanes_out: list[int] = []
+    lanes: list[list[int]] = []
+    current: Any = object()
+    for start, end, key in zip(starts, ends, keys, strict=True):
+        if key != current:
+            current, lanes = key, []
+        for i, stack in enumerate(lanes):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or stack[-1] >= end:
+                stack.append(end)
+                lanes_out.append(i)
+                break
+        else:
+            lanes.append([end])
+            lanes_out.append(len(lanes) - 1)
+    return lanes_out
+
+
+def _us(ns: pl.Expr) -> pl.Expr:
+    """Non-negative integer nanoseconds -> exact decimal microseconds as text."""
+    return pl.format("{}.{}", ns // 1000, (ns % 1000).cast(pl.String).str.zfill(3))
+
+
+def _json_text(col: str) -> pl.Expr:
+    """A string column as JSON string literals (null -> null), escaping each distinct value once."""
+    return pl.col(col).cast(pl.String).map_batches(
+        lambda s: s.replace_strict(
+            {v: json.dumps(v) for v in s.unique().drop_nulls().to_list()}, default=None, return_dtype=pl.String
+        ),
+        return_dtype=pl.String,
+    ).fill_null("null")
+
+
+def _num(col: str) -> pl.Expr:
+    return pl.col(col).cast(pl.String).fill_null("null")
+
+
+def trace_frame(spans: pl.DataFrame, anchors: Mapping[int, int], origin_ns: int) -> pl.DataFrame:
+    """Spans frame -> one row per slice with its track and trace-relative nanoseconds.
+
+    Adds ``t0`` and ``t1`` (ns since ``origin_ns``), ``lane``, ``unclosed``.
+    A span never exited ends at the last timestamp of its rank.
+    """
+    anchor = pl.DataFrame(
+        {"rank": list(anchors), "_anchor": [anchors[r] - origin_ns for r in anchors]},
+        schema={"rank": pl.Int32(), "_anchor": pl.Int64()},
+    )
+    last = pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max()).over("rank")
+    frame = (
+        spans.join(anchor, on="rank", how="left", maintain_order="left")
+        .with_columns(pl.col("_anchor").fill_null(0))
+        .with_columns(
+            pl.col("end_ns").is_null().alias("unclosed"),
+            (pl.col("_anchor") + pl.col("start_ns")).alias("t0"),
+            (pl.col("_anchor") + pl.col("end_ns").fill_null(last)).alias("t1"),
+            pl.col("phase").cast(pl.String).alias("phase"),
+        )
+        .sort("rank", "thread_id", "phase", "t0", pl.col("t1"), "depth", descending=[False, False, False, False, True, False])
+    )
+    lanes = assign_lanes(
+        frame["t0"].to_list(), frame["t1"].to_list(), frame.select("rank", "thread_id", "phase").iter_rows()
+    )
+    return frame.with_columns(pl.Series("lane", lanes, dtype=pl.Int32)).drop("_anchor")
+
+
+def step_frame(trace: pl.DataFrame) -> pl.DataFrame:
+    """One row per (rank, step): from the step's first enter to its last exit, with its lane."""
+    steps = (
+        trace.group_by("rank", "step")
+        .agg(pl.col("t0").min(), pl.col("t1").max(), pl.len().alias("spans"))
+        .sort("rank", "t0", "t1", descending=[False, False, True])
+    )
+    lanes = assign_lanes(steps["t0"].to_list(), steps["t1"].to_list(), steps["rank"].to_list())
+    return steps.with_columns(pl.Series("lane", lanes, dtype=pl.Int32))
+
+
+class PerfettoRenderer:
+    """Writes the trace of one run as a Chrome trace event JSON object."""
+
+    name: ClassVar[str] = "perfetto"
+
+    def __init__(self, progress: Progress | None = None) -> None:
+        self.progress = progress
+
+    def write(
+        self,
+        out: TextIO,
+        spans: pl.DataFrame,
+        anchors: Mapping[int, int],
+        thread_names: Mapping[tuple[int, int], str | None],
+        *,
+        run: Mapping[str, Any],
+    ) -> int:
+        """Write the trace to ``out``; returns the number of span slices written."""
+        origin = min(anchors.values()) if anchors else 0
+        trace = trace_frame(spans, anchors, origin)
+        steps = step_frame(trace) if trace.height else trace.clear()
+        tracks = self._tracks(trace, steps, thread_names)
+        tid_of = {(t["rank"], t["thread_id"], t["phase"], t["lane"]): t["tid"] for t in tracks}
+        tid_frame = pl.DataFrame(
+            [(r, th, ph, ln, tid) for (r, th, ph, ln), tid in tid_of.items()],
+            schema={"rank": pl.Int32(), "thread_id": pl.Int32(), "phase": pl.String(), "lane": pl.Int32(), "tid": pl.Int64()},
+            orient="row",
+        )
+        other = {
+            "run": run.get("name"),
+            "run_id": run.get("id"),
+            "wall_origin_ns": origin,
+            "time_origin": "ts 0 is the earliest rank's wall-clock anchor (wall_origin_ns, ns since the Unix epoch)",
+            "modtrace_version": run.get("modtrace_version"),
+        }
+        out.write('{"displayTimeUnit": "ms", "otherData": ')
+        out.write(json.dumps(other, default=str))
+        out.write(', "traceEvents": [\n')
+        sep = ""
+
+        def emit(lines: list[str]) -> None:
+            nonlocal sep
+            if lines:
+                out.write(sep)
+                out.write(",\n".join(lines))
+                sep = ",\n"
+
+        emit(self._metadata(tracks, sorted(set(anchors) | set(trace["rank"].to_list()))))
+
+        step_lines = steps.join(
+            tid_frame.filter(pl.col("phase") == "step").drop("thread_id", "phase"), on=["rank", "lane"], how="left"
+        ).select(
+            pl.concat_str(
+                pl.lit('{"ph": "X", "cat": "step", "name": "step '), pl.col("step").cast(pl.String),
+                pl.lit('", "pid": '), (pl.col("rank") + 1).cast(pl.String),
+                pl.lit(', "tid": '), pl.col("tid").cast(pl.String),
+                pl.lit(', "ts": '), _us(pl.col("t0")),
+                pl.lit(', "dur": '), _us(pl.col("t1") - pl.col("t0")),
+                pl.lit(', "args": {"step": '), pl.col("step").cast(pl.String),
+                pl.lit(', "rank": '), pl.col("rank").cast(pl.String),
+                pl.lit(', "spans": '), pl.col("spans").cast(pl.String),
+                pl.lit("}}"),
+            ).alias("line")
+        )["line"]
+        emit(step_lines.to_list())
+
+        written = 0
+        for start in range(0, trace.height, CHUNK_ROWS):
+            chunk = trace.slice(start, CHUNK_ROWS).join(
+                tid_frame, on=["rank", "thread_id", "phase", "lane"], how="left", maintain_order="left"
+            )
+            emit(chunk.select(self._span_line().alias("line"))["line"].to_list())
+            written += chunk.height
+            if self.progress is not None:
+                self.progress(chunk.height)
+        out.write("\n]}\n")
+        return written
+
+    @staticmethod
+    def _span_line() -> pl.Expr:
+        status = pl.when(pl.col("unclosed")).then(pl.lit("unclosed")).otherwise(pl.col("status").cast(pl.String))
+        return pl.concat_str(
+            pl.lit('{"ph": "X", "cat": "'), pl.col("phase"),
+            pl.lit('", "name": '), _json_text("fqn"),
+            pl.lit(', "pid": '), (pl.col("rank") + 1).cast(pl.String),
+            pl.lit(', "tid": '), pl.col("tid").cast(pl.String),
+            pl.lit(', "ts": '), _us(pl.col("t0")),
+            pl.lit(', "dur": '), _us(pl.col("t1") - pl.col("t0")),
+            pl.lit(', "args": {"fqn": '), _json_text("fqn"),
+            pl.lit(', "module_type": '), _json_text("module_type"),
+            pl.lit(', "phase": "'), pl.col("phase"),
+            pl.lit('", "call_id": '), _num("call_id"),
+            pl.lit(', "step": '), _num("step"),
+            pl.lit(', "rank": '), _num("rank"),
+            pl.lit(', "thread_id": '), _num("thread_id"),
+            pl.lit(', "device": '), _json_text("device"),
+            pl.lit(', "stream": '), _num("stream"),
+            pl.lit(', "status": "'), status,
+            pl.lit('", "graph_task": '), _num("graph_task"),
+            pl.lit(', "span_id": '), _num("span_id"),
+            pl.lit(', "parent_span_id": '), _num("parent_span_id"),
+            pl.lit(', "self_us": '), pl.when(pl.col("self_ns").is_not_null() & (pl.col("self_ns") >= 0))
+            .then(_us(pl.col("self_ns"))).otherwise(pl.lit("null")),
+            pl.lit("}}"),
+        )
+
+    @staticmethod
+    def _tracks(
+        trace: pl.DataFrame, steps: pl.DataFrame, thread_names: Mapping[tuple[int, int], str | None]
+    ) -> list[dict[str, Any]]:
+        """Every track with its tid and name: per rank the steps lanes, then (thread, phase, lane)."""
+        keys: set[tuple[int, int, str, int]] = set()
+        keys.update((int(r), -1, "step", int(ln)) for r, ln in steps.select("rank", "lane").unique().iter_rows())
+        keys.update(
+            (int(r), int(t), str(p), int(ln))
+            for r, t, p, ln in trace.select("rank", "thread_id", "phase", "lane").unique().iter_rows()
+        )
+        phase_order = {"step": -1, **{p: i for i, p in enumerate(PHASES)}}
+        ordered = sorted(keys, key=lambda k: (k[0], k[1], phase_order.get(k[2], 9), k[3]))
+        per_rank: dict[int, int] = {}
+        for rank, *_ in ordered:
+            per_rank[rank] = per_rank.get(rank, 0) + 1
+        stride = 10_000
+        while stride <= max(per_rank.values(), default=0):
+            stride *= 10
+        tracks = []
+        index: dict[int, int] = {}
+        for rank, thread, phase, lane in ordered:
+            k = index.get(rank, 0)
+            index[rank] = k + 1
+            if phase == "step":
+                name = "steps"
+            else:
+                tname = thread_names.get((rank, thread))
+                name = f"thread {thread} {tname} {phase}" if tname else f"thread {thread} {phase}"
+            if lane:
+                name += f" #{lane + 1}"
+            tracks.append(
+                {"rank": rank, "thread_id": thread, "phase": phase, "lane": lane, "tid": rank * stride + k + 1,
+                 "name": name, "sort": k}
+            )
+        return tracks
+
+    @staticmethod
+    def _metadata(tracks: list[dict[str, Any]], ranks: list[int]) -> list[str]:
+        lines = []
+        for rank in ranks:
+            pid = rank + 1
+            lines.append(json.dumps({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {rank}"}}))
+            lines.append(json.dumps({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": rank}}))
+        for t in tracks:
+            pid = t["rank"] + 1
+            lines.append(json.dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": t["tid"], "args": {"name": t["name"]}}))
+            lines.append(json.dumps({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": t["tid"], "args": {"sort_index": t["sort"]}}))
+        return lines

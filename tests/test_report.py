@@ -1,0 +1,269 @@
+"""modtrace report: one self-contained HTML file holding the run's model, on
+runs recorded from real models (the bundled tiny transformer, and a toy model
+on an injected clock so that a slowed module is an exact, known regression).
+
+Also home of the recording helpers the export and browser tests share.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import modtrace
+
+REPO = Path(__file__).resolve().parents[1]
+_TT: ModuleType | None = None
+
+
+def train_tiny() -> ModuleType:
+    """scripts/train_tiny.py as a module (it is a script, not part of the package)."""
+    global _TT
+    if _TT is None:
+        spec = importlib.util.spec_from_file_location("train_tiny_for_reports", REPO / "scripts" / "train_tiny.py")
+        assert spec is not None and spec.loader is not None
+        _TT = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_TT)
+    return _TT
+
+
+def record_tiny(db: str, run: str, *, steps: int = 2, slow_block: int | None = None, checkpoint: bool = False,
+                **recorder: Any) -> None:
+    """Train the bundled tiny transformer (small settings) for ``steps`` steps under a Recorder."""
+    tt = train_tiny()
+    torch.manual_seed(0)
+    model = tt.TinyLM(64, 32, 2, 2, 16, slow_block=slow_block, use_checkpoint=checkpoint)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    with modtrace.Recorder(db=db, run=run, **recorder):
+        for _ in range(steps):
+            x, y = tt.synthetic_batch(gen, 64, 4, 16)
+            logits = model(x)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, 64), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+
+class StepClock:
+    """Injected clock: +1 µs per read, plus whatever a module asks to add."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.pending = 0
+
+    def add(self, ns: int) -> None:
+        self.pending += ns
+
+    def __call__(self) -> int:
+        self.now += 1000 + self.pending
+        self.pending = 0
+        return self.now
+
+
+class Costly(nn.Module):
+    """A linear layer whose forward 'takes' ``cost_ns`` on the injected clock."""
+
+    def __init__(self, clock: StepClock, cost_ns: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.clock = clock
+        self.cost_ns = cost_ns
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        self.clock.add(self.cost_ns)  # charged to this module's own time, before its exit is stamped
+        return y
+
+
+class Toy(nn.Module):
+    def __init__(self, clock: StepClock, slow_ns: int) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.body = nn.Sequential(Costly(clock, 50_000), nn.ReLU(), Costly(clock, 50_000 + slow_ns))
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(torch.relu(self.embed(x))))
+
+
+def record_toy(db: str, run: str, *, steps: int = 8, slow_ns: int = 0, **recorder: Any) -> None:
+    """The toy model for ``steps`` steps on an injected clock; ``slow_ns`` slows Toy.body.2 per call."""
+    clock = StepClock()
+    torch.manual_seed(0)
+    model = Toy(clock, slow_ns)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with modtrace.Recorder(db=db, run=run, clock=clock, **recorder):
+        for _ in range(steps):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def embedded(html: str) -> dict[str, Any]:
+    m = re.search(r'<script type="application/json" id="modtrace-data">(.*?)</script>', html, re.S)
+    assert m, "no embedded data"
+    data: dict[str, Any] = json.loads(m.group(1))
+    return data
+
+
+def sql(db: str, query: str) -> list[tuple[Any, ...]]:
+    from modtrace.store.engine import open_store
+
+    store = open_store(db)
+    try:
+        with store.engine.connect() as conn:
+            return [tuple(r) for r in conn.exec_driver_sql(query).all()]
+    finally:
+        store.dispose()
+
+
+# -- the file ----------------------------------------------------------------------
+
+
+def test_report_is_one_self_contained_file_with_the_runs_data(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_tiny(db, "ck", steps=3, checkpoint=True)
+    out = tmp_path / "report.html"
+    result = run_cli("report", "ck", "--db", db, "-o", str(out))
+    assert result.code == 0, result
+    assert result.out == ""
+    assert result.err == f"modtrace: wrote report of run 'ck' to {out}\n"
+    html = out.read_text()
+
+    # Nothing to fetch: no URL, no external resource, no stylesheet or script by reference.
+    assert "http://" not in html and "https://" not in html and "//" not in re.sub(r"<script.*?</script>", "", html, flags=re.S)
+    assert not re.search(r"<(link|img|iframe|object|embed)\b", html, re.I)
+    assert not re.search(r"\b(src|href)\s*=", html, re.I)
+    assert "@import" not in html and "url(" not in html
+    assert html.count("<script") == 2 and "<style>" in html
+
+    data = embedded(html)
+    assert data["run"]["name"] == "ck" and data["run"]["status"] == "completed"
+    spans_per_step = dict(sql(db, "SELECT step, COUNT(*) FROM spans WHERE run_id = 1 GROUP BY step"))
+    assert data["span_count"] == sum(spans_per_step.values())
+    assert [s["step"] for s in data["steps"]] == sorted(spans_per_step) == [0, 1, 2]
+    assert [s["spans"] for s in data["steps"]] == [spans_per_step[s] for s in sorted(spans_per_step)]
+    # Every embedded step's flame chart holds exactly that step's spans, every phase present.
+    assert data["default_step"] in spans_per_step
+    for step in data["flame"]["steps"]:
+        assert len(step["spans"]) == spans_per_step[step["step"]]
+        phases = {data["phases"][s[6]] for s in step["spans"]}
+        assert phases == {"forward", "backward", "recompute"}
+        assert all(s[0] >= 0 and s[0] + s[1] <= step["duration_ns"] for s in step["spans"])
+    # Per-step times: forward and backward are the root spans' durations.
+    roots = dict(sql(db, "SELECT step, SUM(duration_ns) FROM spans WHERE run_id = 1 AND depth = 0 AND phase = 'forward' GROUP BY step"))
+    assert {s["step"]: s["forward_ns"] for s in data["steps"]} == roots
+    assert all(0 < s["recompute_ns"] < s["backward_ns"] for s in data["steps"])
+    # Issues: what nesting_issues holds (checkpoint early stops and closes at the end of backward).
+    issues = sql(db, "SELECT severity, kind, COUNT(*) FROM nesting_issues WHERE run_id = 1 GROUP BY severity, kind")
+    assert {(c["severity"], c["kind"], c["n"]) for c in data["issues"]["counts"]} == set(issues)
+    assert data["issues"]["total"] == len(data["issues"]["rows"]) == sum(n for *_, n in issues)
+    assert data["diff"] is None
+
+
+def test_report_vs_base_carries_the_diff_with_the_regression_first(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "base", steps=8)
+    record_toy(db, "slow", steps=8, slow_ns=400_000)
+    out = tmp_path / "r.html"
+    result = run_cli("report", "slow", "--vs", "base", "--db", db, "-o", str(out))
+    assert result.code == 0, result
+    html = out.read_text()
+    assert "<title>modtrace report: slow vs base</title>" in html
+    diff = embedded(html)["diff"]
+    assert diff["base"]["name"] == "base"
+    assert diff["summary"]["regressions"] == 1
+    first = diff["timing"][0]
+    assert (first["fqn"], first["phase"], first["verdict"]) == ("Toy.body.2", "forward", "regression")
+    assert first["impact_ns"] == 400_000  # exact: the injected clock charged it
+    assert [r for r in diff["timing"] if r["verdict"] == "regression"] == [first]
+    assert diff["structure"] == []
+
+    # The same run on both sides is a usage error, not an empty diff.
+    same = run_cli("report", "slow", "--vs", "slow", "--db", db, "-o", str(tmp_path / "x.html"))
+    assert (same.code, same.err) == (2, "modtrace: error: --vs slow: is the same run as slow\n")
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_report_of_a_run_never_analysed_is_analysed_on_the_fly_without_writing(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "raw", steps=2, analyze=False)
+    assert sql(db, "SELECT COUNT(*) FROM span_rows") == [(0,)]
+    out = tmp_path / "r.html"
+    result = run_cli("report", "raw", "--db", db, "-o", str(out))
+    assert result.code == 0, result
+    assert "has no stored analysis; analysing its events now" in result.err
+    data = embedded(out.read_text())
+    assert data["span_count"] == sql(db, "SELECT COUNT(*) FROM events")[0][0] // 2
+    assert sql(db, "SELECT COUNT(*) FROM span_rows") == [(0,)]  # a read command writes nothing
+    quiet = run_cli("report", "raw", "--db", db, "-o", str(out), "--quiet")
+    assert (quiet.code, quiet.err) == (0, "")
+
+
+def test_names_cannot_break_out_of_the_page(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    name = "a</script><script>alert(1)</script><!--"
+    record_toy(db, name, steps=1)
+    out = tmp_path / "r.html"
+    assert run_cli("report", name, "--db", db, "-o", str(out)).code == 0
+    html = out.read_text()
+    assert "alert(1)</script>" not in html and "<!--" not in html
+    assert "<title>modtrace report: a&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;!--</title>" in html
+    assert embedded(html)["run"]["name"] == name
+
+
+def test_step_and_rank_choose_the_flame_chart(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "toy", steps=4)
+    out = tmp_path / "r.html"
+    assert run_cli("report", "toy", "--db", db, "-o", str(out), "--step", "3").code == 0
+    data = embedded(out.read_text())
+    assert data["default_step"] == 3 and 3 in [s["step"] for s in data["flame"]["steps"]]
+
+    for args, message in [
+        (("--step", "9"), "--step 9: run 'toy' has no spans in step 9 on rank 0"),
+        (("--rank", "3"), "--rank 3: run 'toy' has no spans on that rank"),
+    ]:
+        bad = run_cli("report", "toy", "--db", db, "-o", str(tmp_path / "bad.html"), *args)
+        assert (bad.code, bad.err) == (2, f"modtrace: error: {message}\n")
+        assert not (tmp_path / "bad.html").exists()
+
+
+def test_report_errors_are_one_line(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "toy", steps=1)
+    missing = run_cli("report", "nope", "--db", db, "-o", str(tmp_path / "r.html"))
+    assert missing.code == 2 and missing.err.startswith("modtrace: error: no run 'nope'") and missing.err.count("\n") == 1
+    nodir = run_cli("report", "toy", "--db", db, "-o", str(tmp_path / "no" / "r.html"))
+    assert (nodir.code, nodir.err) == (2, f"modtrace: error: -o {tmp_path / 'no' / 'r.html'}: directory {tmp_path / 'no'} does not exist\n")
+    no_o = run_cli("report", "toy", "--db", db)
+    assert no_o.code == 2 and "Missing option '-o'" in no_o.err
+
+
+def test_report_to_stdout(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "toy", steps=2)
+    result = run_cli("report", "toy", "--db", db, "-o", "-")
+    assert result.code == 0 and result.err == ""
+    assert result.out.startswith("<!DOCTYPE html>") and embedded(result.out)["run"]["name"] == "toy"
+
+
+@pytest.mark.postgres
+def test_report_from_postgresql(pg_url: str, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    record_toy(pg_url, "base", steps=6)
+    record_toy(pg_url, "slow", steps=6, slow_ns=400_000)
+    out = tmp_path / "r.html"
+    result = run_cli("report", "slow", "--vs", "base", "--db", pg_url, "-o", str(out))
+    assert result.code == 0, result
+    data = embedded(out.read_text())
+    assert data["diff"]["timing"][0]["fqn"] == "Toy.body.2" and data["diff"]["timing"][0]["verdict"] == "regression"
+    assert data["span_count"] == sql(pg_url, "SELECT COUNT(*) FROM spans WHERE run_id = 2")[0][0]
