@@ -1,9 +1,10 @@
 """Ranks of one torchrun launch record into one run: 2 real processes, gloo on CPU.
 
 Note the option spelling: torchrun's own parser rejects ``--run`` anywhere on
-its command line (an ambiguous abbreviation of its ``--run-path``), so under
-torchrun the run is named with ``--run-name`` -- or not at all, and the ranks
-derive one shared name from the launch.
+its command line (``torchrun: error: ambiguous option: --run could match
+--run-path, --run_path``, from argparse's prefix matching, before modtrace
+starts), so under torchrun the run is named with ``--run-name`` -- or not at
+all, and the ranks derive one shared name from the launch.
 """
 
 from __future__ import annotations
@@ -92,12 +93,3 @@ def test_two_ranks_record_one_run_in_one_sqlite_file(tmp_path: Path) -> None:
 def test_two_ranks_record_one_run_in_postgres(pg_url: str) -> None:
     out = launch(pg_url, "--run-name", "R", "--tag", "launch=torchrun")
     check_one_run_two_ranks(pg_url, "R", out)
-
-
-def test_plain_run_option_is_refused_by_torchrun_itself(tmp_path: Path) -> None:
-    # Documents why --run-name exists: this is torchrun's parser, before modtrace starts.
-    out = subprocess.run(
-        [*TORCHRUN, "--nproc-per-node", "2", "-m", "modtrace", "record", "--run", "R", "x.py"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
-    assert out.returncode == 2 and "ambiguous option: --run" in out.stderr
