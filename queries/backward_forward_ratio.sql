@@ -35,31 +35,33 @@ WITH outer_recompute AS (
       AND (p.phase IS NULL OR p.phase <> 'recompute')
 ),
 backward AS (
-    SELECT
-        b.fqn,
-        b.duration_ns,
-        b.status,
-        (
-            SELECT SUM(o.duration_ns)
-            FROM outer_recompute o
-            WHERE o.rank = b.rank
-              AND o.thread_id = b.thread_id
-              AND o.graph_task = b.graph_task
-              AND o.span_id > b.span_id
-              AND o.exit_seq < b.exit_seq
-        ) AS recompute_ns
-    FROM spans b
-    WHERE b.run_id = :run_id AND b.phase = 'backward'
+    SELECT rank, span_id, thread_id, graph_task, exit_seq, fqn, duration_ns, status
+    FROM spans
+    WHERE run_id = :run_id AND phase = 'backward'
+),
+inside AS (
+    -- recompute time nested in each backward span (same rank, thread and
+    -- graph task, between its enter and exit events)
+    SELECT b.rank, b.span_id, SUM(o.duration_ns) AS recompute_ns
+    FROM backward b
+    JOIN outer_recompute o
+      ON o.rank = b.rank
+     AND o.thread_id = b.thread_id
+     AND o.graph_task = b.graph_task
+     AND o.span_id > b.span_id
+     AND o.exit_seq < b.exit_seq
+    GROUP BY b.rank, b.span_id
 ),
 per_backward AS (
     SELECT
-        fqn,
+        b.fqn,
         COUNT(*) AS backward_calls,
-        CAST(SUM(COALESCE(duration_ns, 0) - COALESCE(recompute_ns, 0)) AS DOUBLE PRECISION) AS backward_ns,
-        CAST(SUM(COALESCE(recompute_ns, 0)) AS DOUBLE PRECISION) AS recompute_ns,
-        SUM(CASE WHEN status = 'closed_at_end_of_backward' THEN 1 ELSE 0 END) AS closed_at_end
-    FROM backward
-    GROUP BY fqn
+        CAST(SUM(COALESCE(b.duration_ns, 0) - COALESCE(i.recompute_ns, 0)) AS DOUBLE PRECISION) AS backward_ns,
+        CAST(SUM(COALESCE(i.recompute_ns, 0)) AS DOUBLE PRECISION) AS recompute_ns,
+        SUM(CASE WHEN b.status = 'closed_at_end_of_backward' THEN 1 ELSE 0 END) AS closed_at_end
+    FROM backward b
+    LEFT JOIN inside i ON i.rank = b.rank AND i.span_id = b.span_id
+    GROUP BY b.fqn
 ),
 per_forward AS (
     SELECT
