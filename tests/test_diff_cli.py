@@ -1,0 +1,248 @@
+"""``modtrace diff`` end to end: real models recorded by the real Recorder into
+real databases, compared through the real command line.
+
+Timing tests use an injected clock that advances a fixed tick per event, plus
+what a ``Work`` module's own code "costs" (it advances the clock itself), so
+durations are exact and a slower module is slower by exactly its cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+REPO = Path(__file__).resolve().parent.parent
+STEPS = 10
+
+
+class WorkClock:
+    """Nanoseconds: ``tick`` per read, plus whatever ``work`` adds."""
+
+    def __init__(self, tick: int = 1000) -> None:
+        self.now = 0
+        self.tick = tick
+
+    def __call__(self) -> int:
+        self.now += self.tick
+        return self.now
+
+    def work(self, ns: int) -> None:
+        self.now += ns
+
+
+def build_model(clock: WorkClock, costs: dict[int, int], blocks: int = 3) -> Any:
+    import torch
+    from torch import nn
+
+    class Work(nn.Module):
+        def __init__(self, cost: int) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.cost = cost
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            clock.work(self.cost)  # the module's own code takes this long
+            return torch.relu(self.lin(x))
+
+    class Block(nn.Module):
+        def __init__(self, cost: int) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(4)
+            self.work = Work(cost)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.work(self.norm(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(4, 4)
+            self.blocks = nn.ModuleList(Block(costs.get(i, 100_000)) for i in range(blocks))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.inp(x)
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def record(db: str, name: str, costs: dict[int, int] | None = None, *, steps: int = STEPS, rank: int = 0,
+           world_size: int = 1, blocks: int = 3) -> None:
+    import torch
+
+    from modtrace import Recorder
+
+    clock = WorkClock()
+    net = build_model(clock, costs or {}, blocks)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    with Recorder(db=db, run=name, clock=clock, rank=rank, world_size=world_size, join=world_size > 1,
+                  handle_sigterm=False):
+        for _ in range(steps):
+            net(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def doc_of(out: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def regressions(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(r["fqn"], r["phase"]) for r in doc["timing"] if r["verdict"] == "regression"]
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("MODTRACE_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+@pytest.fixture(scope="module")
+def runs_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One database for the module: base, same (identical), slow (block 1's Work costs 150 us
+    instead of 100 us), and a two-rank run ``job`` whose rank 1 straggles in block 2."""
+    db = str(tmp_path_factory.mktemp("diff") / "runs.db")
+    record(db, "base")
+    record(db, "same")
+    record(db, "slow", {1: 150_000})
+    record(db, "job", rank=0, world_size=2)
+    record(db, "job", {2: 300_000}, rank=1, world_size=2)
+    return db
+
+
+def test_identical_runs_exit_0_with_no_findings(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("diff", "--db", runs_db, "base", "same", "--format", "json")
+    assert res.code == 0, res.err
+    doc = doc_of(res.out)
+    assert doc["format"] == "modtrace.diff/1"
+    assert doc["summary"]["regressions"] == doc["summary"]["improvements"] == doc["summary"]["structure_changes"] == 0
+    assert {r["verdict"] for r in doc["timing"]} == {"unchanged"}
+    assert {r["self"]["delta_us"] for r in doc["timing"]} == {0.0}
+    assert doc["base"]["steps"] == doc["cand"]["steps"] == STEPS - 1
+    table = run_cli("diff", "--db", runs_db, "base", "same")
+    assert table.code == 0 and "no changes found" in table.out
+
+
+def test_slower_module_is_blamed_exactly(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("diff", "--db", runs_db, "base", "slow", "--format", "json")
+    assert res.code == 1, res.err
+    doc = doc_of(res.out)
+    assert regressions(doc) == [("Net.blocks.1.work", "forward")]
+    row = doc["timing"][0]
+    assert row["self"]["delta_us"] == 50.0 and row["impact_us"] == 50.0
+    assert row["self"]["ratio"] > 1.1 and row["self"]["p_value"] < 0.01
+    inherited = sorted((r["fqn"], r["phase"]) for r in doc["timing"] if r["verdict"] == "inherited")
+    assert inherited == [("Net", "forward"), ("Net.blocks.1", "forward")]
+    assert doc["summary"]["failed"] is True and doc["summary"]["exit_code"] == 1
+    # --fail-on decides the exit status, not the findings.
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--fail-on", "never").code == 0
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--fail-on", "structure").code == 0
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--fail-on", "any").code == 1
+    # A 50 us change is under --min-delta-us 60 and under --threshold 200.
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--min-delta-us", "60").code == 0
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--threshold", "200").code == 0
+    # The other direction is an improvement, not a failure.
+    back = doc_of(run_cli("diff", "--db", runs_db, "slow", "base", "--format", "json").out)
+    assert [(r["fqn"], r["verdict"]) for r in back["timing"][:1]] == [("Net.blocks.1.work", "improvement")]
+    assert back["summary"]["exit_code"] == 0
+
+
+def test_outputs_match_golden_files(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    def norm(text: str) -> str:
+        return text.replace(runs_db, "<db>")
+
+    check_golden("diff_slow.txt", norm(run_cli("diff", "--db", runs_db, "base", "slow").out))
+    check_golden("diff_slow.md", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "markdown").out))
+    check_golden("diff_slow.csv", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "csv").out))
+    check_golden("diff_slow.json", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "json").out))
+
+
+def test_phase_filter_and_skip_steps(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    backward = doc_of(run_cli("diff", "--db", runs_db, "base", "slow", "--phase", "backward", "--format", "json").out)
+    assert regressions(backward) == [] and {r["phase"] for r in backward["timing"]} == {"backward"}
+    assert backward["options"]["phases"] == ["backward"]
+    skip = doc_of(run_cli("diff", "--db", runs_db, "base", "slow", "--skip-steps", "4", "--format", "json").out)
+    assert skip["base"]["steps"] == STEPS - 4 and regressions(skip) == [("Net.blocks.1.work", "forward")]
+    res = run_cli("diff", "--db", runs_db, "base", "slow", "--skip-steps", str(STEPS))
+    assert res.code == 2
+    assert res.err == "modtrace: error: run 'base' has no steps left to compare after skipping 10 (use --skip-steps 0)\n"
+
+
+def test_runs_in_different_databases(tmp_path: Path, any_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    other = str(tmp_path / "other.db")
+    record(other, "base")
+    record(any_db, "cand", {0: 200_000})
+    doc = doc_of(run_cli("diff", "base", "cand", "--db", other, "--cand-db", any_db, "--format", "json").out)
+    assert regressions(doc) == [("Net.blocks.0.work", "forward")]
+    assert doc["base"]["db"] == other and doc["cand"]["run"] == "cand"
+    res = run_cli("diff", "base", "cand", "--db", other)
+    assert res.code == 2 and res.err.startswith("modtrace: error: no run 'cand' in ")
+
+
+def test_two_ranks_of_one_run(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    # rank 1 of "job" straggles in block 2
+    doc = doc_of(run_cli("diff", "--db", runs_db, "job:0", "job:1", "--format", "json").out)
+    assert (doc["base"]["rank"], doc["cand"]["rank"]) == (0, 1)
+    assert regressions(doc) == [("Net.blocks.2.work", "forward")]
+    # --rank restricts both sides; RUN:RANK overrides it for one side.
+    assert run_cli("diff", "--db", runs_db, "job", "job", "--rank", "1").code == 0
+    assert regressions(doc_of(run_cli("diff", "--db", runs_db, "job", "job:1", "--rank", "0", "--format", "json").out)) == [
+        ("Net.blocks.2.work", "forward")
+    ]
+    # Without a rank, every (rank, step) is a sample of both runs.
+    pooled = doc_of(run_cli("diff", "--db", runs_db, "job", "job", "--format", "json").out)
+    assert pooled["base"]["steps"] == 2 * (STEPS - 1) and pooled["base"]["rank"] is None
+    res = run_cli("diff", "--db", runs_db, "job:0", "job:5")
+    assert res.code == 2 and res.err == "modtrace: error: run 'job' has no rank 5 (ranks: 0, 1)\n"
+
+
+def test_structure_changes_on_train_tiny(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    from modtrace import Recorder
+
+    train = runpy.run_path(str(REPO / "scripts" / "train_tiny.py"), run_name="train_tiny")
+    args = ["--steps", "3", "--blocks", "2", "--d-model", "16", "--seq", "8", "--batch", "2", "--quiet", "--threads", "1"]
+    for name, extra in (("plain", []), ("ckpt", ["--checkpoint"]), ("short", ["--blocks", "1"])):
+        with Recorder(db=str(db_path), run=name, handle_sigterm=False):
+            train["main"](args + extra)
+    res = run_cli("diff", "--db", str(db_path), "plain", "ckpt", "--format", "json", "--fail-on", "structure")
+    assert res.code == 1, res.err
+    doc = doc_of(res.out)
+    found = [(s["kind"], s["fqn"], s["phase"]) for s in doc["structure"]]
+    assert found == [
+        ("phase_added", "TinyLM.blocks.0", "recompute"),
+        ("phase_added", "TinyLM.blocks.1", "recompute"),
+        ("order_changed", None, None),
+    ]
+    order = doc["order"]
+    first = [e for e in order["excerpt"] if e["op"] != "="][0]
+    assert first["op"] == "+" and first["cand"].split() == ["recompute", "TinyLM.blocks.1"]
+    md = run_cli("diff", "--db", str(db_path), "plain", "short", "--format", "markdown", "--fail-on", "any")
+    assert md.code == 1
+    assert "| module_removed | TinyLM.blocks.1 |  | called | not called | TinyLM.blocks.1 (and 9 submodules) is not called in the candidate |" in md.out
+    assert "```diff\n" in md.out and "- forward     TinyLM.blocks.1\n" in md.out
+
+
+def test_usage_errors_are_one_line_exit_2(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("diff", "--db", runs_db, "base", "nosuch")
+    assert (res.code, res.out) == (2, "")
+    assert res.err == f"modtrace: error: no run 'nosuch' in {runs_db}\n"
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--format", "xml").code == 2
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--phase", "sideways").code == 2
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--threshold", "-1").code == 2
+    assert run_cli("diff", "--db", runs_db, "base").code == 2
+    missing = Path(runs_db).parent / "missing.db"
+    res = run_cli("diff", "--db", str(missing), "base", "slow")
+    assert res.code != 0 and res.err.startswith("modtrace: error: ") and res.err.count("\n") == 1
+    assert not missing.exists()
