@@ -105,7 +105,7 @@ def progress_bar(label: str, total: int, *, quiet: bool) -> Iterator[Callable[[i
     console = Console(file=sys.stderr)
     with Progress(
         TextColumn("modtrace: {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        console=console, transient=True,
+        console=console, transient=True, redirect_stdout=False, redirect_stderr=False,
     ) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
