@@ -431,14 +431,25 @@ _SQLITE_READ_ACTIONS = frozenset({
     sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
 })
 
+# Pragmas whose argument names a thing to describe, never a value to set.
+_READ_PRAGMAS = frozenset({
+    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+    "foreign_key_list", "database_list", "collation_list", "function_list", "module_list",
+    "pragma_list", "compile_options",
+})
+
 
 def _authorize(action: int, arg1: str | None, arg2: str | None, dbname: str | None, source: str | None) -> int:
     if action in _SQLITE_READ_ACTIONS:
         if action == sqlite3.SQLITE_FUNCTION and arg2 and arg2.lower() == "load_extension":
             return sqlite3.SQLITE_DENY
         return sqlite3.SQLITE_OK
-    if action == sqlite3.SQLITE_PRAGMA and arg2 is None and dbname is None:
-        return sqlite3.SQLITE_OK  # table-valued pragma functions read (pragma_table_info)
+    if action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master" and source is None:
+        # SQLite asks this while it works out a view's columns for
+        # pragma_table_info; the file is open read-only, so nothing is written.
+        return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_PRAGMA and arg1 is not None and arg1.lower() in _READ_PRAGMAS:
+        return sqlite3.SQLITE_OK  # pragma_table_info('spans') and the like
     return sqlite3.SQLITE_DENY
 
 
