@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -30,6 +30,7 @@ from typing import Any
 from modtrace._version import __version__
 from modtrace.codes import Status
 from modtrace.errors import StoreError
+from modtrace.naming import default_run_name, shared_run_name
 from modtrace.store.engine import Store, open_store
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
@@ -62,13 +63,15 @@ def _dist_rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def default_run_name(base: str | None = None, world_size: int = 1) -> str:
-    """``<script>-<UTC start>``; ranks of one torchrun launch derive the same name."""
-    stem = base or Path(sys.argv[0] or "python").stem or "python"
-    launch = os.environ.get("TORCHELASTIC_RUN_ID")
-    if world_size > 1 and launch and launch != "none":
-        return f"{stem}-{launch}"
-    return f"{stem}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
+def recorder_run_name(world_size: int) -> str:
+    """The default name of a run recorded from Python: the program's name and
+    start time, or for ranks of one launch the name they all derive."""
+    stem = Path(sys.argv[0] or "python").stem or "python"
+    if world_size > 1:
+        shared = shared_run_name(stem, os.environ, os.getppid())
+        if shared is not None:
+            return shared
+    return default_run_name(stem, datetime.now())
 
 
 class Recorder:
@@ -101,7 +104,7 @@ class Recorder:
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
         self.db = db
-        self.run_name = run or default_run_name(world_size=self.world_size)
+        self.run_name = run or recorder_run_name(self.world_size)
         self.tags = dict(tags or {})
         self.command = command if command is not None else shlex.join([sys.executable, *sys.argv])
         self.join = (self.world_size > 1) if join is None else join

@@ -244,3 +244,16 @@ def test_module_tracker_leaf_grad_does_not_crash() -> None:
         (g,) = torch.autograd.grad(lin(x).sum(), x)
         assert g.shape == x.shape
         assert tracker.parents == {"Global"}
+
+
+def test_ranks_of_one_launch_share_a_run_but_never_join_a_finished_one(any_db: str) -> None:
+    model = mlp()
+    with modtrace.Recorder(db=any_db, run="dist", rank=0, world_size=2, analyze=False) as r0:
+        with modtrace.Recorder(db=any_db, run="dist", rank=1, world_size=2, analyze=False) as r1:
+            train(model, 1)
+        assert r0.run_id == r1.run_id
+    assert rows(any_db, "SELECT status, world_size FROM runs") == [("completed", 2)]
+    assert rows(any_db, "SELECT rank, status FROM run_ranks ORDER BY rank") == [(0, "completed"), (1, "completed")]
+    with pytest.raises(UsageError, match="already exists"):
+        with modtrace.Recorder(db=any_db, run="dist", rank=1, world_size=2):
+            pass

@@ -63,12 +63,16 @@ def create_run(store: Store, name: str, meta: Mapping[str, Any], *, join: bool =
             return int(run_id), True
         except IntegrityError:
             with store.engine.connect() as conn:
-                existing = conn.execute(select(runs.c.id).where(runs.c.name == name)).scalar()
+                existing = conn.execute(
+                    select(runs.c.id, runs.c.status, runs.c.world_size).where(runs.c.name == name)
+                ).first()
             if existing is None:
                 continue  # lost a race with a delete; try again
-            if not join:
+            # Ranks of one launch join the run its first rank created; a
+            # finished run, or one of another world size, is someone else's.
+            if not join or existing[1] != "running" or existing[2] != values.get("world_size", 1):
                 raise RunNameTaken(f"a run named {name!r} already exists in {store.label}; choose another --run name") from None
-            return int(existing), False
+            return int(existing[0]), False
     raise StoreError(f"could not create run {name!r}")
 
 
