@@ -320,3 +320,9 @@ def test_postgres_refuses_writes_and_stays_unchanged(run_cli, pg_db: str) -> Non
         args = ["-p", "base_run=@~1", "-p", "cand_run=@"] if q.name == "regressions" else ["--run", RUN]
         assert run_cli("query", q.name, "--db", pg_db, *args).code == 0, q.name
     assert _pg_state(pg_db) == before
+
+
+def test_editable_install_uses_the_repository_queries() -> None:
+    from modtrace.store.query import queries_dir
+
+    assert queries_dir() == Path(__file__).resolve().parent.parent / "queries"
