@@ -326,3 +326,23 @@ def test_editable_install_uses_the_repository_queries() -> None:
     from modtrace.store.query import queries_dir
 
     assert queries_dir() == Path(__file__).resolve().parent.parent / "queries"
+
+
+@pytest.mark.parametrize(
+    ("sql", "params", "statements"),
+    [
+        ("SELECT :a, :b, :a", ("a", "b"), 1),
+        ("SELECT 'it''s :not; a param' AS x -- :nor ; this\nFROM runs", (), 1),
+        ('SELECT ":quoted;" FROM runs /* :hidden; */ WHERE id = :id;', ("id",), 1),
+        ("SELECT x::bigint, 'a:b' FROM t WHERE y = :y", ("y",), 1),
+        ("SELECT 1e6 AS million; SELECT 2", (), 2),
+        ("-- only a comment\n", (), 0),
+    ],
+)
+def test_scanning_finds_parameters_and_statements(sql: str, params: tuple[str, ...], statements: int) -> None:
+    from modtrace.store.query import scan_sql
+
+    scanned = scan_sql(sql)
+    assert scanned.params == params
+    assert len(scanned.statements) == statements
+    assert "--" not in scanned.bindable and "/*" not in scanned.bindable
