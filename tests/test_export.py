@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import modtrace
-from modtrace.renderers.perfetto import assign_lanes
+from modtrace.renderers.perfetto import assign_lanes, trace_frame
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
@@ -263,6 +263,32 @@ def test_assign_lanes_always_nests(intervals: list[tuple[int, int, int]]) -> Non
     nested = [(0, 100), (0, 40), (10, 20), (40, 100), (50, 60)]
     assert assign_lanes([s for s, _ in nested], [e for _, e in nested], [0] * 5) == [0] * 5
     assert assign_lanes([0, 5, 12], [10, 15, 20], [0, 0, 0]) == [0, 1, 0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.sampled_from(["forward", "backward", "recompute"]),
+                          st.integers(0, 60), st.integers(0, 30), st.integers(0, 12)), min_size=1, max_size=30))
+def test_trace_tracks_nest_whatever_the_parent_links_say(raw: list[tuple[int, str, int, int, int]]) -> None:
+    """Parent links that agree with the times take the fast path; any that do not get lanes."""
+    rows = []
+    for i, (thread, phase, start, dur, parent) in enumerate(raw):
+        rows.append({"rank": 0, "span_id": i, "parent_span_id": parent if parent < i else None, "depth": 0,
+                     "thread_id": thread, "phase": phase, "start_ns": start, "end_ns": start + dur, "step": 0})
+    frame = pl.DataFrame(rows, schema={"rank": pl.Int32, "span_id": pl.Int64, "parent_span_id": pl.Int64,
+                                       "depth": pl.Int32, "thread_id": pl.Int32, "phase": pl.String,
+                                       "start_ns": pl.Int64, "end_ns": pl.Int64, "step": pl.Int32})
+    out = trace_frame(frame, {0: 0}, 0)
+    tracks: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    for thread, phase, lane, t0, t1 in out.select("thread_id", "phase", "lane", "t0", "t1").iter_rows():
+        tracks.setdefault((thread, phase, lane), []).append((t0, t1))
+    for ivs in tracks.values():
+        ivs.sort(key=lambda t: (t[0], -t[1]))
+        stack: list[int] = []
+        for t0, t1 in ivs:
+            while stack and stack[-1] <= t0:
+                stack.pop()
+            assert not stack or t1 <= stack[-1], ivs
+            stack.append(t1)
 
 
 # -- Parquet and CSV ----------------------------------------------------------------------

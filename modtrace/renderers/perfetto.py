@@ -100,10 +100,43 @@ def trace_frame(spans: pl.DataFrame, anchors: Mapping[int, int], origin_ns: int)
         )
         .sort("rank", "thread_id", "phase", "t0", pl.col("t1"), "depth", descending=[False, False, False, False, True, False])
     )
-    lanes = assign_lanes(
-        frame["t0"].to_list(), frame["t1"].to_list(), frame.select("rank", "thread_id", "phase").iter_rows()
+    frame = frame.with_columns(
+        pl.struct("rank", "thread_id", "phase").rank("dense").cast(pl.Int64).alias("_track")
     )
-    return frame.with_columns(pl.Series("lane", lanes, dtype=pl.Int32)).drop("_anchor")
+    dirty = _unnested_tracks(frame)
+    lane = pl.Series("lane", [0] * frame.height, dtype=pl.Int32)
+    if dirty:
+        # Only tracks whose spans do not already nest take the row-by-row walk.
+        idx = frame.with_row_index("_i").filter(pl.col("_track").is_in(dirty))
+        lanes = assign_lanes(idx["t0"].to_list(), idx["t1"].to_list(), idx["_track"].to_list())
+        lane = lane.scatter(idx["_i"], pl.Series(lanes, dtype=pl.Int32))
+    return frame.with_columns(lane).drop("_anchor", "_track")
+
+
+def _unnested_tracks(frame: pl.DataFrame) -> list[int]:
+    """Tracks where some span is not inside its parent on that track, or overlaps a sibling.
+
+    When every span lies inside its parent and siblings are disjoint, the
+    track's spans nest strictly (by induction over the tree), and one lane
+    holds them all.  A parent on another track (a recompute's backward
+    parent) counts as none.
+    """
+    parents = frame.select(
+        "rank", pl.col("span_id").alias("parent_span_id"), pl.col("_track").alias("_ptrack"),
+        pl.col("t0").alias("_p0"), pl.col("t1").alias("_p1"),
+    )
+    linked = frame.select("rank", "span_id", "parent_span_id", "_track", "t0", "t1").join(
+        parents, on=["rank", "parent_span_id"], how="left"
+    ).with_columns(
+        pl.when(pl.col("_ptrack") == pl.col("_track")).then(pl.col("parent_span_id")).alias("_parent")
+    )
+    outside = (pl.col("_parent").is_not_null() & ((pl.col("t0") < pl.col("_p0")) | (pl.col("t1") > pl.col("_p1"))))
+    siblings = linked.sort("_track", "_parent", "t0", "t1", nulls_last=True).with_columns(
+        pl.col("t1").shift(1).over("_track", "_parent").alias("_prev_end")
+    )
+    overlap = pl.col("_prev_end").is_not_null() & (pl.col("t0") < pl.col("_prev_end"))
+    bad = siblings.filter(outside | overlap)["_track"].unique().sort()
+    return [int(t) for t in bad.to_list()]
 
 
 def step_frame(trace: pl.DataFrame) -> pl.DataFrame:
