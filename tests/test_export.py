@@ -400,7 +400,11 @@ def test_progress_bar_goes_to_a_terminal_stderr_and_never_into_the_output(db_pat
     code, out, err = _run_with_tty_stderr(["export", "toy", "-o", "-"], env)
     assert code == 0, err
     assert len(slices(load_trace(out.decode()))) == n  # stdout is the trace and nothing else
-    assert b"writing trace" in err
+    assert b"modtrace: reading run 'toy'" in err and b"modtrace: writing trace" in err
+    code, out, err = _run_with_tty_stderr(["report", "toy", "-o", "-"], env)
+    assert code == 0, err
+    assert out.startswith(b"<!DOCTYPE html>") and out.rstrip().endswith(b"</html>")
+    assert b"modtrace: building report" in err
     code, _, err = _run_with_tty_stderr(["export", "toy", "-o", "-", "--quiet"], env)
     assert (code, err) == (0, b"")
     # stderr not a terminal: no bar even above the threshold

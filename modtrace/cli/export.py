@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
     from modtrace.store.engine import Store
 
-# Runs with more spans (or events) than this get a progress bar on a terminal.
-PROGRESS_MIN_ROWS = int(os.environ.get("MODTRACE_PROGRESS_MIN_ROWS", "200000"))
+# Runs with more spans (or events) than this get a progress bar on a terminal;
+# MODTRACE_PROGRESS_MIN_ROWS overrides it (tests draw bars for small runs).
+PROGRESS_MIN_ROWS = 200_000
 TABLES = ("spans", "events")
 
 
@@ -67,14 +68,16 @@ def load_run(store: Store, ref: str, *, quiet: bool = False) -> RunData:
 
     run = resolve_run(store, ref)
     info = run_details(store, run.id)
-    stored = read_analysis(store, run.id)
+    with progress_spinner(f"reading run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
+        stored = read_analysis(store, run.id)
     if stored is None:
         from modtrace.analysis.materialize import compute
 
         if not quiet:
             click.echo(f"modtrace: run {run.name!r} has no stored analysis; analysing its events now "
                        f"(`modtrace analyze {run.name}` stores it)", err=True)
-        result = compute(store, run.id)
+        with progress_spinner(f"analysing run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
+            result = compute(store, run.id)
         spans, issues = result.spans, result.issues
     else:
         spans, issues = stored
@@ -85,12 +88,32 @@ def load_run(store: Store, ref: str, *, quiet: bool = False) -> RunData:
 # -- progress ------------------------------------------------------------------------
 
 
+def _progress_wanted(total: int, quiet: bool) -> bool:
+    from modtrace.progress import wanted
+
+    try:
+        threshold = int(os.environ.get("MODTRACE_PROGRESS_MIN_ROWS", PROGRESS_MIN_ROWS))
+    except ValueError:
+        threshold = PROGRESS_MIN_ROWS
+    return total >= threshold and wanted(sys.stderr, quiet)
+
+
+@contextlib.contextmanager
+def progress_spinner(label: str, total: int, *, quiet: bool) -> Iterator[None]:
+    """A spinner on a terminal's stderr while a big run is read (its size is known only roughly)."""
+    if not _progress_wanted(total, quiet):
+        yield
+        return
+    from rich.console import Console
+
+    with Console(file=sys.stderr).status(f"modtrace: {label}"):
+        yield
+
+
 @contextlib.contextmanager
 def progress_bar(label: str, total: int, *, quiet: bool) -> Iterator[Callable[[int], None] | None]:
     """A rich progress bar on stderr for big jobs on a terminal; None otherwise."""
-    from modtrace.progress import wanted
-
-    if total < PROGRESS_MIN_ROWS or not wanted(sys.stderr, quiet):
+    if not _progress_wanted(total, quiet):
         yield None
         return
     from rich.console import Console
