@@ -238,6 +238,19 @@ def test_step_and_rank_choose_the_flame_chart(tmp_path: Path, run_cli) -> None: 
         assert not (tmp_path / "bad.html").exists()
 
 
+def test_report_of_two_ranks_lists_both_and_charts_the_chosen_one(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    for rank in (0, 1):
+        record_toy(db, "dist", steps=3, join=True, rank=rank, world_size=2)
+    out = tmp_path / "r.html"
+    assert run_cli("report", "dist", "--db", db, "-o", str(out), "--rank", "1").code == 0
+    data = embedded(out.read_text())
+    assert data["ranks"] == [0, 1] and data["rank"] == 1
+    assert [(s["rank"], s["step"]) for s in data["steps"]] == [(r, s) for r in (0, 1) for s in range(3)]
+    per_step = dict(sql(db, "SELECT step, COUNT(*) FROM spans WHERE rank = 1 GROUP BY step"))
+    assert {s["step"]: len(s["spans"]) for s in data["flame"]["steps"]} == per_step
+
+
 def test_report_errors_are_one_line(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     db = str(tmp_path / "t.db")
     record_toy(db, "toy", steps=1)
