@@ -174,6 +174,24 @@ def test_report_renders_in_chromium_without_console_errors(browser: WebDriver, t
         };
         """
     )
+    # Interaction: hover the forward root (tooltip), click it (zoom), pick another step.
+    after = browser.execute(
+        """
+        var flame = document.getElementById('flame');
+        var r = flame.getBoundingClientRect();
+        var at = {clientX: r.left + 40, clientY: r.top + 22 + 18 + 6, bubbles: true};
+        flame.dispatchEvent(new MouseEvent('mousemove', at));
+        var tip = document.getElementById('tooltip');
+        var shown = !tip.hidden, text = tip.textContent;
+        flame.dispatchEvent(new MouseEvent('click', at));
+        var select = document.getElementById('step-select');
+        select.value = '0';
+        select.dispatchEvent(new Event('change'));
+        return {shown: shown, text: text, selected: select.options[select.selectedIndex].text, hiddenAfter: tip.hidden};
+        """
+    )
+    assert after["shown"] and after["text"].startswith("TinyLM\nforward"), after
+    assert after["selected"].startswith("step 0 (") and after["hiddenAfter"]
     log = browser.browser_log()
     errors = [e for e in log if e.get("level") in ("SEVERE", "ERROR")]
     assert errors == [], errors

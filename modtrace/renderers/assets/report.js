@@ -245,6 +245,7 @@
   }
 
   function showStep(index) {
+    tooltip.hidden = true;
     state.step = index;
     state.v0 = 0;
     state.v1 = flame.steps.length ? flame.steps[index].duration_ns : 1;
