@@ -231,6 +231,19 @@ def python_analysis(rows: list[tuple[Any, ...]], depth_of: dict[int, int]) -> tu
 
 
 def rss_mb() -> float:
+    """Peak RSS of this process image in MiB.
+
+    VmHWM, not ru_maxrss: after fork+exec Linux carries the parent's
+    high-water mark into the child's ru_maxrss, which would count the
+    parent's rows here.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
