@@ -337,7 +337,7 @@ class Recorder:
             return
         assert self._store is not None
         try:
-            materialize(self._store, self.run_id)
+            materialize(self._store, self.run_id, rank=self.rank, complete=self.status == "completed")
         except Exception as exc:  # the events are safe; analysis can be rerun with `modtrace analyze`
             print(f"modtrace: warning: analysing run {self.run_name!r} failed: {_one_line(exc)}; "
                   f"rerun `modtrace analyze {self.run_name}`", file=sys.stderr)
