@@ -23,45 +23,58 @@
 --   recompute_ms    recompute that ran inside the module's backward spans, milliseconds
 --   ratio           backward_ms / forward_ms (NULL when forward_ms is 0; such rows come last)
 --   closed_at_end   backward spans closed at the end of the graph task instead of by a hook
-WITH outer_recompute AS (
-    -- recompute spans directly under a backward span (or at a root): each
-    -- recomputed region once
-    SELECT r.rank, r.thread_id, r.graph_task, r.span_id, r.exit_seq, r.duration_ns
-    FROM spans r
-    LEFT JOIN spans p ON p.run_id = r.run_id AND p.rank = r.rank AND p.span_id = r.parent_span_id
-    WHERE r.run_id = :run_id
-      AND r.phase = 'recompute'
-      AND r.duration_ns IS NOT NULL
-      AND (p.phase IS NULL OR p.phase <> 'recompute')
-),
-backward AS (
-    SELECT rank, span_id, thread_id, graph_task, exit_seq, fqn, duration_ns, status
+WITH backward AS (
+    SELECT rank, thread_id, graph_task, span_id, exit_seq, fqn, duration_ns, self_ns, status
     FROM spans
     WHERE run_id = :run_id AND phase = 'backward'
 ),
+marks AS (
+    -- per stack (rank, thread, graph task) in seq order: each backward span's
+    -- self time at its enter, and a zero at its exit
+    SELECT rank, thread_id, graph_task, span_id AS seq, COALESCE(self_ns, 0) AS ns, 0 AS is_exit,
+           span_id AS owner, fqn, duration_ns, status
+    FROM backward
+    UNION ALL
+    SELECT rank, thread_id, graph_task, exit_seq AS seq, 0 AS ns, 1 AS is_exit,
+           span_id AS owner, fqn, duration_ns, status
+    FROM backward
+    WHERE exit_seq IS NOT NULL
+),
+running AS (
+    SELECT
+        rank,
+        owner,
+        fqn,
+        duration_ns,
+        status,
+        ns,
+        is_exit,
+        SUM(ns) OVER (PARTITION BY rank, thread_id, graph_task ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS total
+    FROM marks
+),
 inside AS (
-    -- recompute time nested in each backward span (same rank, thread and
-    -- graph task, between its enter and exit events)
-    SELECT b.rank, b.span_id, SUM(o.duration_ns) AS recompute_ns
-    FROM backward b
-    JOIN outer_recompute o
-      ON o.rank = b.rank
-     AND o.thread_id = b.thread_id
-     AND o.graph_task = b.graph_task
-     AND o.span_id > b.span_id
-     AND o.exit_seq < b.exit_seq
-    GROUP BY b.rank, b.span_id
+    -- each backward span's time in backward code: the backward self time of
+    -- its subtree (the running total gained from its enter to its exit, plus
+    -- its own). What its duration has beyond that is recompute nested in it.
+    SELECT
+        MAX(fqn) AS fqn,
+        MAX(duration_ns) AS duration_ns,
+        MAX(status) AS status,
+        CASE WHEN COUNT(*) = 2 THEN
+            SUM(CASE WHEN is_exit = 1 THEN total ELSE 0 END) - SUM(CASE WHEN is_exit = 0 THEN total ELSE 0 END) + SUM(ns)
+        ELSE 0 END AS backward_ns
+    FROM running
+    GROUP BY rank, owner
 ),
 per_backward AS (
     SELECT
-        b.fqn,
+        fqn,
         COUNT(*) AS backward_calls,
-        CAST(SUM(COALESCE(b.duration_ns, 0) - COALESCE(i.recompute_ns, 0)) AS DOUBLE PRECISION) AS backward_ns,
-        CAST(SUM(COALESCE(i.recompute_ns, 0)) AS DOUBLE PRECISION) AS recompute_ns,
-        SUM(CASE WHEN b.status = 'closed_at_end_of_backward' THEN 1 ELSE 0 END) AS closed_at_end
-    FROM backward b
-    LEFT JOIN inside i ON i.rank = b.rank AND i.span_id = b.span_id
-    GROUP BY b.fqn
+        CAST(SUM(backward_ns) AS DOUBLE PRECISION) AS backward_ns,
+        CAST(SUM(COALESCE(duration_ns, 0) - backward_ns) AS DOUBLE PRECISION) AS recompute_ns,
+        SUM(CASE WHEN status = 'closed_at_end_of_backward' THEN 1 ELSE 0 END) AS closed_at_end
+    FROM inside
+    GROUP BY fqn
 ),
 per_forward AS (
     SELECT

@@ -1,8 +1,8 @@
 -- Recompute overhead per checkpointed module: what activation checkpointing
 -- costs, one row per module whose forward was recomputed during backward.
 --
--- A checkpointed module is one with a recompute span directly under a
--- backward span (the outermost module of a recomputed region, usually the
+-- A checkpointed module is the outermost module of a recomputed region: a
+-- recompute span with no other recompute span open around it (usually the
 -- module passed to torch.utils.checkpoint). Its recompute time is the
 -- inclusive time of those outermost recompute spans; spans inside them are
 -- part of it. Non-reentrant checkpointing may stop a recompute early once the
@@ -21,13 +21,33 @@
 --   forward_ms        inclusive time of the module's forward spans, milliseconds
 --   overhead_pct      recompute_ms as a share of forward_ms, percent
 --   backward_share_pct  recompute_ms as a share of the run's backward time (outermost backward spans), percent
-WITH outer_recompute AS (
-    SELECT r.rank, r.fqn, r.module_type, r.duration_ns, r.status
-    FROM spans r
-    LEFT JOIN spans p ON p.run_id = r.run_id AND p.rank = r.rank AND p.span_id = r.parent_span_id
-    WHERE r.run_id = :run_id
-      AND r.phase = 'recompute'
-      AND (p.phase IS NULL OR p.phase <> 'recompute')
+WITH recompute AS (
+    SELECT rank, thread_id, graph_task, span_id, exit_seq, fqn, module_type, duration_ns, status
+    FROM spans
+    WHERE run_id = :run_id AND phase = 'recompute'
+),
+marks AS (
+    -- per stack (rank, thread, graph task) in seq order: +1 at each recompute
+    -- span's enter, -1 at its exit
+    SELECT rank, thread_id, graph_task, span_id AS seq, 1 AS delta, fqn, module_type, duration_ns, status
+    FROM recompute
+    UNION ALL
+    SELECT rank, thread_id, graph_task, exit_seq AS seq, -1 AS delta, NULL, NULL, NULL, NULL
+    FROM recompute
+    WHERE exit_seq IS NOT NULL
+),
+open_counts AS (
+    SELECT
+        delta, fqn, module_type, duration_ns, status,
+        SUM(delta) OVER (PARTITION BY rank, thread_id, graph_task ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS open_spans
+    FROM marks
+),
+outer_recompute AS (
+    -- recompute spans entered while no other recompute span was open on
+    -- their stack: the outermost module of each recomputed region
+    SELECT fqn, module_type, duration_ns, status
+    FROM open_counts
+    WHERE delta = 1 AND open_spans = 1
 ),
 per_module AS (
     SELECT
