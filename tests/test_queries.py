@@ -127,8 +127,8 @@ def _record_all(db: str, engine: str) -> Recording:
     try:
         if store.dialect == "postgresql":
             # Fresh tables have no planner statistics until autovacuum analyses
-            # them (within a minute or so); without them PostgreSQL picks
-            # nested loops that make the self-joins of spans take seconds.
+            # them (within a minute or so); without them PostgreSQL can pick
+            # nested-loop plans that take seconds even on this small run.
             with store.engine.begin() as conn:
                 conn.exec_driver_sql("ANALYZE")
         spans, issues = {}, {}
