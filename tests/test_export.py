@@ -318,8 +318,9 @@ def test_parquet_directory_round_trips_spans_and_events(any_db: str, tmp_path: P
     assert events.select(log_cols).rows() == expected_events
     assert set(events["kind"].unique()) == {"enter", "exit"}
 
-    # CSV holds the same tables
+    # CSV holds the same tables; an existing directory is written into
     csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
     assert run_cli("export", "toy", "--db", any_db, "--format", "csv", "-o", str(csv_dir)).code == 0
     for name, frame in (("spans", spans), ("events", events)):
         back = pl.read_csv(csv_dir / f"{name}.csv", schema=frame.schema)
@@ -368,6 +369,23 @@ def test_export_usage_errors_leave_nothing_behind(db_path: Path, tmp_path: Path,
     missing = run_cli("export", "nope", "-o", str(tmp_path / "t.json"))
     assert missing.code == 2 and missing.err.startswith("modtrace: error: no run 'nope'")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_a_run_without_calls_exports_valid_empty_files(db_path: Path, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    with modtrace.Recorder(db=str(db_path), run="empty"):
+        pass
+    trace = run_cli("export", "empty", "-o", "-")
+    assert (trace.code, trace.err) == (0, "")
+    parsed = load_trace(trace.out)
+    assert [(e["name"], e["args"]) for e in parsed["traceEvents"]] == [
+        ("process_name", {"name": "rank 0"}), ("process_sort_index", {"sort_index": 0}),
+    ]
+    assert run_cli("export", "empty", "--format", "parquet", "-o", str(tmp_path / "pq")).code == 0
+    events = pl.read_parquet(tmp_path / "pq" / "events.parquet")
+    assert events.height == 0 and events.columns[:6] == ["run_id", "rank", "seq", "ts_ns", "wall_ns", "kind"]
+    assert pl.read_parquet(tmp_path / "pq" / "spans.parquet").height == 0
+    report = run_cli("report", "empty", "-o", "-")
+    assert report.code == 0 and report.err == "" and "</html>" in report.out
 
 
 # -- progress ----------------------------------------------------------------------------

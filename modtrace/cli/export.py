@@ -73,7 +73,7 @@ def load_run(store: Store, ref: str, *, quiet: bool = False) -> RunData:
     if stored is None:
         from modtrace.analysis.materialize import compute
 
-        if not quiet:
+        if not quiet and info.get("events"):
             click.echo(f"modtrace: run {run.name!r} has no stored analysis; analysing its events now "
                        f"(`modtrace analyze {run.name}` stores it)", err=True)
         with progress_spinner(f"analysing run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
@@ -222,30 +222,34 @@ def event_tables(store: Store, run_id: int, anchors: dict[int, int]) -> Iterator
     """The run's events, rank by rank in seq order, with names instead of codes (as ``event_log``)."""
     import polars as pl
 
-    from modtrace.analysis.events import PHASE_ENUM, STATUS_ENUM
+    from modtrace.analysis.events import PHASE_ENUM, STATUS_ENUM, empty_events
     from modtrace.store.reader import iter_event_chunks, read_devices, read_modules, read_ranks
 
     modules = read_modules(store, run_id).select("rank", "module_id", "fqn", "module_type")
     devices = read_devices(store, run_id).rename({"name": "device"})
-    kinds = ["enter", "exit"]
-    phases = list(PHASE_ENUM.categories)
-    statuses = list(STATUS_ENUM.categories)
-    for rank in read_ranks(store, run_id):
-        anchor = anchors.get(rank, 0)
-        for chunk in iter_event_chunks(store, run_id, rank):
-            yield (
-                chunk.join(modules, on=["rank", "module_id"], how="left", maintain_order="left")
-                .join(devices, on=["rank", "device_id"], how="left", maintain_order="left")
-                .select(
-                    "run_id", "rank", "seq", "ts_ns", (pl.col("ts_ns") + anchor).alias("wall_ns"),
-                    pl.col("kind").replace_strict(list(range(2)), kinds, return_dtype=pl.String).alias("kind"),
-                    "fqn", "module_type",
-                    pl.col("phase").replace_strict(list(range(len(phases))), phases, return_dtype=pl.String).alias("phase"),
-                    "call_id", "step", "thread_id", "device", "stream",
-                    pl.col("status").replace_strict(list(range(len(statuses))), statuses, return_dtype=pl.String).alias("status"),
-                    "graph_task", "tie", "module_id",
-                )
+
+    def names(col: str, values: list[str]) -> pl.Expr:
+        return pl.col(col).replace_strict(list(range(len(values))), values, return_dtype=pl.String).alias(col)
+
+    def decode(chunk: pl.DataFrame, anchor: int) -> pl.DataFrame:
+        return (
+            chunk.join(modules, on=["rank", "module_id"], how="left", maintain_order="left")
+            .join(devices, on=["rank", "device_id"], how="left", maintain_order="left")
+            .select(
+                "run_id", "rank", "seq", "ts_ns", (pl.col("ts_ns") + anchor).alias("wall_ns"),
+                names("kind", ["enter", "exit"]), "fqn", "module_type", names("phase", list(PHASE_ENUM.categories)),
+                "call_id", "step", "thread_id", "device", "stream", names("status", list(STATUS_ENUM.categories)),
+                "graph_task", "tie", "module_id",
             )
+        )
+
+    produced = False
+    for rank in read_ranks(store, run_id):
+        for chunk in iter_event_chunks(store, run_id, rank):
+            produced = True
+            yield decode(chunk, anchors.get(rank, 0))
+    if not produced:  # the columns even without rows
+        yield decode(empty_events(), 0)
 
 
 # -- commands -------------------------------------------------------------------------
@@ -282,9 +286,10 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
             raise UsageError("-o - (stdout) needs --format csv and --what spans or events")
         if what == "all":
             _check_output_dir(Path(output))
-        elif output != "-" and Path(output).is_dir():
-            output = str(Path(output) / f"{what}.{fmt}")
-        _check_output_file(output)
+        else:
+            if output != "-" and Path(output).is_dir():
+                output = str(Path(output) / f"{what}.{fmt}")
+            _check_output_file(output)
 
     store = open_store(db)
     try:
@@ -317,10 +322,7 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
                         parts.append(part)
                         if advance is not None:
                             advance(part.height)
-                if parts:
-                    events = pl.concat(parts)
-                else:
-                    events = pl.DataFrame(schema={"run_id": pl.Int32(), "rank": pl.Int32(), "seq": pl.Int64()})
+                events = pl.concat(parts)
                 _write_frame(events, path, fmt)
                 written.append((path, events.height, "events"))
     finally:

@@ -170,7 +170,7 @@ class PerfettoRenderer:
         """Write the trace to ``out``; returns the number of span slices written."""
         origin = min(anchors.values()) if anchors else 0
         trace = trace_frame(spans, anchors, origin)
-        steps = step_frame(trace) if trace.height else trace.clear()
+        steps = step_frame(trace)
         tracks = self._tracks(trace, steps, thread_names)
         tid_of = {(t["rank"], t["thread_id"], t["phase"], t["lane"]): t["tid"] for t in tracks}
         tid_frame = pl.DataFrame(

@@ -109,7 +109,7 @@
     ["steps", fmtNum(mySteps.length), ""],
     ["median step", fmtNs(median), ""],
     ["spans", fmtNum(DATA.span_count), ""],
-    ["ranks", fmtNum(DATA.ranks.length), ""],
+    ["ranks", fmtNum(run.ranks || DATA.ranks.length), ""],
     ["nesting errors", fmtNum(sev.error), sev.error ? "bad" : ""],
     ["warnings", fmtNum(sev.warning), sev.warning ? "warn" : ""],
   ];
