@@ -238,6 +238,8 @@ def _start_recorder(
 def _summary(rec: Any, outcome: Any) -> None:
     who = f"rank {rec.rank}: " if getattr(rec, "world_size", 1) > 1 else ""
     state = outcome.status if not outcome.error else f"{outcome.status} ({outcome.error})"
+    if rec.status == "failed" and outcome.status != "failed":  # the recording failed (a write error), not the target
+        state = "failed (recording stopped by a write error; the program itself " + state + ")"
     click.echo(
         f"modtrace: {who}run {rec.run_name!r} (id {rec.run_id}) {state}: "
         f"{rec.events_recorded:,} events, {rec.step_count:,} steps",

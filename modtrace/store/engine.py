@@ -62,8 +62,12 @@ class Store:
         self.engine.dispose()
 
 
-def _sqlite_engine(path: Path, *, readonly: bool = False) -> Engine:
-    if readonly:
+def _sqlite_engine(path: Path, *, readonly: bool = False, immutable: bool = False) -> Engine:
+    if immutable:
+        # On a read-only filesystem SQLite cannot create the WAL index (-shm)
+        # a WAL database needs; nothing can change the file there, so say so.
+        url = f"sqlite:///file:{path}?mode=ro&immutable=1&uri=true"
+    elif readonly:
         url = f"sqlite:///file:{path}?mode=ro&uri=true"
     else:
         url = f"sqlite:///{path}"
@@ -170,7 +174,7 @@ def open_store(db: str | None = None, *, create: bool = False, check: bool = Tru
     if create and not fresh:
         if not os.access(path.parent, os.W_OK):
             raise StoreError(f"cannot write next to {path}: directory is read-only (SQLite needs it for its journal)")
-    engine = _sqlite_engine(path)
+    engine = _sqlite_engine(path, immutable=not create and _read_only_fs(path))
     store = Store(engine=engine, label=str(path), path=path)
     try:
         if fresh:
@@ -193,6 +197,13 @@ def open_store(db: str | None = None, *, create: bool = False, check: bool = Tru
         engine.dispose()
         raise
     return store
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _read_revision_sqlite(store: Store) -> tuple[str | None, bool]:

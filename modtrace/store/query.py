@@ -416,7 +416,7 @@ def open_readonly(db: str | None) -> Store:
         rev, has_tables = _read_revision_sqlite(store)
         if rev is None:
             if has_tables:
-                raise StoreError(f"{path} is a SQLite database of another application (no modtrace schema)")
+                raise StoreError(f"{path} is a SQLite database of another application (no modtrace schema); refusing to touch it")
             raise StoreError(f"{path} has no modtrace schema yet")
         check_revision(rev, str(path))
     except BaseException:

@@ -2,6 +2,9 @@
 
 A run reference (``RUN`` on the command line) is a run name, a numeric id,
 ``@`` (the newest run) or ``@~N`` (the Nth run before the newest).
+``name:X`` and ``id:N`` say which one is meant; they are needed only when
+digits are both a run's name and another run's id (a name of digits can be
+given from Python), which a bare reference refuses as ambiguous.
 """
 
 from __future__ import annotations
@@ -133,7 +136,13 @@ _REL = re.compile(r"^@(?:~(\d+))?$")
 
 
 def resolve_run(store: Store, ref: str) -> RunRef:
-    """Turn a RUN reference into a run; unknown names suggest close ones."""
+    """Turn a RUN reference into a run; unknown names suggest close ones.
+
+    ``@`` / ``@~N`` count back from the newest run; ``id:N`` is the run with
+    id N, ``name:X`` the run named X; otherwise a name, or when ``ref`` is all
+    digits an id -- and when those digits are both a run's name and another
+    run's id, the reference is refused as ambiguous rather than guessed.
+    """
     ref = ref.strip()
     with store.engine.connect() as conn:
         m = _REL.match(ref)
@@ -144,17 +153,32 @@ def resolve_run(store: Store, ref: str) -> RunRef:
                 total = conn.execute(select(func.count()).select_from(runs)).scalar() or 0
                 raise RunNotFound(f"{ref} refers to no run: {store.label} has {total} run(s)")
             return RunRef(int(row[0]), row[1])
-        row = conn.execute(select(runs.c.id, runs.c.name).where(runs.c.name == ref)).first()
+        if ref.startswith("id:"):
+            digits = ref[3:].strip()
+            if not digits.isdigit():
+                raise RunNotFound(f"run reference {ref!r}: id: takes a number, e.g. id:3")
+            row = conn.execute(select(runs.c.id, runs.c.name).where(runs.c.id == int(digits))).first()
+            if row is None:
+                raise RunNotFound(f"no run with id {int(digits)} in {store.label}")
+            return RunRef(int(row[0]), row[1])
+        explicit_name = ref.startswith("name:")
+        name = ref[5:] if explicit_name else ref
+        by_name = conn.execute(select(runs.c.id, runs.c.name).where(runs.c.name == name)).first()
+        by_id = None
+        if not explicit_name and ref.isdigit():
+            by_id = conn.execute(select(runs.c.id, runs.c.name).where(runs.c.id == int(ref))).first()
+        if by_name is not None and by_id is not None and by_name[0] != by_id[0]:
+            raise UsageError(
+                f"run reference {ref!r} is ambiguous: run named {ref!r} (id {by_name[0]}) and run id {by_id[0]} "
+                f"(named {by_id[1]!r}); write name:{ref} or id:{ref}"
+            )
+        row = by_name if by_name is not None else by_id
         if row is not None:
             return RunRef(int(row[0]), row[1])
-        if ref.isdigit():
-            row = conn.execute(select(runs.c.id, runs.c.name).where(runs.c.id == int(ref))).first()
-            if row is not None:
-                return RunRef(int(row[0]), row[1])
         names = [r[0] for r in conn.execute(select(runs.c.name))]
-    close = difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise RunNotFound(f"no run {ref!r} in {store.label}{hint}")
+    raise RunNotFound(f"no run {name!r} in {store.label}{hint}")
 
 
 def _pid_alive(pid: int) -> bool:
