@@ -153,6 +153,7 @@ class Tracker:
         self._anc: list[frozenset[int]] = []  # module id -> ids of its owning modules
         self._devices: dict[torch.device, int] = {}
         self._cuda_devices: set[int] = set()
+        self._device_objs: list[torch.device] = []
         # backward: graph task -> open calls (a stack, innermost last)
         self._bw: dict[int, list[_Call]] = {}
         self._recomputed: dict[int, set[int]] = {}
@@ -295,15 +296,18 @@ class Tracker:
                 if device_id is None:
                     device_id = len(self._devices)
                     self._devices[dev] = device_id
+                    self._device_objs.append(dev)
                     if dev.type == "cuda":
                         self._cuda_devices.add(device_id)
                     self.new_devices.append((device_id, str(dev)))
         return device_id
 
-    def _stream(self, device_id: int | None, dev: torch.device | None) -> int | None:
-        if device_id is None or device_id not in self._cuda_devices or dev is None:
+    def _stream(self, device_id: int | None) -> int | None:
+        """The current stream on a CUDA device (None elsewhere): a handle that
+        tells streams apart within the run."""
+        if device_id is None or device_id not in self._cuda_devices:
             return None
-        return int(torch.cuda.current_stream(dev).cuda_stream)
+        return int(torch.cuda.current_stream(self._device_objs[device_id]).cuda_stream)
 
     def _module_device(self, mod: nn.Module) -> torch.device | None:
         for t in itertools.chain(mod.parameters(), mod.buffers()):
@@ -340,7 +344,7 @@ class Tracker:
             device_id = self._devices.get(dev)
         if device_id is None and dev is not None:
             device_id = self._device(dev)
-        stream = self._stream(device_id, dev) if self._cuda_devices else None
+        stream = self._stream(device_id) if self._cuda_devices else None
         stack = st.stack
         if task == -1:
             phase = _FORWARD
@@ -462,7 +466,7 @@ class Tracker:
                     self._entries(node, t)[1].append(frame)
 
     def _exit_forward(self, st: _ThreadState, frame: _Call, status: int) -> None:
-        stream = self._stream(frame.device_id, None) if self._cuda_devices else None
+        stream = self._stream(frame.device_id) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, frame.device_id, stream, status, None if frame.task == -1 else frame.task, 0))
 
@@ -490,6 +494,8 @@ class Tracker:
     # -- backward --------------------------------------------------------------
 
     def _dispatch(self, entries: tuple[list[_Call], list[_Call]], leaf: bool, grad_outputs: Any) -> None:
+        # Runs for every hooked node in every backward: the events are
+        # appended inline, with no per-event method call.
         if not self._active:
             return None
         exits, enters = entries
@@ -504,17 +510,19 @@ class Tracker:
             open_calls = self._bw[task] = []
             torch.autograd.Variable._execution_engine.queue_callback(partial(self._end_of_task, task))
         try:
-            st: _ThreadState = self._local.st
+            tid = self._local.st.tid
         except AttributeError:
-            st = self._thread()
-        tie = 0
+            tid = self._thread().tid
+        append, seq, clock, t0, step = self._append, self._seq, self._clock, self.t0, self.step
+        cuda = self._cuda_devices
         cancelled = self._cancelled
+        tie = 0
         for call in exits:
             if cancelled and self._is_cancelled(call):
                 continue
             if call.bw_task != task:
                 if call in enters:  # output is its input (an identity): enter, then exit
-                    self._bw_enter(call, task, open_calls, st, tie)
+                    self._bw_enter(call, task, open_calls, tid, tie)
                     tie = 0  # the exit starts a new tie group, so it is never ordered before its enter
                 else:
                     continue  # its outputs never got a gradient: it had no backward
@@ -523,18 +531,31 @@ class Tracker:
             call.exits_seen += 1
             if call.exits_seen < call.n_exit:
                 continue
+            call.closed = True
             while open_calls:
                 top = open_calls.pop()
+                top.closed = True  # a descendant nothing closed is done too, innermost first
+                append((next(seq), clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
+                        top.device_id, self._stream(top.device_id) if cuda else None, _OK, task, tie))
+                tie = 1
                 if top is call:
                     break
-                top.closed = True  # a descendant nothing closed: it is done too
-                tie = self._bw_event(top, _EXIT, _OK, task, st, tie)
-            call.closed = True
-            tie = self._bw_event(call, _EXIT, _OK, task, st, tie)
         for call in reversed(enters):
             if call.bw_task == task or (cancelled and self._is_cancelled(call)):
                 continue
-            tie = self._bw_enter(call, task, open_calls, st, tie)
+            ancestors = self._anc[call.module_id]
+            if open_calls:
+                top = open_calls[-1]
+                if top.module_id != call.module_id and top.module_id not in ancestors:
+                    tie = self._bw_enter(call, task, open_calls, tid, tie)
+                    continue
+            call.bw_task = task
+            call.exits_seen = 0
+            call.closed = False
+            open_calls.append(call)
+            append((next(seq), clock() - t0, _ENTER, call.module_id, _BACKWARD, call.call_id, step, tid,
+                    call.device_id, self._stream(call.device_id) if cuda else None, _OK, task, tie))
+            tie = 1
         return None
 
     def _is_cancelled(self, call: _Call) -> bool:
@@ -543,7 +564,7 @@ class Tracker:
                 return True
         return False
 
-    def _bw_enter(self, call: _Call, task: int, open_calls: list[_Call], st: _ThreadState, tie: int) -> int:
+    def _bw_enter(self, call: _Call, task: int, open_calls: list[_Call], tid: int, tie: int) -> int:
         call.bw_task = task
         call.exits_seen = 0
         call.closed = False
@@ -555,14 +576,14 @@ class Tracker:
             # An unrelated module's backward starts: the open one has finished.
             open_calls.pop()
             top.closed = True
-            tie = self._bw_event(top, _EXIT, _OK, task, st, tie)
+            tie = self._bw_event(top, _EXIT, _OK, task, tid, tie)
         open_calls.append(call)
-        return self._bw_event(call, _ENTER, _OK, task, st, tie)
+        return self._bw_event(call, _ENTER, _OK, task, tid, tie)
 
-    def _bw_event(self, call: _Call, kind: int, status: int, task: int, st: _ThreadState, tie: int) -> int:
-        stream = self._stream(call.device_id, None) if self._cuda_devices else None
+    def _bw_event(self, call: _Call, kind: int, status: int, task: int, tid: int, tie: int) -> int:
+        stream = self._stream(call.device_id) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, kind, call.module_id, _BACKWARD, call.call_id,
-                      self.step, st.tid, call.device_id, stream, status, task, tie))
+                      self.step, tid, call.device_id, stream, status, task, tie))
         return 1
 
     def _end_of_task(self, task: int) -> None:
@@ -571,13 +592,13 @@ class Tracker:
         if not open_calls or not self._active:
             return
         try:
-            st: _ThreadState = self._local.st
+            tid = self._local.st.tid
         except AttributeError:
-            st = self._thread()
+            tid = self._thread().tid
         tie = 0
         for call in reversed(open_calls):
             call.closed = True
-            tie = self._bw_event(call, _EXIT, _CLOSED_AT_END, task, st, tie)
+            tie = self._bw_event(call, _EXIT, _CLOSED_AT_END, task, tid, tie)
 
     def close_open_forward(self, status: int = _ERROR) -> int:
         """Close this thread's forward calls left open (an exception no hook saw)."""
