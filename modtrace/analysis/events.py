@@ -122,30 +122,122 @@ def module_depths(modules: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _stack_expr(ev: pl.DataFrame) -> pl.Expr:
+    """The ``stack`` key of ``ev``'s rows as an expression (see ``with_stack``)."""
+    backward = pl.col("phase") != int(Phase.FORWARD)
+    task = pl.col("graph_task").fill_null(-1)
+    lo, hi = ev.select(task.filter(backward).min(), task.filter(backward).max().alias("_hi")).row(0)
+    if lo is None or (lo >= -1 and hi < (1 << 32) - 2):
+        # Graph task ids are small counters: they number the stacks as they are.
+        number = task + 2
+    else:
+        tasks = ev.select(task.filter(backward).unique().sort()).to_series()
+        number = task.replace_strict(
+            tasks, pl.int_range(1, tasks.len() + 1, eager=True), default=0, return_dtype=pl.Int64
+        )
+    return (
+        pl.col("rank").cast(pl.Int64) * (1 << 48)
+        + pl.col("thread_id").cast(pl.Int64) * (1 << 32)
+        + pl.when(backward).then(number).otherwise(0)
+    )
+
+
 def with_stack(ev: pl.DataFrame) -> pl.DataFrame:
     """Add ``stack`` (Int64): one value per hierarchy the rows form.
 
     Forward rows stack per (rank, thread); backward and recompute rows per
     (rank, thread, graph task), so a recompute nests under the backward span
-    open on its thread when it ran.  Layout: rank * 2**48 + thread * 2**32 +
-    graph task number (0 for forward, 1 + its dense rank otherwise).
+    open on its thread when it ran.  The value is a key, not a number to
+    read: rank * 2**48 + thread * 2**32 + a number for the graph task (0 for
+    forward rows; for the others the task id + 2, a null task counting as
+    -1, or 1 + the task's dense rank when ids do not fit in 32 bits).
     """
-    tasks = ev.filter(pl.col("phase") != int(Phase.FORWARD)).select(
-        pl.col("graph_task").fill_null(-1).unique().sort()
+    return ev.with_columns(_stack_expr(ev).alias("stack"))
+
+
+def _is_sorted(ev: pl.DataFrame) -> bool:
+    """Whether ``ev`` is strictly ordered by (rank, seq) already (a sort then changes nothing)."""
+    if ev.height < 2:
+        return True
+    step = pl.col("rank").diff()
+    ok = (step > 0) | ((step == 0) & (pl.col("seq").diff() > 0))
+    return bool(ev.select(ok.slice(1).fill_null(False).all()).item())
+
+
+def _tie_permutation(ev: pl.DataFrame, modules: pl.DataFrame) -> pl.Series | None:
+    """Row permutation that puts ``ev``'s tie groups in hierarchy order (None when nothing moves).
+
+    ``ev`` is sorted by (rank, seq).  Only the rows of groups of two or more
+    are looked at; row i of the result is the row that takes row i's seq slot.
+    """
+    n = ev.height
+    # A dispatch is a tie=0 row and the tie=1 rows after it on its thread;
+    # rows of a thread are in seq order (a stable sort keeps them so).
+    thread_key = pl.col("rank").cast(pl.Int64) * (1 << 32) + pl.col("thread_id").cast(pl.Int64)
+    by_thread = ev.select(pl.int_range(n, dtype=pl.UInt32).alias("_row"), thread_key.alias("_t"), "tie")
+    if by_thread.select((pl.col("_t") != pl.col("_t").first()).any()).item():
+        by_thread = by_thread.sort("_t", maintain_order=True)
+    start = (pl.col("tie") == 0) | (pl.col("_t") != pl.col("_t").shift(1)).fill_null(True)
+    groups = (
+        by_thread.select("_row", start.alias("_start"))
+        .with_columns(pl.col("_start").cum_sum().alias("_g"))
+        .filter((~pl.col("_start")) | (~pl.col("_start").shift(-1).fill_null(True)))
+        .select("_row", "_g")
     )
-    task_no = tasks.with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("_task"))
-    ev = ev.with_columns(
-        pl.when(pl.col("phase") != int(Phase.FORWARD))
-        .then(pl.col("graph_task").fill_null(-1))
-        .alias("_gt")
-    ).join(task_no.rename({"graph_task": "_gt"}), on="_gt", how="left", maintain_order="left")
-    return ev.with_columns(
-        (
-            pl.col("rank").cast(pl.Int64) * (1 << 48)
-            + pl.col("thread_id").cast(pl.Int64) * (1 << 32)
-            + pl.col("_task").fill_null(0)
-        ).alias("stack")
-    ).drop("_gt", "_task")
+    del by_thread
+    if groups.height == 0:
+        return None
+    cols = ["rank", "seq", "kind", "module_id", "phase", "call_id", "graph_task"]
+    tied = pl.concat([groups, ev.select(cols)[groups["_row"]]], how="horizontal")
+    # The group's first row (in thread order, so lowest seq) starts it.
+    tied = tied.with_columns(
+        pl.when(pl.col("_g") != pl.col("_g").shift(1).fill_null(-1)).then(pl.col("seq")).forward_fill().alias("_gstart")
+    )
+    depths = module_depths(modules)
+    tied = tied.join(depths, on=["rank", "module_id"], how="left", maintain_order="left").with_columns(
+        pl.col("module_depth").fill_null(0)
+    )
+
+    # The enter each tied exit closes: the latest enter of its call, phase and
+    # graph task before it; its place in the normalised order is (group
+    # start, module depth, seq), an untied enter being its own group.
+    exits = tied.filter(pl.col("kind") == EXIT).select("_row", "rank", "seq", "call_id", "phase", "graph_task")
+    key = ["rank", "call_id", "phase", "graph_task"]
+    enters = ev.filter((pl.col("kind") == ENTER) & pl.col("call_id").is_in(exits["call_id"].unique().implode(), nulls_equal=True)).select(
+        *key, pl.col("seq").alias("_eseq")
+    )
+    matched = (
+        exits.join(enters, on=key, how="inner", nulls_equal=True)
+        .filter(pl.col("_eseq") < pl.col("seq"))
+        .group_by("_row")
+        .agg(pl.col("rank").first(), pl.col("_eseq").max())
+        .join(
+            tied.filter(pl.col("kind") == ENTER).select(
+                "rank", pl.col("seq").alias("_eseq"), pl.col("_gstart").alias("_eg"), pl.col("module_depth").alias("_ed")
+            ),
+            on=["rank", "_eseq"],
+            how="left",
+        )
+        .with_columns(pl.col("_eg").fill_null(pl.col("_eseq")), pl.col("_ed").fill_null(0))
+        .select("_row", "_eg", "_ed", "_eseq")
+    )
+    tied = tied.join(matched, on="_row", how="left", maintain_order="left")
+
+    is_enter = pl.col("kind") == ENTER
+    by_key = tied.select(
+        "_row",
+        "_g",
+        "seq",
+        is_enter.cast(pl.Int8).alias("_k0"),
+        pl.when(is_enter).then(pl.col("module_depth").cast(pl.Int64)).otherwise(-pl.col("_eg")).alias("_k1"),
+        pl.when(is_enter).then(pl.col("seq")).otherwise(-pl.col("_ed").cast(pl.Int64)).alias("_k2"),
+        pl.when(is_enter).then(0).otherwise(-pl.col("_eseq")).alias("_k3"),
+    ).sort("_g", "_k0", "_k1", "_k2", "_k3", "seq", nulls_last=True)
+    # ``tied`` is in (group, seq) order: row i of a group in key order takes
+    # the i-th seq slot (and row) of the group.
+    perm = pl.int_range(n, dtype=pl.UInt32, eager=True)
+    perm.scatter(tied["_row"], by_key["_row"])
+    return perm
 
 
 def normalize_events(events: pl.DataFrame, modules: pl.DataFrame) -> pl.DataFrame:
@@ -162,72 +254,16 @@ def normalize_events(events: pl.DataFrame, modules: pl.DataFrame) -> pl.DataFram
     took), then enters, outermost first (module-tree ancestors before
     descendants).  The group keeps the seq values it had; only the rows
     move among them.
+
+    Columns are shared with the input where rows do not move (already sorted,
+    no ties), so the output costs memory only for what changed.
     """
-    ev = conform(events, EVENT_SCHEMA).sort("rank", "seq")
-    ev = ev.with_columns(pl.col("seq").alias("order"))
-    if ev.height == 0 or not bool((ev["tie"] == 1).any()):
-        return with_stack(ev)
-
-    # Rows by thread (stable: seq order within a thread); a dispatch is a
-    # tie=0 row and the tie=1 rows after it on its thread.
-    thread_key = pl.col("rank").cast(pl.Int64) * (1 << 32) + pl.col("thread_id").cast(pl.Int64)
-    by_thread = (
-        ev.select(
-            pl.int_range(pl.len(), dtype=pl.Int64).alias("_row"), thread_key.alias("_t"), "rank", "seq", "kind",
-            "module_id", "phase", "call_id", "graph_task", "tie",
-        )
-        .sort("_t", maintain_order=True)
-        .with_columns(
-            ((pl.col("tie") == 0) | (pl.col("_t") != pl.col("_t").shift(1)).fill_null(True)).alias("_start"),
-        )
-        .with_columns(pl.col("_start").cum_sum().alias("_g"))
-    )
-    tied = by_thread.filter(
-        (~pl.col("_start")) | (~pl.col("_start").shift(-1).fill_null(True))
-    ).with_columns(pl.col("seq").min().over("_g").alias("_gstart"))
-    depths = module_depths(modules)
-    tied = tied.join(depths, on=["rank", "module_id"], how="left", maintain_order="left").with_columns(
-        pl.col("module_depth").fill_null(0)
-    )
-
-    # The enter each tied exit closes: the latest enter of its call, phase and
-    # graph task before it; its place in the normalised order is (group
-    # start, module depth, seq), an untied enter being its own group.
-    exits = tied.filter(pl.col("kind") == EXIT).select("_row", "rank", "seq", "call_id", "phase", "graph_task")
-    key = ["rank", "call_id", "phase", "graph_task"]
-    enters = ev.filter(pl.col("kind") == ENTER).select(*key, pl.col("seq").alias("_eseq"))
-    matched = (
-        exits.join(enters, on=key, how="inner", nulls_equal=True)
-        .filter(pl.col("_eseq") < pl.col("seq"))
-        .group_by("_row")
-        .agg(pl.col("_eseq").max())
-        .join(
-            tied.filter(pl.col("kind") == ENTER).select(
-                "rank", pl.col("seq").alias("_eseq"), pl.col("_gstart").alias("_eg"), pl.col("module_depth").alias("_ed")
-            ),
-            on="_eseq",
-            how="left",
-        )
-        .with_columns(pl.col("_eg").fill_null(pl.col("_eseq")), pl.col("_ed").fill_null(0))
-        .select("_row", "_eg", "_ed", "_eseq")
-    )
-    tied = tied.join(matched, on="_row", how="left")
-
-    is_enter = pl.col("kind") == ENTER
-    order = tied.select(
-        "_row",
-        "_g",
-        "seq",
-        is_enter.cast(pl.Int8).alias("_k0"),
-        pl.when(is_enter).then(pl.col("module_depth").cast(pl.Int64)).otherwise(-pl.col("_eg")).alias("_k1"),
-        pl.when(is_enter).then(pl.col("seq")).otherwise(-pl.col("_ed").cast(pl.Int64)).alias("_k2"),
-        pl.when(is_enter).then(0).otherwise(-pl.col("_eseq")).alias("_k3"),
-    )
-    by_seq = order.sort("_g", "seq")
-    by_key = order.sort("_g", "_k0", "_k1", "_k2", "_k3", "seq", nulls_last=True)
-    # Row i of a group in key order takes the i-th seq slot (and row) of the group.
-    perm = pl.select(pl.int_range(ev.height, dtype=pl.Int64)).to_series()
-    perm.scatter(by_seq["_row"], by_key["_row"])
+    ev = conform(events, EVENT_SCHEMA)
+    if not _is_sorted(ev):
+        ev = ev.sort("rank", "seq", maintain_order=True)
     slots = ev["seq"].alias("order")
-    ev = ev[perm].with_columns(slots)
-    return with_stack(ev)
+    if ev.height and bool((ev["tie"] == 1).any()):
+        perm = _tie_permutation(ev, modules)
+        if perm is not None:
+            ev = ev[perm]
+    return with_stack(ev.with_columns(slots))

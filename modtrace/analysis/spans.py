@@ -87,106 +87,118 @@ class Pairing:
 
 
 def _levels(ev: pl.DataFrame) -> pl.DataFrame:
-    """Narrow frame of ``ev``'s rows sorted by (stack, level, order), with neighbours.
+    """One row per row of ``ev`` (``_row``, its position), sorted by (stack, level, order).
 
-    ``_row`` is the row's position in ``ev``.  A row's level is the depth it
-    opens (enter) or closes (exit); ``_p*`` describe the previous row at the
-    same level of the same stack, ``_n*`` the next one, ``_parent`` the
-    enter a row's enter is nested in, when the previous row of its stack is
-    that enter.  Sorts are stable single-key sorts, which polars does much
-    faster than windows over many small groups.
+    A row's level is the depth it opens (enter) or closes (exit).  Columns:
+    ``_key`` (stack and level: rows with equal keys are one level of one
+    stack, in order), ``kind``, ``_level`` (Int32) and ``_up``: for an enter
+    whose previous row in its stack is an enter, that row (its parent).
+    Two stable single-key sorts of narrow frames; no windows over many small
+    groups.
     """
     is_enter = pl.col("kind") == ENTER
-    narrow = (
-        ev.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), "stack", "kind", "call_id", "phase", "seq",
-                  "ts_ns", "status")
-        .sort("stack", maintain_order=True)
-        .with_columns(
-            (pl.col("stack") != pl.col("stack").shift(1)).fill_null(True).alias("_first"),
-            pl.when(is_enter).then(1).otherwise(-1).cast(pl.Int64).cum_sum().alias("_c"),
-            pl.when(is_enter).then(1).otherwise(-1).cast(pl.Int64).alias("_d"),
-        )
-        .with_columns(
-            (pl.col("_c") - pl.when(pl.col("_first")).then(pl.col("_c") - pl.col("_d")).forward_fill()).alias("_after"),
-            pl.when(is_enter & ~pl.col("_first") & (pl.col("kind").shift(1) == ENTER))
-            .then(pl.col("seq").shift(1))
-            .alias("_pk_parent"),
+    by_stack = ev.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), "stack", "kind")
+    if not by_stack["stack"].is_sorted():
+        by_stack = by_stack.sort("stack", maintain_order=True)
+    step = pl.when(is_enter).then(1).otherwise(-1).cast(pl.Int64)
+    first = (pl.col("stack") != pl.col("stack").shift(1)).fill_null(True)
+    return (
+        by_stack.with_columns(step.cum_sum().alias("_c"), first.alias("_first"))
+        .select(
+            "_row",
+            "kind",
+            # depth after the row: the running sum, less its value where the stack began
+            (pl.col("_c") - pl.when(pl.col("_first")).then(pl.col("_c") - step).forward_fill() - is_enter.cast(pl.Int64))
+            .cast(pl.Int32)
+            .alias("_level"),
             pl.col("_first").cum_sum().cast(pl.Int64).alias("_sid"),
+            pl.when(is_enter & ~pl.col("_first") & (pl.col("kind").shift(1) == ENTER))
+            .then(pl.col("_row").shift(1))
+            .alias("_up"),
         )
-        .with_columns((pl.col("_after") - is_enter.cast(pl.Int64)).alias("_level"))
         .with_columns((pl.col("_sid") * (1 << 32) + pl.col("_level") + (1 << 31)).alias("_key"))
+        .drop("_sid")
         .sort("_key", maintain_order=True)
     )
-    first = (pl.col("_key") != pl.col("_key").shift(1)).fill_null(True)
-    last = (pl.col("_key") != pl.col("_key").shift(-1)).fill_null(True)
 
-    def prev(c: str) -> pl.Expr:
-        return pl.when(~first).then(pl.col(c).shift(1))
 
-    def nxt(c: str) -> pl.Expr:
-        return pl.when(~last).then(pl.col(c).shift(-1))
-
-    # Parents: known where the previous row of the stack is an enter, else
-    # the same as the previous enter at this level (a sibling); -1 stops the
-    # fill at the start of a level.
-    return narrow.with_columns(
-        prev("kind").alias("_pk"),
-        prev("call_id").alias("_pc"),
-        prev("phase").alias("_pp"),
-        nxt("kind").alias("_nk"),
-        nxt("seq").alias("_ns"),
-        nxt("ts_ns").alias("_nt"),
-        nxt("status").alias("_nst"),
-        pl.when(first & pl.col("_pk_parent").is_null())
-        .then(-1)
-        .otherwise(pl.col("_pk_parent"))
-        .forward_fill()
-        .alias("_parent"),
-    ).with_columns(pl.when(pl.col("_parent") >= 0).then(pl.col("_parent")).alias("_parent"))
+def _repeated_stacks(ev: pl.DataFrame) -> list[int]:
+    """Stacks where a call is entered twice in one phase (the vectorised rebuild cannot pair them)."""
+    enters = ev.filter(pl.col("kind") == ENTER)
+    lo, hi = enters.select(pl.col("call_id").min(), pl.col("call_id").max().alias("_hi")).row(0)
+    if lo is not None and -(1 << 60) < lo and hi < (1 << 60):
+        # Cheap screen: a repeat needs a (call, phase) seen twice in some stack.
+        packed = enters.select((pl.col("call_id") * 4 + pl.col("phase").cast(pl.Int64)).sort()).to_series()
+        if not bool((packed.diff() == 0).any()):
+            return []
+    repeated = enters.select("stack", "call_id", "phase").filter(pl.struct("stack", "call_id", "phase").is_duplicated())
+    return repeated["stack"].unique().to_list()
 
 
 def pair_events(ev: pl.DataFrame) -> Pairing:
     """Normalised event frame (``normalize_events``) -> enter/exit pairs and structural issues."""
     lv = _levels(ev)
-    is_enter = pl.col("kind") == ENTER
-    bad_exit = (pl.col("kind") == EXIT) & ~(
-        (pl.col("_pk") == ENTER) & (pl.col("_pc") == pl.col("call_id")) & (pl.col("_pp") == pl.col("phase"))
-    ).fill_null(False)
-    dirty = set(lv.filter(bad_exit)["stack"].unique().to_list())
-    enters = lv.filter(is_enter)
-    repeated = enters.select("stack", "call_id", "phase").filter(pl.struct("stack", "call_id", "phase").is_duplicated())
-    dirty.update(repeated["stack"].unique().to_list())
-
-    if dirty:
-        enters = enters.filter(~pl.col("stack").is_in(list(dirty)))
-    # In a clean stack the next row at an enter's depth is its exit, if any.
-    enters = enters.sort("_row")
-    closed = pl.col("_nk") == EXIT
-    attrs = ev.select("run_id", "rank", "module_id", "phase", "call_id", "step", "thread_id", "graph_task",
-                      "device_id", "stream", "order")[enters["_row"]]
-    pairs = pl.concat(
-        [
-            attrs,
-            enters.select(
-                pl.col("seq").alias("span_id"),
-                pl.col("_parent").alias("parent_span_id"),
-                pl.col("_level").cast(pl.Int32).alias("depth"),
-                pl.col("ts_ns").alias("start_ns"),
-                pl.when(closed).then(pl.col("_nt")).alias("end_ns"),
-                pl.when(closed).then(pl.col("_nst")).alias("status"),
-                pl.when(closed).then(pl.col("_ns")).alias("exit_seq"),
-                (~closed.fill_null(False)).alias("_open"),
-            ),
-        ],
-        how="horizontal",
+    first = (pl.col("_key") != pl.col("_key").shift(1)).fill_null(True)
+    last = (pl.col("_key") != pl.col("_key").shift(-1)).fill_null(True)
+    call = ev["call_id"].gather(lv["_row"])
+    phase = ev["phase"].gather(lv["_row"])
+    lv = lv.with_columns(
+        # An exit is clean when the previous row at its level is its call's enter.
+        (
+            (pl.col("kind") == EXIT)
+            & ~(
+                ~first
+                & (pl.col("kind").shift(1) == ENTER)
+                & (call.shift(1) == call)
+                & (phase.shift(1) == phase)
+            ).fill_null(False)
+        ).alias("_bad"),
+        # In a clean stack the next row at an enter's depth is its exit, if any.
+        pl.when(~last & (pl.col("kind").shift(-1) == EXIT)).then(pl.col("_row").shift(-1)).alias("_exit"),
+        # Parents: known where the previous row of the stack is an enter, else
+        # the same as the previous enter at this level (a sibling); -1 stops
+        # the fill at the start of a level.
+        pl.when(first & pl.col("_up").is_null())
+        .then(-1)
+        .otherwise(pl.col("_up").cast(pl.Int64))
+        .forward_fill()
+        .alias("_parent"),
     )
-    unclosed = pairs.filter(pl.col("_open")).select(
+    del call, phase
+    dirty = set(ev["stack"].gather(lv.filter(pl.col("_bad"))["_row"]).unique().to_list())
+    dirty.update(_repeated_stacks(ev))
+
+    enter_rows = pl.col("kind") == ENTER
+    if dirty:
+        clean = ~pl.col("stack").is_in(list(dirty))
+        clean_rows = ev.select(clean).to_series()
+        lv = lv.filter(enter_rows & clean_rows.gather(lv["_row"]))
+    else:
+        clean = pl.lit(True)
+        lv = lv.filter(enter_rows)
+    # Enters back in (rank, order) order, the order of ``ev``'s rows.
+    lv = lv.select("_row", "_level", "_exit", pl.when(pl.col("_parent") >= 0).then(pl.col("_parent"))).sort("_row")
+    exit_row = lv["_exit"]
+    parent_row = lv["_parent"]
+    pairs = ev.filter((pl.col("kind") == ENTER) & clean).select(
+        "run_id", "rank", pl.col("seq").alias("span_id"),
+        pl.lit(ev["seq"].gather(parent_row)).alias("parent_span_id"),
+        pl.lit(lv["_level"]).alias("depth"),
+        "module_id", "phase", "call_id", "step", "thread_id", "graph_task",
+        pl.col("ts_ns").alias("start_ns"),
+        pl.lit(ev["ts_ns"].gather(exit_row)).alias("end_ns"),
+        "device_id", "stream",
+        pl.lit(ev["status"].gather(exit_row)).alias("status"),
+        pl.lit(ev["seq"].gather(exit_row)).alias("exit_seq"),
+        "order",
+    )
+    del lv, exit_row, parent_row
+    unclosed = pairs.filter(pl.col("exit_seq").is_null()).select(
         "rank", pl.col("span_id").alias("seq"), pl.lit("unclosed").alias("kind"), "module_id", "phase", "call_id"
     )
-    pairs = pairs.select(_PAIR_COLUMNS)
     issues = [conform(unclosed, RAW_ISSUE_SCHEMA)]
     if dirty:
-        walked_pairs, walked_issues = _walk_dirty(ev.filter(pl.col("stack").is_in(list(dirty))))
+        walked_pairs, walked_issues = _walk_dirty(ev.filter(~clean))
         pairs = pl.concat([pairs, walked_pairs], how="vertical_relaxed").sort("rank", "order")
         issues.append(walked_issues)
     return Pairing(pairs=pairs, issues=pl.concat(issues).sort("rank", "seq", "kind"))
