@@ -23,6 +23,7 @@ from modtrace.analysis.diff import (
     diff_spans,
     fill_steps,
     mann_whitney,
+    median_summary,
     min_p_value,
     step_units,
 )
@@ -282,6 +283,21 @@ def test_mann_whitney_known_values() -> None:
     assert out["a"][0] == 9.0
     assert out["a"][1] == pytest.approx(0.0809, abs=1e-4)
     assert out["b"] == (4.5, 1.0)  # all tied
+
+
+def test_median_and_its_standard_error_from_order_statistics() -> None:
+    from modtrace.analysis.diff import normal_quantile
+
+    z = normal_quantile(0.995)
+    samples = pl.DataFrame({"key": [0] * 9 + [1] * 9, "v": [5, 1, 9, 3, 7, 2, 8, 4, 6] + [10] * 9})
+    out = {k: (n, m, se) for k, n, m, se in median_summary(samples, "v", 0.99).sort("key").iter_rows()}
+    # n = 9: c = round(5 - z * 3 / 2) = 1, so the interval spans the extremes.
+    assert out[0] == (9, 5.0, pytest.approx((9 - 1) / (2 * z)))
+    assert out[1] == (9, 10.0, 0.0)
+    big = pl.DataFrame({"key": [0] * 100, "v": list(range(100, 0, -1))})
+    ((_, n, m, se),) = median_summary(big, "v", 0.99).rows()
+    c = round(101 / 2 - z * 10 / 2)  # 38: x[63] - x[38] of 1..100
+    assert (n, m, se) == (100, 50.5, pytest.approx((100 - c + 1 - c) / (2 * z)))
 
 
 @settings(max_examples=60, deadline=None)

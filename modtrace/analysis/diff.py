@@ -3,7 +3,7 @@
 Everything here is a pure function of spans frames (``spans.SPAN_COLUMNS``);
 the CLI reads the frames from the store and hands the result to a renderer.
 
-Per-step samples (``compared_samples``, built on ``aggregate.step_samples``)
+Per-step samples (``compared_samples``, the sums of ``aggregate.step_samples``)
     One row per (rank, step, fqn, phase) with the module's call count and its
     inclusive and self time summed over those calls.  The first
     ``skip_steps`` steps of each rank are left out (step 0 usually pays
@@ -17,10 +17,11 @@ Timing (``compare_timing``), one row per (fqn, phase) present in both runs
     difference (``delta``) and ratio, a confidence interval of the difference
     (each median's standard error from order statistics, McKean-Schrader,
     combined), and a two-sided Mann-Whitney U test over the per-step samples
-    (normal approximation with tie and continuity correction).  ``verdict``:
+    (normal approximation with tie and continuity correction), its p-value
+    Holm-adjusted over all the keys compared (``p_adjusted``).  ``verdict``:
 
     - ``regression``: self time got slower by more than ``threshold`` (relative),
-      by more than ``min_delta_ns`` per step, and the test says p < ``alpha``;
+      by more than ``min_delta_ns`` per step, and the adjusted p < ``alpha``;
     - ``improvement``: the same, faster;
     - ``inherited``: self time did not change, inclusive time did by the same
       criteria: the change belongs to a descendant (context, not blame);
@@ -50,7 +51,7 @@ from statistics import NormalDist
 
 import polars as pl
 
-from modtrace.analysis.aggregate import step_samples
+from modtrace.analysis.events import PHASE_ENUM
 
 PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
 VERDICTS: tuple[str, ...] = ("regression", "improvement", "inherited", "unchanged")
@@ -63,8 +64,8 @@ METRICS: tuple[str, ...] = ("self", "incl")
 SAMPLE_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int32(),
     "step": pl.Int32(),
-    "fqn": pl.String(),
-    "phase": pl.String(),
+    "fqn": pl.Categorical(),
+    "phase": PHASE_ENUM,
     "calls": pl.Int64(),
     "incl_ns": pl.Int64(),
     "self_ns": pl.Int64(),
@@ -87,7 +88,7 @@ EXCERPT_SCHEMA: dict[str, pl.DataType] = {
     "cand": pl.String(),
 }
 
-_STAT_COLUMNS = ("base_ns", "cand_ns", "delta_ns", "ratio", "ci_low_ns", "ci_high_ns", "p_value")
+_STAT_COLUMNS = ("base_ns", "cand_ns", "delta_ns", "ratio", "ci_low_ns", "ci_high_ns", "p_value", "p_adjusted")
 TIMING_COLUMNS: tuple[str, ...] = (
     "fqn", "phase", "verdict", "impact_ns", "n_base", "n_cand", "calls_base", "calls_cand",
     *(f"{m}_{c}" for m in METRICS for c in _STAT_COLUMNS),
@@ -142,17 +143,25 @@ def _compared(spans: pl.DataFrame, skip_steps: int, phases: tuple[str, ...] | No
 def compared_samples(
     spans: pl.DataFrame, *, skip_steps: int = 1, phases: tuple[str, ...] | None = None
 ) -> pl.DataFrame:
-    """Spans frame -> per-step samples of the compared steps and phases (``SAMPLE_SCHEMA``).
+    """Spans frame -> per-step samples of the compared steps and phases (``SAMPLE_SCHEMA``), unordered.
 
-    ``aggregate.step_samples`` over the spans left after ``skip_steps`` and
-    ``phases``.  Only modules that ran in a step have a row for it;
-    ``fill_steps`` adds the zeros.
+    The same sums as ``aggregate.step_samples``, grouped by the names'
+    categorical codes rather than strings: this is the hot loop of a diff of
+    millions of spans, and the string grouping costs several times more.
+    Only modules that ran in a step have a row for it; ``fill_steps`` adds
+    the zeros.
     """
-    samples = step_samples(_compared(spans, skip_steps, phases))
-    return samples.select(
-        "rank", "step", "fqn", pl.col("phase").cast(pl.String), "calls",
-        pl.col("inclusive_ns").alias("incl_ns"), "self_ns",
-    ).cast(SAMPLE_SCHEMA)  # type: ignore[arg-type]
+    sp = _compared(spans, skip_steps, phases)
+    return (
+        sp.group_by("rank", "step", "fqn", "phase")
+        .agg(
+            pl.len().alias("calls"),
+            pl.col("duration_ns").sum().alias("incl_ns"),
+            pl.col("self_ns").sum().alias("self_ns"),
+        )
+        .select(list(SAMPLE_SCHEMA))
+        .cast(SAMPLE_SCHEMA)  # type: ignore[arg-type]
+    )
 
 
 def step_units(spans: pl.DataFrame, *, skip_steps: int = 1) -> pl.DataFrame:
@@ -167,12 +176,23 @@ def step_units(spans: pl.DataFrame, *, skip_steps: int = 1) -> pl.DataFrame:
 
 
 def fill_steps(samples: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
-    """Samples with a zero row for every compared (rank, step) in which a module did not run."""
-    keys = samples.select("fqn", "phase").unique()
-    grid = keys.join(units.select("rank", "step"), how="cross")
-    return grid.join(samples, on=["rank", "step", "fqn", "phase"], how="left").with_columns(
-        pl.col("calls", "incl_ns", "self_ns").fill_null(0)
+    """Samples with a zero row for every compared (rank, step) in which a module did not run.
+
+    Only modules missing from some step get rows added (usually none).
+    """
+    counts = samples.group_by("fqn", "phase").agg(pl.len().alias("_n"))
+    short = counts.filter(pl.col("_n") < units.height).select("fqn", "phase")
+    if short.height == 0:
+        return samples
+    grid = short.join(units.select("rank", "step"), how="cross")
+    missing = grid.join(samples, on=["rank", "step", "fqn", "phase"], how="anti")
+    zeros = missing.select(
+        "rank", "step", "fqn", "phase",
+        pl.lit(0, dtype=pl.Int64).alias("calls"),
+        pl.lit(0, dtype=pl.Int64).alias("incl_ns"),
+        pl.lit(0, dtype=pl.Int64).alias("self_ns"),
     )
+    return pl.concat([samples, zeros.select(samples.columns).cast(samples.schema)])
 
 
 # -- statistics -----------------------------------------------------------------
@@ -198,34 +218,52 @@ def min_p_value(n_base: int, n_cand: int) -> float:
     return two_sided_p((prod / 2.0 - 0.5) / sd) or 1.0
 
 
+def holm(p_values: pl.Series) -> pl.Series:
+    """Holm-adjusted p-values (family-wise error over all the keys compared); nulls stay null.
+
+    With one test per module and phase, some raw p < 0.01 are expected by
+    chance alone in a large model; the adjusted ones are < alpha only for
+    changes that are real with probability 1 - alpha over the whole family.
+    """
+    values = p_values.to_list()
+    present = sorted((p, i) for i, p in enumerate(values) if p is not None)
+    m = len(present)
+    out: list[float | None] = [None] * len(values)
+    running = 0.0
+    for rank, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return pl.Series(p_values.name, out, dtype=pl.Float64)
+
+
 def mann_whitney(long: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Two-sided Mann-Whitney U per group: ``long`` has ``by`` columns, ``side`` (0 base, 1 cand), ``v``.
 
     Returns ``by`` + ``u`` (U of the candidate) and ``p_value`` (normal
     approximation, tie-corrected variance, continuity correction; null when
     either side is empty, 1.0 when every value is tied).
+
+    The tie term sum(t^3 - t) over blocks of t equal values comes from the
+    average ranks themselves: averaging a block lowers the sum of squared
+    ranks by (t^3 - t) / 12, so it is 12 * (N(N+1)(2N+1)/6 - sum(rank^2)).
     """
-    ranked = long.with_columns(pl.col("v").rank("average").over(by).alias("_r"))
     cand = pl.col("side") == 1
+    ranked = long.with_columns(pl.col("v").rank("average").over(by).alias("_r"))
     per = ranked.group_by(by).agg(
-        (~cand).sum().cast(pl.Float64).alias("_n0"),
+        pl.len().cast(pl.Float64).alias("_n"),
         cand.sum().cast(pl.Float64).alias("_n1"),
         pl.col("_r").filter(cand).sum().cast(pl.Float64).alias("_r1"),
+        (pl.col("_r").cast(pl.Float64) ** 2).sum().alias("_r2"),
     )
-    ties = (
-        long.group_by([*by, "v"])
-        .agg(pl.len().cast(pl.Float64).alias("_t"))
-        .group_by(by)
-        .agg((pl.col("_t") ** 3 - pl.col("_t")).sum().alias("_tie"))
-    )
-    per = per.join(ties, on=by, how="left")
-    n0, n1 = pl.col("_n0"), pl.col("_n1")
-    big_n = n0 + n1
+    n1 = pl.col("_n1")
+    big_n = pl.col("_n")
+    n0 = big_n - n1
+    tie = (12 * (big_n * (big_n + 1) * (2 * big_n + 1) / 6 - pl.col("_r2"))).round(6).clip(lower_bound=0)
     per = per.with_columns(
         (pl.col("_r1") - n1 * (n1 + 1) / 2).alias("u"),
-        (n0 * n1 / 12 * ((big_n + 1) - pl.col("_tie") / (big_n * (big_n - 1)))).alias("_var"),
+        (n0 * n1 / 12 * ((big_n + 1) - tie / (big_n * (big_n - 1)))).alias("_var"),
     ).with_columns(
-        pl.when((n0 > 0) & (n1 > 0) & (pl.col("_var") > 0))
+        pl.when((n0 > 0) & (n1 > 0) & (pl.col("_var") > 1e-9))
         .then(((pl.col("u") - n0 * n1 / 2).abs() - 0.5).clip(lower_bound=0) / pl.col("_var").sqrt())
         .alias("_z"),
         ((n0 > 0) & (n1 > 0)).alias("_ok"),
@@ -237,30 +275,35 @@ def mann_whitney(long: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     return per.with_columns(pl.Series("p_value", p, dtype=pl.Float64)).select(*by, "u", "p_value")
 
 
-def median_summary(long: pl.DataFrame, by: list[str], confidence: float) -> pl.DataFrame:
-    """Per group of ``by``: n, median of ``v`` and its standard error (McKean-Schrader order statistics)."""
+def median_summary(samples: pl.DataFrame, column: str, confidence: float) -> pl.DataFrame:
+    """Per ``key`` of filled samples: median of ``column`` and its standard error.
+
+    McKean-Schrader: se = (x[n - c + 1] - x[c]) / (2 z), c = round((n + 1) / 2
+    - z sqrt(n) / 2), x sorted (1-based), z the normal quantile of
+    ``confidence``.  Filled samples have the same n for every key of a run,
+    so the order statistics are fixed quantiles.
+    """
     z = normal_quantile(0.5 + confidence / 2)
-    n = pl.len().cast(pl.Float64)
-    c = ((n + 1) / 2 - z * n.sqrt() / 2).round().clip(lower_bound=1).cast(pl.Int64)
-    v = pl.col("v").sort()
-    return long.group_by(by).agg(
+    counts = samples.group_by("key").agg(pl.len().alias("_n"))
+    sizes = set(counts["_n"].to_list())
+    n = max(sizes, default=0)
+    if len(sizes) > 1:
+        raise ValueError("median_summary needs the same number of samples for every key (use fill_steps)")
+    c = max(1, round((n + 1) / 2 - z * math.sqrt(n) / 2)) if n else 1
+    v = pl.col(column).cast(pl.Float64)
+
+    def order_stat(i: int) -> pl.Expr:  # the i-th smallest, 1-based
+        # "lower" takes index floor(q (n - 1)); aim a quarter past i - 1 so rounding cannot miss it.
+        return v.quantile(min(1.0, (i - 0.75) / (n - 1)) if n > 1 else 0.0, interpolation="lower")
+
+    return samples.group_by("key").agg(
         pl.len().cast(pl.Int64).alias("n"),
-        pl.col("v").median().alias("median"),
-        ((v.gather(pl.len().cast(pl.Int64) - c).first() - v.gather(c - 1).first()) / (2 * z)).alias("se"),
+        v.median().alias("median"),
+        ((order_stat(n - c + 1) - order_stat(c)) / (2 * z)).alias("se"),
     )
 
 
 # -- timing ---------------------------------------------------------------------
-
-
-def _long(filled: pl.DataFrame, side: int) -> pl.DataFrame:
-    return filled.select(
-        "fqn",
-        "phase",
-        pl.lit(side, dtype=pl.Int8).alias("side"),
-        pl.col("self_ns").cast(pl.Float64).alias("self"),
-        pl.col("incl_ns").cast(pl.Float64).alias("incl"),
-    ).unpivot(on=list(METRICS), index=["fqn", "phase", "side"], variable_name="metric", value_name="v")
 
 
 def compare_timing(
@@ -272,44 +315,51 @@ def compare_timing(
     structure findings.  ``step_ns`` (the base run's median step time) adds
     ``impact_pct``.
     """
-    keys = base.select("fqn", "phase").unique().join(cand.select("fqn", "phase").unique(), on=["fqn", "phase"])
-    base = base.join(keys, on=["fqn", "phase"], how="semi")
-    cand = cand.join(keys, on=["fqn", "phase"], how="semi")
-    long = pl.concat([_long(base, 0), _long(cand, 1)])
-    by = ["fqn", "phase", "metric"]
+    keys = (
+        base.select("fqn", "phase").unique()
+        .join(cand.select("fqn", "phase").unique(), on=["fqn", "phase"])
+        .with_row_index("key")
+    )
+    base = base.join(keys, on=["fqn", "phase"])
+    cand = cand.join(keys, on=["fqn", "phase"])
     confidence = 1.0 - options.alpha
     z = normal_quantile(0.5 + confidence / 2)
-    med = median_summary(long, [*by, "side"], confidence)
-    med_b = med.filter(pl.col("side") == 0).drop("side").rename({"n": "_nb", "median": "_mb", "se": "_sb"})
-    med_c = med.filter(pl.col("side") == 1).drop("side").rename({"n": "_nc", "median": "_mc", "se": "_sc"})
-    stats = (
-        med_b.join(med_c, on=by)
-        .join(mann_whitney(long, by), on=by)
-        .with_columns((pl.col("_mc") - pl.col("_mb")).alias("delta_ns"))
-        .with_columns(
-            pl.col("_mb").alias("base_ns"),
-            pl.col("_mc").alias("cand_ns"),
-            pl.when(pl.col("_mb") > 0).then(pl.col("_mc") / pl.col("_mb")).alias("ratio"),
-            (pl.col("delta_ns") - z * (pl.col("_sb") ** 2 + pl.col("_sc") ** 2).sqrt()).alias("ci_low_ns"),
-            (pl.col("delta_ns") + z * (pl.col("_sb") ** 2 + pl.col("_sc") ** 2).sqrt()).alias("ci_high_ns"),
+    wide = keys
+    for metric, column in (("self", "self_ns"), ("incl", "incl_ns")):
+        long = pl.concat([
+            base.select("key", pl.lit(0, dtype=pl.Int8).alias("side"), pl.col(column).cast(pl.Float64).alias("v")),
+            cand.select("key", pl.lit(1, dtype=pl.Int8).alias("side"), pl.col(column).cast(pl.Float64).alias("v")),
+        ])
+        med_b = median_summary(base, column, confidence).select(
+            "key", pl.col("n").alias("_nb"), pl.col("median").alias("_mb"), pl.col("se").alias("_sb"))
+        med_c = median_summary(cand, column, confidence).select(
+            "key", pl.col("n").alias("_nc"), pl.col("median").alias("_mc"), pl.col("se").alias("_sc"))
+        spread = z * (pl.col("_sb") ** 2 + pl.col("_sc") ** 2).sqrt()
+        delta = pl.col("_mc") - pl.col("_mb")
+        stats = med_b.join(med_c, on="key").join(mann_whitney(long, ["key"]), on="key").select(
+            "key",
+            "_nb",
+            "_nc",
+            pl.col("_mb").alias(f"{metric}_base_ns"),
+            pl.col("_mc").alias(f"{metric}_cand_ns"),
+            delta.alias(f"{metric}_delta_ns"),
+            pl.when(pl.col("_mb") > 0).then(pl.col("_mc") / pl.col("_mb")).alias(f"{metric}_ratio"),
+            (delta - spread).alias(f"{metric}_ci_low_ns"),
+            (delta + spread).alias(f"{metric}_ci_high_ns"),
+            pl.col("p_value").alias(f"{metric}_p_value"),
         )
-    )
-    wide = None
-    for metric in METRICS:
-        part = stats.filter(pl.col("metric") == metric).select(
-            "fqn", "phase", "_nb", "_nc", *[pl.col(c).alias(f"{metric}_{c}") for c in _STAT_COLUMNS]
-        )
-        if wide is None:
-            wide = part.rename({"_nb": "n_base", "_nc": "n_cand"})
+        stats = stats.with_columns(holm(stats[f"{metric}_p_value"]).alias(f"{metric}_p_adjusted"))
+        if metric == "self":
+            wide = wide.join(stats.rename({"_nb": "n_base", "_nc": "n_cand"}), on="key")
         else:
-            wide = wide.join(part.drop("_nb", "_nc"), on=["fqn", "phase"])
-    assert wide is not None
-    calls = pl.concat(
-        [
-            base.group_by("fqn", "phase").agg(pl.col("calls").median().alias("calls_base")),
-        ]
-    ).join(cand.group_by("fqn", "phase").agg(pl.col("calls").median().alias("calls_cand")), on=["fqn", "phase"])
-    wide = wide.join(calls, on=["fqn", "phase"], how="left")
+            wide = wide.join(stats.drop("_nb", "_nc"), on="key")
+    calls = (
+        base.group_by("key").agg(pl.col("calls").median().alias("calls_base"))
+        .join(cand.group_by("key").agg(pl.col("calls").median().alias("calls_cand")), on="key")
+    )
+    wide = wide.join(calls, on="key", how="left").with_columns(
+        pl.col("fqn").cast(pl.String), pl.col("phase").cast(pl.String)
+    )
     frame = wide.with_columns(
         _changed("self", options, 1).alias("_sreg"),
         _changed("self", options, -1).alias("_simp"),
@@ -347,7 +397,7 @@ def _changed(metric: str, options: DiffOptions, direction: int) -> pl.Expr:
     delta = pl.col(f"{metric}_delta_ns") * direction
     relative = pl.when(base > 0).then(delta / base).otherwise(pl.lit(math.inf) if direction > 0 else pl.lit(0.0))
     return (
-        (pl.col(f"{metric}_p_value") < options.alpha).fill_null(False)
+        (pl.col(f"{metric}_p_adjusted") < options.alpha).fill_null(False)
         & (delta > options.min_delta_ns)
         & (relative > options.threshold)
     )
@@ -399,11 +449,11 @@ def compare_structure(
 
     placed = []
     for spans in (base_spans, cand_spans):
-        sp = _compared(spans, options.skip_steps, options.phases)
+        sp = _compared(spans, options.skip_steps, options.phases).select("fqn", "device", "stream").unique()
         placed.append(
-            sp.group_by(pl.col("fqn").cast(pl.String)).agg(
+            sp.group_by("fqn").agg(
                 _joined(pl.col("device")).alias("device"), _joined(pl.col("stream")).alias("stream")
-            )
+            ).with_columns(pl.col("fqn").cast(pl.String))
         )
     where = placed[0].join(placed[1], on="fqn", suffix="_c").sort("fqn")
     for what in ("device", "stream"):
@@ -442,20 +492,21 @@ def _row(kind: str, fqn: str | None, phase: str | None, base: str, cand: str, me
 
 
 def call_sequences(spans: pl.DataFrame, options: DiffOptions) -> pl.DataFrame:
-    """Spans of the compared steps of the lowest rank -> (step, seq_no, phase, depth, fqn, label, sig).
+    """Spans of the compared steps of the lowest rank -> (rank, step, phase, depth, fqn, call).
 
-    One row per call in call order (per thread, threads in id order).  ``sig``
-    is a hash of the step's whole sequence, equal for equal sequences.
+    One row per call in call order (per thread, threads in id order).
+    ``call`` hashes (phase, depth, module): equal calls have equal hashes
+    within one process, whichever run they come from.
     """
     sp = _compared(spans, options.skip_steps, options.phases)
     if sp.height == 0:
         return pl.DataFrame()
     rank = sp["rank"].min()
     sp = sp.filter(pl.col("rank") == rank).sort("step", "thread_id", "span_id")
-    label = pl.format("{} {} {}", pl.col("phase").cast(pl.String), pl.col("depth"), pl.col("fqn").cast(pl.String))
-    return sp.select(
-        "rank", "step", pl.col("phase").cast(pl.String), "depth", pl.col("fqn").cast(pl.String), label.alias("label")
-    )
+    call = pl.struct(
+        pl.col("phase").to_physical(), pl.col("depth"), pl.col("fqn").cast(pl.Categorical).to_physical()
+    ).hash()
+    return sp.select("rank", "step", "phase", "depth", "fqn", call.alias("call"))
 
 
 def first_divergence(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions) -> Divergence | None:
@@ -468,7 +519,8 @@ def first_divergence(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options
     def sigs(seq: pl.DataFrame) -> pl.DataFrame:
         return (
             seq.group_by("step", maintain_order=True)
-            .agg(pl.col("label").str.join("\n").hash().alias("sig"))
+            .agg(pl.col("call"))
+            .select("step", pl.col("call").hash().alias("sig"))
             .with_row_index("k")
         )
 
@@ -491,9 +543,9 @@ def _display(phase: str, depth: int, fqn: str) -> str:
 
 
 def _excerpt(a: pl.DataFrame, b: pl.DataFrame, options: DiffOptions) -> tuple[pl.DataFrame, int]:
-    la, lb = a["label"].to_list(), b["label"].to_list()
-    da = [_display(p, d, f) for p, d, f in a.select("phase", "depth", "fqn").iter_rows()]
-    db = [_display(p, d, f) for p, d, f in b.select("phase", "depth", "fqn").iter_rows()]
+    la, lb = a["call"].to_list(), b["call"].to_list()
+    da = [_display(str(p), d, str(f)) for p, d, f in a.select("phase", "depth", "fqn").iter_rows()]
+    db = [_display(str(p), d, str(f)) for p, d, f in b.select("phase", "depth", "fqn").iter_rows()]
     ops = difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes()
     first = next(i for i, op in enumerate(ops) if op[0] != "equal")
     tag, i1, i2, j1, j2 = ops[first]

@@ -24,7 +24,8 @@ existing ones are not renamed or removed without bumping ``format``.
                   STATS = {base_us, cand_us (median per step), delta_us,
                   ratio (null when base is 0), ci_low_us, ci_high_us
                   (interval of delta_us at 1 - alpha), p_value (Mann-Whitney
-                  U, two-sided)}
+                  U, two-sided), p_adjusted (Holm over every compared
+                  module and phase; the verdict uses this one)}
     structure     [{kind, fqn, phase, base, cand, message}]; kind is one of
                   module_removed, module_added, phase_removed, phase_added,
                   calls_changed, device_changed, stream_changed,
@@ -72,6 +73,7 @@ def _stats(row: dict[str, Any], metric: str) -> dict[str, Any]:
         "ci_low_us": _us(row[f"{metric}_ci_low_ns"]),
         "ci_high_us": _us(row[f"{metric}_ci_high_ns"]),
         "p_value": _round(row[f"{metric}_p_value"]),
+        "p_adjusted": _round(row[f"{metric}_p_adjusted"]),
     }
 
 
@@ -200,14 +202,14 @@ def headline(doc: dict[str, Any]) -> list[str]:
             f"{_count(s['regressions'], 'regression')}, {_count(s['improvements'], 'improvement')}, "
             f"{_count(s['structure_changes'], 'structure change')} "
             f"({s['compared']} module/phase pairs compared; blame on self time: > {o['threshold_pct']:g}% "
-            f"and > {o['min_delta_us']:g} us per step, Mann-Whitney p < {o['alpha']:g}; "
+            f"and > {o['min_delta_us']:g} us per step, Mann-Whitney p < {o['alpha']:g} after Holm; "
             f"first {o['skip_steps']} step(s) skipped)"
         ),
     ]
-    if s["min_p_value"] is not None and s["min_p_value"] >= o["alpha"]:
+    if s["min_p_value"] is not None and s["compared"] and s["min_p_value"] * s["compared"] >= o["alpha"]:
         lines.append(
-            f"warning: too few steps for the test to reach p < {o['alpha']:g} "
-            f"(best possible p = {s['min_p_value']:.2g}); record more steps"
+            f"warning: few steps ({doc['base']['steps']} and {doc['cand']['steps']}) for {s['compared']} "
+            "comparisons: only a change seen in every step can be significant; record more steps"
         )
     return lines
 
@@ -216,7 +218,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-TIMING_HEADERS = ("module", "phase", "base", "cand", "delta", "change", "CI of delta", "p", "impact/step")
+TIMING_HEADERS = ("module", "phase", "base", "cand", "delta", "change", "CI of delta", "p (Holm)", "impact/step")
 
 
 def timing_rows(doc: dict[str, Any], verdict: str, metric: str = "self") -> list[list[Any]]:
@@ -229,7 +231,7 @@ def timing_rows(doc: dict[str, Any], verdict: str, metric: str = "self") -> list
         pct = r["impact_pct"]
         rows.append([
             r["fqn"], r["phase"], fmt_time(st["base_us"]), fmt_time(st["cand_us"]),
-            fmt_time(st["delta_us"], signed=True), fmt_ratio(st["ratio"]), _ci(st), fmt_p(st["p_value"]),
+            fmt_time(st["delta_us"], signed=True), fmt_ratio(st["ratio"]), _ci(st), fmt_p(st["p_adjusted"]),
             fmt_time(impact, signed=True) + ("" if pct is None or metric != "self" else f" ({pct:+.1f}%)"),
         ])
     return rows
@@ -346,8 +348,9 @@ class DiffJsonRenderer(DiffRenderer):
 
 CSV_COLUMNS: tuple[str, ...] = (
     "kind", "fqn", "phase", "impact_us", "impact_pct", "self_base_us", "self_cand_us", "self_delta_us",
-    "self_ratio", "self_ci_low_us", "self_ci_high_us", "self_p_value", "incl_base_us", "incl_cand_us",
-    "incl_delta_us", "incl_ratio", "incl_p_value", "calls_base", "calls_cand", "base", "cand", "message",
+    "self_ratio", "self_ci_low_us", "self_ci_high_us", "self_p_value", "self_p_adjusted", "incl_base_us",
+    "incl_cand_us", "incl_delta_us", "incl_ratio", "incl_p_value", "incl_p_adjusted", "calls_base", "calls_cand",
+    "base", "cand", "message",
 )
 
 
@@ -363,11 +366,12 @@ class DiffCsvRenderer(DiffRenderer):
             rows.append([
                 r["verdict"], r["fqn"], r["phase"], r["impact_us"], r["impact_pct"],
                 st["base_us"], st["cand_us"], st["delta_us"], st["ratio"], st["ci_low_us"], st["ci_high_us"],
-                st["p_value"], inc["base_us"], inc["cand_us"], inc["delta_us"], inc["ratio"], inc["p_value"],
+                st["p_value"], st["p_adjusted"], inc["base_us"], inc["cand_us"], inc["delta_us"], inc["ratio"],
+                inc["p_value"], inc["p_adjusted"],
                 r["calls_base"], r["calls_cand"], None, None, None,
             ])
         for s in doc["structure"]:
-            rows.append([s["kind"], s["fqn"], s["phase"], *([None] * 16), s["base"], s["cand"], s["message"]])
+            rows.append([s["kind"], s["fqn"], s["phase"], *([None] * 18), s["base"], s["cand"], s["message"]])
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
