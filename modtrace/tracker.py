@@ -67,7 +67,6 @@ _CLOSED_AT_END = int(Status.CLOSED_AT_END_OF_BACKWARD)
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
-_META_KEY = "modtrace"
 # Recent forward calls kept per module for linking recomputation to them.
 _RECENT_CALLS = 256
 _RAISED = object()  # marks the post-hook call torch makes when a forward raised
@@ -139,6 +138,9 @@ class Tracker:
         self._seq = itertools.count()
         self._call_ids = itertools.count(1)
         self._active = False
+        # Each tracker keeps its own entries on a node: two recording at once
+        # (a Recorder and a ModuleTracker) must not dispatch each other's calls.
+        self._meta_key = f"modtrace-{id(self):x}"
         self._handles: list[RemovableHandle] = []
         # keyed by tensor identity (tensors compare elementwise, so not a WeakKeyDictionary)
         self._leaf_handles: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -478,10 +480,10 @@ class Tracker:
 
     def _entries(self, node: Any, t: torch.Tensor) -> tuple[list[_Call], list[_Call]]:
         md = node.metadata
-        entries: tuple[list[_Call], list[_Call]] | None = md.get(_META_KEY)
+        entries: tuple[list[_Call], list[_Call]] | None = md.get(self._meta_key)
         if entries is None:
             entries = ([], [])
-            md[_META_KEY] = entries
+            md[self._meta_key] = entries
             leaf = t.grad_fn is None
             handle = node.register_prehook(partial(self._dispatch, entries, leaf))
             if leaf:

@@ -396,3 +396,25 @@ def test_a_child_added_after_its_parent_was_named_gets_its_path() -> None:
     model = Grows()
     events, _ = record(lambda: model(torch.randn(1, 2)))
     assert [e.fqn for e in events if e.kind == "enter"] == ["Grows", "Grows.first", "Grows.late"]
+
+
+def test_two_trackers_at_once_each_see_every_call() -> None:
+    from modtrace.tracker import Tracker
+    from tests.recording import FakeClock, decode
+
+    model = mlp()
+    rows_a: list[tuple[object, ...]] = []
+    rows_b: list[tuple[object, ...]] = []
+    a = Tracker(rows_a.append, clock=FakeClock())
+    b = Tracker(rows_b.append, clock=FakeClock())
+    a.start()
+    b.start()
+    try:
+        model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    finally:
+        b.stop()
+        a.stop()
+    ev_a, ev_b = decode(a, rows_a), decode(b, rows_b)
+    assert problems(ev_a) == [] and problems(ev_b) == []
+    assert [e.short() for e in ev_a] == [e.short() for e in ev_b]
+    assert len([e for e in ev_a if e.phase == "backward"]) == 8
