@@ -182,6 +182,11 @@ def open_store(db: str | None = None, *, create: bool = False, check: bool = Tru
             store.created = True
         else:
             rev, has_tables = _read_revision_sqlite(store)
+            if rev is None and has_tables:
+                # Tables without a revision may be another process creating
+                # the schema right now: it holds the creation lock until done.
+                with _file_lock(path, shared=True):
+                    rev, has_tables = _read_revision_sqlite(store)
             if rev is None:
                 if has_tables:
                     raise StoreError(
@@ -214,12 +219,13 @@ def _read_revision_sqlite(store: Store) -> tuple[str | None, bool]:
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _file_lock(path: Path, *, shared: bool = False) -> Iterator[None]:
     # Ranks of one launch may all find the database missing; a BSD lock on the
     # file itself (independent of SQLite's own POSIX locks) lets one create it.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # A shared lock (read-only descriptor, never creates) waits for that creator.
+    fd = os.open(path, os.O_RDONLY) if shared else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
