@@ -4,7 +4,7 @@
 
 Builds two runs in a SQLite database from synthetic rows (a model of
 ``--blocks`` blocks of 8 modules each, forward and backward, exact
-timestamps; the candidate has one module 30% slower), written with the
+timestamps; the candidate has one module 50% slower), written with the
 recorder's ``RankWriter`` and analysed with ``modtrace.analysis.materialize``
 as a recording would be.  Then times ``modtrace diff BASE CAND --format
 json`` as a subprocess (interpreter start and imports included), and, in this
@@ -52,7 +52,7 @@ def events(mods: list[tuple[int, str, str, int | None]], steps: int, seed: int, 
     children: dict[int | None, list[int]] = {}
     for mid, _, _, parent in mods:
         children.setdefault(parent, []).append(mid)
-    cost = {mid: 20_000 + 5_000 * (mid % 7) for mid, *_ in mods}
+    cost = {mid: 50_000 + 10_000 * (mid % 7) for mid, *_ in mods}
     rows: list[tuple[Any, ...]] = []
     seq = 0
     ts = 0
@@ -67,7 +67,7 @@ def events(mods: list[tuple[int, str, str, int | None]], steps: int, seed: int, 
         task = None if phase == 0 else step
         rows.append((seq, ts, 0, mid, phase, cid, step, 0, 0, None, 0, task, 0))
         seq += 1
-        own = cost[mid] * (1.3 if mid == slow else 1.0) * (1 + rng.uniform(-0.05, 0.05))
+        own = cost[mid] * (1.5 if mid == slow else 1.0) * (1 + rng.uniform(-0.05, 0.05))
         ts += int(own)
         kids = children.get(mid, [])
         for kid in kids if phase == 0 else reversed(kids):
@@ -115,11 +115,10 @@ def build(db: str, n_events: int, blocks: int) -> dict[str, Any]:
 def stages(db: str) -> dict[str, float]:
     """In-process times of the two stages of one diff."""
     from modtrace.analysis.diff import diff_spans
-    from modtrace.cli.diff import _load
+    from modtrace.cli.diff import _load_both
 
     t0 = time.perf_counter()
-    base, _ = _load(db, "base", None)
-    cand, _ = _load(db, "cand", None)
+    (base, _), (cand, _) = _load_both((db, "base", None), (db, "cand", None))
     t1 = time.perf_counter()
     result = diff_spans(base, cand)
     t2 = time.perf_counter()

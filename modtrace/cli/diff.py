@@ -30,10 +30,15 @@ def _split_ref(store: Store, ref: str) -> tuple[Any, int | None]:
     return resolve_run(store, head), int(tail)
 
 
+# What a diff reads of each span; the other stored columns stay null.
+DIFF_COLUMNS = (
+    "run_id", "rank", "span_id", "depth", "module_id", "phase", "step", "thread_id", "duration_ns", "self_ns",
+    "device_id", "stream",
+)
+
+
 def _load(db: str | None, ref: str, rank: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """Open DB, resolve RUN[:RANK] and return its spans (one rank's when asked) and its description."""
-    import polars as pl
-
     from modtrace.errors import UsageError
     from modtrace.store.engine import open_store
 
@@ -42,29 +47,52 @@ def _load(db: str | None, ref: str, rank: int | None) -> tuple[pl.DataFrame, dic
         run, ref_rank = _split_ref(store, ref)
         if ref_rank is not None:
             rank = ref_rank
-        spans = _spans(store, run.id)
+        if rank is not None:
+            ranks = _ranks(store, run.id)
+            if rank not in ranks:
+                raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
+        spans = _spans(store, run.id, rank)
         label = store.label
     finally:
         store.dispose()
     if spans.height == 0:
         raise UsageError(f"run {run.name!r} has no module calls to compare")
-    if rank is not None:
-        ranks = sorted(spans["rank"].unique().to_list())
-        if rank not in ranks:
-            raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
-        spans = spans.filter(pl.col("rank") == rank)
     return spans, {"run": run.name, "run_id": run.id, "db": label, "rank": rank}
 
 
-def _spans(store: Store, run_id: int) -> pl.DataFrame:
-    """The run's stored spans; rebuilt in memory (nothing written) for a run never analysed."""
-    from modtrace.analysis.materialize import compute
-    from modtrace.store.analysis_store import read_analysis
+def _ranks(store: Store, run_id: int) -> list[int]:
+    from modtrace.store.reader import read_ranks
 
-    stored = read_analysis(store, run_id)
-    if stored is not None:
-        return stored[0]
-    return compute(store, run_id).spans
+    return read_ranks(store, run_id)
+
+
+def _spans(store: Store, run_id: int, rank: int | None) -> pl.DataFrame:
+    """The run's stored spans (the columns a diff needs); rebuilt in memory, nothing written, when never analysed."""
+    import polars as pl
+
+    from modtrace.analysis.materialize import compute
+    from modtrace.analysis.spans import name_spans
+    from modtrace.store.analysis_store import has_analysis, read_span_rows
+    from modtrace.store.reader import read_devices, read_modules
+
+    if has_analysis(store, run_id):
+        ranks = None if rank is None else [rank]
+        rows = read_span_rows(store, run_id, columns=DIFF_COLUMNS, rank=rank)
+        return name_spans(rows, read_modules(store, run_id, ranks=ranks), read_devices(store, run_id, ranks=ranks))
+    spans = compute(store, run_id, rank=rank).spans
+    return spans if rank is None else spans.filter(pl.col("rank") == rank)
+
+
+def _load_both(
+    base: tuple[str | None, str, int | None], cand: tuple[str | None, str, int | None]
+) -> tuple[tuple[pl.DataFrame, dict[str, Any]], tuple[pl.DataFrame, dict[str, Any]]]:
+    """Both runs, read side by side (the database driver releases the GIL while it steps)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fb = pool.submit(_load, *base)
+        fc = pool.submit(_load, *cand)
+        return fb.result(), fc.result()
 
 
 @click.command()
@@ -113,8 +141,9 @@ def diff(
         skip_steps=skip_steps,
         phases=tuple(p for p in PHASE_CHOICES if p in phases) if phases else None,
     )
-    base_spans, base_info = _load(db, base, rank)
-    cand_spans, cand_info = _load(cand_db if cand_db is not None else db, cand, rank)
+    (base_spans, base_info), (cand_spans, cand_info) = _load_both(
+        (db, base, rank), (cand_db if cand_db is not None else db, cand, rank)
+    )
     result = diff_spans(base_spans, cand_spans, options)
     for side, info in (("base_steps", base_info), ("cand_steps", cand_info)):
         if not result.summary[side]:

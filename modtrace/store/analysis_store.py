@@ -63,15 +63,24 @@ def has_analysis(store: Store, run_id: int) -> bool:
         return cur.fetchone() is not None
 
 
-def read_span_rows(store: Store, run_id: int) -> pl.DataFrame:
+def read_span_rows(
+    store: Store, run_id: int, *, columns: tuple[str, ...] = SPAN_ROW_COLUMNS, rank: int | None = None
+) -> pl.DataFrame:
+    """The run's stored span rows (one rank's when given); only ``columns``, the others null."""
     m = _mark(store)
-    sql = f"SELECT {', '.join(SPAN_ROW_COLUMNS)} FROM span_rows WHERE run_id = {m} ORDER BY rank, span_id"
+    where = f"run_id = {m}" + ("" if rank is None else f" AND rank = {int(rank)}")
+    sql = f"SELECT {', '.join(columns)} FROM span_rows WHERE {where} ORDER BY rank, span_id"
+    schema = {c: SPAN_ROW_SCHEMA[c] for c in columns}
     parts = []
     with _cursor(store, "modtrace_spans") as cur:
         cur.execute(sql, (run_id,))
         while rows := cur.fetchmany(200_000):
-            parts.append(pl.DataFrame(rows, schema=SPAN_ROW_SCHEMA, orient="row"))
-    return pl.concat(parts) if parts else pl.DataFrame(schema=SPAN_ROW_SCHEMA)
+            parts.append(pl.DataFrame(rows, schema=schema, orient="row"))
+    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    if len(columns) == len(SPAN_ROW_COLUMNS):
+        return frame
+    missing = [pl.lit(None, dtype=SPAN_ROW_SCHEMA[c]).alias(c) for c in SPAN_ROW_COLUMNS if c not in columns]
+    return frame.with_columns(missing).select(SPAN_ROW_COLUMNS)
 
 
 def read_issues(store: Store, run_id: int) -> pl.DataFrame:
