@@ -46,10 +46,9 @@ def analyze_events(
     """Event, module and device frames -> spans and nesting issues, sharing one pairing."""
     ev = normalize_events(events, modules)
     pairing = pair_events(ev)
-    return Analysis(
-        spans=build_spans(pairing.pairs, modules, devices),
-        issues=collect_issues(ev, pairing, modules, complete=complete),
-    )
+    issues = collect_issues(ev, pairing, modules, complete=complete)
+    del ev  # the spans need only the pairs: free the normalised rows first
+    return Analysis(spans=build_spans(pairing.pairs, modules, devices, pairing.child_ns), issues=issues)
 
 
 def check_nesting(events: pl.DataFrame, modules: pl.DataFrame, *, complete: bool = True) -> pl.DataFrame:

@@ -199,25 +199,31 @@ def _tie_permutation(ev: pl.DataFrame, modules: pl.DataFrame) -> pl.Series | Non
     )
 
     # The enter each tied exit closes: the latest enter of its call, phase and
-    # graph task before it; its place in the normalised order is (group
-    # start, module depth, seq), an untied enter being its own group.
-    exits = tied.filter(pl.col("kind") == EXIT).select("_row", "rank", "seq", "call_id", "phase", "graph_task")
-    key = ["rank", "call_id", "phase", "graph_task"]
-    enters = ev.filter((pl.col("kind") == ENTER) & pl.col("call_id").is_in(exits["call_id"].unique().implode(), nulls_equal=True)).select(
-        *key, pl.col("seq").alias("_eseq")
+    # graph task before it (rows of a rank are in seq order, so the latest is
+    # the highest row); its place in the normalised order is (group start,
+    # module depth, seq), an untied enter being its own group.  Joined on
+    # call_id alone (one Int64 key), the rest compared after.
+    exits = tied.filter(pl.col("kind") == EXIT).select("_row", "rank", "call_id", "phase", "graph_task")
+    calls = exits["call_id"].unique().implode()
+    enters = ev.select(
+        pl.int_range(n, dtype=pl.UInt32).alias("_erow"), "kind", "rank", "call_id", "phase", "graph_task"
+    ).filter((pl.col("kind") == ENTER) & pl.col("call_id").is_in(calls, nulls_equal=True))
+    same = (
+        pl.col("rank").eq_missing(pl.col("rank_e"))
+        & pl.col("phase").eq_missing(pl.col("phase_e"))
+        & pl.col("graph_task").eq_missing(pl.col("graph_task_e"))
+        & (pl.col("_erow") < pl.col("_row"))
+    )
+    tied_enters = tied.filter(pl.col("kind") == ENTER).select(
+        pl.col("_row").alias("_erow"), pl.col("_gstart").alias("_eg"), pl.col("module_depth").alias("_ed")
     )
     matched = (
-        exits.join(enters, on=key, how="inner", nulls_equal=True)
-        .filter(pl.col("_eseq") < pl.col("seq"))
+        exits.join(enters.drop("kind"), on="call_id", how="inner", nulls_equal=True, suffix="_e")
+        .filter(same.fill_null(False))
         .group_by("_row")
-        .agg(pl.col("rank").first(), pl.col("_eseq").max())
-        .join(
-            tied.filter(pl.col("kind") == ENTER).select(
-                "rank", pl.col("seq").alias("_eseq"), pl.col("_gstart").alias("_eg"), pl.col("module_depth").alias("_ed")
-            ),
-            on=["rank", "_eseq"],
-            how="left",
-        )
+        .agg(pl.col("_erow").max())
+        .with_columns(pl.lit(ev["seq"]).gather(pl.col("_erow")).alias("_eseq"))
+        .join(tied_enters, on="_erow", how="left")
         .with_columns(pl.col("_eg").fill_null(pl.col("_eseq")), pl.col("_ed").fill_null(0))
         .select("_row", "_eg", "_ed", "_eseq")
     )

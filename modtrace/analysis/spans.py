@@ -80,10 +80,14 @@ class Pairing:
     ``issues`` has ``RAW_ISSUE_SCHEMA``: rank, seq, kind (no_enter, unclosed,
     crossed, reentered, duplicate_enter, duplicate_exit), the row's module,
     phase and call, and the other rows the message refers to.
+    ``child_ns``, when not None, is aligned with ``pairs``: each span's
+    children's summed durations (what ``time_spans`` would otherwise join
+    for), known cheaply when every stack nested cleanly.
     """
 
     pairs: pl.DataFrame
     issues: pl.DataFrame
+    child_ns: pl.Series | None = None
 
 
 def _levels(ev: pl.DataFrame) -> pl.DataFrame:
@@ -176,8 +180,10 @@ def pair_events(ev: pl.DataFrame) -> Pairing:
     else:
         clean = pl.lit(True)
         lv = lv.filter(enter_rows)
+    lv = lv.select("_row", "_level", "_exit", pl.when(pl.col("_parent") >= 0).then(pl.col("_parent")).alias("_parent"))
+    child_ns = None if dirty else _child_durations(ev, lv)
     # Enters back in (rank, order) order, the order of ``ev``'s rows.
-    lv = lv.select("_row", "_level", "_exit", pl.when(pl.col("_parent") >= 0).then(pl.col("_parent"))).sort("_row")
+    lv = lv.sort("_row")
     exit_row = lv["_exit"]
     parent_row = lv["_parent"]
     pairs = ev.filter((pl.col("kind") == ENTER) & clean).select(
@@ -201,7 +207,33 @@ def pair_events(ev: pl.DataFrame) -> Pairing:
         walked_pairs, walked_issues = _walk_dirty(ev.filter(~clean))
         pairs = pl.concat([pairs, walked_pairs], how="vertical_relaxed").sort("rank", "order")
         issues.append(walked_issues)
-    return Pairing(pairs=pairs, issues=pl.concat(issues).sort("rank", "seq", "kind"))
+    return Pairing(pairs=pairs, issues=pl.concat(issues).sort("rank", "seq", "kind"), child_ns=child_ns)
+
+
+def _child_durations(ev: pl.DataFrame, enters: pl.DataFrame) -> pl.Series:
+    """Children's summed durations per enter of ``ev``, in ``ev``'s row order (enters only).
+
+    ``enters`` are the enters of clean stacks in (stack, level, order) order
+    with their ``_exit`` and ``_parent`` rows.  There, the children of one
+    parent are next to each other (they are the rows one level down between
+    its enter and its exit), so a running sum over runs of equal parents
+    adds them up without a join.
+    """
+    ts = ev["ts_ns"]
+    runs = (
+        enters.select("_parent", (ts.gather(enters["_exit"]) - ts.gather(enters["_row"])).fill_null(0).alias("_d"))
+        .filter(pl.col("_parent").is_not_null())
+        .with_columns(pl.col("_d").cum_sum())
+        .filter((pl.col("_parent") != pl.col("_parent").shift(-1)).fill_null(True))
+        .select("_parent", (pl.col("_d") - pl.col("_d").shift(1).fill_null(0)).alias("_sum"))
+    )
+    # A parent's place among the enters in row order.
+    place = ev.select(((pl.col("kind") == ENTER).cum_sum() - 1).cast(pl.UInt32)).to_series()
+    n_enters = int(place[-1]) + 1 if len(place) else 0
+    child = pl.zeros(n_enters, dtype=pl.Int64, eager=True)
+    if runs.height:
+        child.scatter(place.gather(runs["_parent"]), runs["_sum"])
+    return child
 
 
 def _walk_dirty(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -252,17 +284,43 @@ SPAN_ROW_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def time_spans(pairs: pl.DataFrame) -> pl.DataFrame:
-    """Pairs frame -> span rows (``SPAN_ROW_COLUMNS``): adds duration and self time."""
+def _span_keys(spans: pl.DataFrame) -> tuple[list[str], pl.Expr, pl.Expr]:
+    """How to join spans to their parents: (key columns, own key, parent key).
+
+    A span is named by (rank, span_id).  One Int64 key joins much faster than
+    two columns: span_id alone when there is one rank, rank * 2**47 + id when
+    ranks and ids fit, else the two columns (``_rank``, ``_key``).
+    """
+    lo_rank, hi_rank, lo_id, hi_id = spans.select(
+        pl.col("rank").min().alias("a"), pl.col("rank").max().alias("b"),
+        pl.min_horizontal(pl.col("span_id").min(), pl.col("parent_span_id").min()).alias("c"),
+        pl.max_horizontal(pl.col("span_id").max(), pl.col("parent_span_id").max()).alias("d"),
+    ).row(0)
+    if lo_rank == hi_rank:
+        return ["_key"], pl.col("span_id").alias("_key"), pl.col("parent_span_id").alias("_key")
+    if lo_rank >= 0 and hi_rank < (1 << 15) and lo_id >= 0 and hi_id < (1 << 47):
+        rank = pl.col("rank").cast(pl.Int64) * (1 << 47)
+        return ["_key"], (rank + pl.col("span_id")).alias("_key"), (rank + pl.col("parent_span_id")).alias("_key")
+    return ["rank", "_key"], pl.col("span_id").alias("_key"), pl.col("parent_span_id").alias("_key")
+
+
+def time_spans(pairs: pl.DataFrame, child_ns: pl.Series | None = None) -> pl.DataFrame:
+    """Pairs frame -> span rows (``SPAN_ROW_COLUMNS``): adds duration and self time.
+
+    ``child_ns`` (``Pairing.child_ns``) saves joining each span with its children.
+    """
     spans = pairs.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
+    if child_ns is not None:
+        return spans.with_columns((pl.col("duration_ns") - pl.lit(child_ns)).alias("self_ns")).select(SPAN_ROW_COLUMNS)
+    key, own, parent = _span_keys(spans)
     children = (
         spans.filter(pl.col("parent_span_id").is_not_null())
-        .group_by("rank", "parent_span_id")
+        .group_by(*key[:-1], parent)
         .agg(pl.col("duration_ns").sum().alias("_child_ns"))
-        .rename({"parent_span_id": "span_id"})
     )
     return (
-        spans.join(children, on=["rank", "span_id"], how="left", maintain_order="left")
+        spans.with_columns(own)
+        .join(children, on=key, how="left", maintain_order="left")
         .with_columns((pl.col("duration_ns") - pl.col("_child_ns").fill_null(0)).alias("self_ns"))
         .select(SPAN_ROW_COLUMNS)
     )
@@ -287,12 +345,17 @@ def name_spans(rows: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame)
     )
 
 
-def build_spans(pairs: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
-    """Pairs frame -> spans frame (``SPAN_COLUMNS``): timings, self time, names."""
-    return name_spans(time_spans(pairs), modules, devices)
+def build_spans(
+    pairs: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame, child_ns: pl.Series | None = None
+) -> pl.DataFrame:
+    """Pairs frame -> spans frame (``SPAN_COLUMNS``): timings, self time, names.
+
+    Pass ``Pairing.child_ns`` along with ``Pairing.pairs`` when you have it (faster).
+    """
+    return name_spans(time_spans(pairs, child_ns), modules, devices)
 
 
 def rebuild_spans(events: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     """Event frame (with its module and device frames) -> spans frame."""
     pairing = pair_events(normalize_events(events, modules))
-    return build_spans(pairing.pairs, modules, devices)
+    return build_spans(pairing.pairs, modules, devices, pairing.child_ns)
