@@ -41,6 +41,7 @@ from modtrace.analysis.events import (
     STATUS_ENUM,
     conform,
     decode,
+    lookup_key,
     normalize_events,
 )
 from modtrace.analysis.stack import walk_stack
@@ -329,14 +330,17 @@ def time_spans(pairs: pl.DataFrame, child_ns: pl.Series | None = None) -> pl.Dat
 def name_spans(rows: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     """Span rows (codes) -> spans frame (``SPAN_COLUMNS``): module and device names, phase and status as Enums."""
     names = conform(modules, MODULE_SCHEMA).select(
-        "rank", "module_id", pl.col("fqn").cast(pl.Categorical), pl.col("module_type").cast(pl.Categorical)
+        lookup_key("rank", "module_id").alias("_mk"),
+        pl.col("fqn").cast(pl.Categorical),
+        pl.col("module_type").cast(pl.Categorical),
     )
     devs = conform(devices, DEVICE_SCHEMA).select(
-        "rank", "device_id", pl.col("name").cast(pl.Categorical).alias("device")
+        lookup_key("rank", "device_id").alias("_dk"), pl.col("name").cast(pl.Categorical).alias("device")
     )
     return (
-        rows.join(names, on=["rank", "module_id"], how="left", maintain_order="left")
-        .join(devs, on=["rank", "device_id"], how="left", maintain_order="left")
+        rows.with_columns(lookup_key("rank", "module_id").alias("_mk"), lookup_key("rank", "device_id").alias("_dk"))
+        .join(names, on="_mk", how="left", maintain_order="left")
+        .join(devs, on="_dk", how="left", maintain_order="left")
         .with_columns(
             decode(pl.col("phase"), PHASE_ENUM).alias("phase"),
             decode(pl.col("status"), STATUS_ENUM).alias("status"),
