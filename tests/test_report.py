@@ -272,8 +272,8 @@ def test_report_to_stdout(tmp_path: Path, run_cli) -> None:  # type: ignore[no-u
 
 @pytest.mark.postgres
 def test_report_from_postgresql(pg_url: str, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
-    record_toy(pg_url, "base", steps=6)
-    record_toy(pg_url, "slow", steps=6, slow_ns=400_000)
+    record_toy(pg_url, "base", steps=8)
+    record_toy(pg_url, "slow", steps=8, slow_ns=400_000)
     out = tmp_path / "r.html"
     result = run_cli("report", "slow", "--vs", "base", "--db", pg_url, "-o", str(out))
     assert result.code == 0, result
