@@ -337,16 +337,21 @@ def name_spans(rows: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame)
     devs = conform(devices, DEVICE_SCHEMA).select(
         lookup_key("rank", "device_id").alias("_dk"), pl.col("name").cast(pl.Categorical).alias("device")
     )
-    return (
-        rows.with_columns(lookup_key("rank", "module_id").alias("_mk"), lookup_key("rank", "device_id").alias("_dk"))
-        .join(names, on="_mk", how="left", maintain_order="left")
-        .join(devs, on="_dk", how="left", maintain_order="left")
-        .with_columns(
-            decode(pl.col("phase"), PHASE_ENUM).alias("phase"),
-            decode(pl.col("status"), STATUS_ENUM).alias("status"),
-        )
-        .select(SPAN_COLUMNS)
+    keys = rows.select(lookup_key("rank", "module_id").alias("_mk"), lookup_key("rank", "device_id").alias("_dk"))
+    found = keys.join(names, on="_mk", how="left", maintain_order="left").join(
+        devs, on="_dk", how="left", maintain_order="left"
     )
+    if found.height == rows.height:
+        # Lookups join the two key columns only; the span rows are not copied.
+        rows = rows.with_columns(found.select("fqn", "module_type", "device"))
+    else:  # a lookup listed a module or device twice: one span row per match, as a join gives
+        rows = rows.with_columns(keys).join(names, on="_mk", how="left", maintain_order="left").join(
+            devs, on="_dk", how="left", maintain_order="left"
+        )
+    return rows.with_columns(
+        decode(pl.col("phase"), PHASE_ENUM).alias("phase"),
+        decode(pl.col("status"), STATUS_ENUM).alias("status"),
+    ).select(SPAN_COLUMNS)
 
 
 def build_spans(
