@@ -40,9 +40,22 @@ def materialize(store: Store, run_id: int, *, rank: int | None = None, complete:
     """Rebuild and store run ``run_id``'s spans and nesting issues (only ``rank``'s when given).
 
     Idempotent: the run's (rank's) stored rows are replaced in one transaction.
+    A run with more than ``stream.STREAM_ABOVE`` events on a rank is analysed
+    in rounds with bounded memory (``stream.materialize_streamed``); its spans
+    then go to the store only, and the returned ``spans`` frame is empty.
     """
+    from modtrace.analysis import stream
     from modtrace.store.analysis_store import write_analysis
 
+    if stream.event_total(store, run_id, rank) > stream.STREAM_ABOVE:
+        import polars as pl
+
+        from modtrace.analysis import Analysis
+        from modtrace.analysis.events import empty_devices, empty_modules
+        from modtrace.analysis.spans import SPAN_ROW_SCHEMA, name_spans
+
+        _, issues = stream.materialize_streamed(store, run_id, rank=rank, complete=complete)
+        return Analysis(name_spans(pl.DataFrame(schema=SPAN_ROW_SCHEMA), empty_modules(), empty_devices()), issues)
     result = compute(store, run_id, rank=rank, complete=complete)
     write_analysis(store, run_id, result.spans, result.issues, rank=rank)
     return result

@@ -51,10 +51,12 @@ def analyze(run: str, db: str | None) -> None:
     try:
         ref = resolve_run(store, run)
         result = materialize(store, ref.id)
+        with store.engine.connect() as conn:  # a large run's spans were streamed to the store, not returned
+            n_spans = conn.exec_driver_sql(f"SELECT count(*) FROM span_rows WHERE run_id = {int(ref.id)}").scalar()
     finally:
         store.dispose()
     click.echo(
-        f"run {ref.name} (id {ref.id}): {result.spans.height} spans, "
+        f"run {ref.name} (id {ref.id}): {n_spans} spans, "
         f"{result.issues.height} nesting issue(s): {_counts(result.issues)}"
     )
 

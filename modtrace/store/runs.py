@@ -110,6 +110,12 @@ def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | 
     """Mark this rank ended; the run takes the worst status of its ranks once all have ended."""
     now = utcnow_iso()
     with store.engine.begin() as conn:
+        # Ranks ending at the same moment must not each miss the other's end
+        # (then no one would close the run): on PostgreSQL lock the run row
+        # first.  SQLite serialises writers already (and a read before the
+        # first write would turn a busy wait into a stale-snapshot error).
+        if not store.is_sqlite:
+            conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
         conn.execute(
             update(run_ranks)
             .where(run_ranks.c.run_id == run_id, run_ranks.c.rank == rank)
