@@ -197,3 +197,32 @@ def test_eight_torchrun_ranks_record_one_run_into_postgres(pg_url: str) -> None:
         assert rank["fwd_enter"] == rank["fwd_exit"]
         counts.add(rank["rows"])
     assert len(counts) == 1  # the same model on every rank: the same events
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_two_nodes_record_one_run_into_postgres_through_modtrace_db(pg_url: str) -> None:
+    """A multi-node launch as each node runs it: one torchrun per node (here both on this
+    host, separate launchers), MODTRACE_DB naming the shared server, one --run-name."""
+    port = str(free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MODTRACE_DB": pg_url}
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
+             "-m", "modtrace", "record", "--run-name", "multinode",
+             "scripts/train_tiny.py", "--steps", "2", "--distributed", "--threads", "1", "--quiet",
+             "--blocks", "1", "--d-model", "16", "--heads", "2", "--seq", "8", "--batch", "2", "--vocab", "32"],
+            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        for node in (0, 1)
+    ]
+    outs = [p.communicate(timeout=300) for p in nodes]
+    for p, (_, err) in zip(nodes, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+        assert re.search(r"modtrace: rank [01]: run 'multinode' \(id \d+\) completed", err), err[-3000:]
+    got = facts(pg_url, "multinode")
+    assert got["status"] == "completed" and sorted(got["ranks"]) == [0, 1]
+    for rank in got["ranks"].values():
+        assert rank["rows"] == rank["event_count"] > 0 and (rank["lo"], rank["hi"]) == (0, rank["rows"] - 1)
+    assert got["ranks"][0]["rows"] == got["ranks"][1]["rows"]
