@@ -1,0 +1,67 @@
+"""Event reads at the edges of the value ranges: the frame equals what was written, chunk by chunk."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from modtrace.analysis.events import EVENT_SCHEMA
+from modtrace.store.engine import open_store
+from modtrace.store.reader import iter_event_chunks, read_events
+from modtrace.store.runs import add_rank, create_run
+from modtrace.store.writer import EVENT_COLUMNS, RankWriter
+
+BIG = 2**63 - 1
+
+# (seq, ts_ns, kind, module_id, phase, call_id, step, thread_id, device_id, stream, status, graph_task, tie)
+EDGE_ROWS = [
+    (-(2**63), -BIG, 0, -(2**31), 0, -BIG, -(2**31), 0, None, None, 0, None, 0),
+    (-5, 0, 1, 2**31 - 1, 2, BIG, 2**31 - 1, 2**31 - 1, 0, BIG, 127, BIG, 1),
+    (0, 1, -128, 0, -128, 0, 0, -(2**31), -(2**31), -BIG, -128, -BIG, -128),
+    (7, 2, 127, 3, 127, 4, 5, 6, 2**31 - 1, 0, 4, 0, 127),
+    (2**40, 3, 0, 1, 1, 2, 3, 4, None, 9, 3, 2**40, 0),  # a gap in seq
+    (BIG, BIG, 1, 1, 1, 2, 3, 4, 5, None, 0, None, 0),
+]
+
+
+def _write(db: str, rows: list[tuple[object, ...]]) -> int:
+    store = open_store(db, create=True)
+    try:
+        run_id, _ = create_run(store, "edges", {})
+        add_rank(store, run_id, 0, 0)
+        RankWriter(store, run_id, 0).write(rows)
+    finally:
+        store.dispose()
+    return run_id
+
+
+def _expected(rows: list[tuple[object, ...]], run_id: int) -> pl.DataFrame:
+    frame = pl.DataFrame(rows, schema={c: EVENT_SCHEMA[c] for c in EVENT_COLUMNS}, orient="row")
+    return frame.with_columns(pl.lit(run_id, dtype=pl.Int32).alias("run_id"), pl.lit(0, dtype=pl.Int32).alias("rank")).select(
+        list(EVENT_SCHEMA)
+    )
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 2, 4, 6, 1000])
+def test_extreme_values_nulls_and_seq_gaps_read_back_exactly(any_db: str, chunk_rows: int) -> None:
+    run_id = _write(any_db, EDGE_ROWS)
+    store = open_store(any_db)
+    try:
+        got = read_events(store, run_id, chunk_rows=chunk_rows)
+        sizes = [c.height for c in iter_event_chunks(store, run_id, 0, chunk_rows=chunk_rows)]
+    finally:
+        store.dispose()
+    assert got.schema == pl.Schema(EVENT_SCHEMA)
+    assert got.equals(_expected(sorted(EDGE_ROWS, key=lambda r: r[0]), run_id))  # type: ignore[arg-type, return-value]
+    assert sum(sizes) == len(EDGE_ROWS) and max(sizes) <= chunk_rows
+
+
+def test_a_code_outside_int8_is_refused_not_wrapped(db_path: object) -> None:
+    rows = [(0, 0, 0, 1, 0, 1, 0, 0, None, None, 300, None, 0)]
+    run_id = _write(str(db_path), rows)
+    store = open_store(str(db_path))
+    try:
+        with pytest.raises((ValueError, OverflowError, pl.exceptions.PolarsError)):
+            read_events(store, run_id)
+    finally:
+        store.dispose()
