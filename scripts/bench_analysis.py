@@ -11,12 +11,16 @@ size times, in one process with interleaved repeats:
   thread and graph task, self time, unclosed/no_enter/crossed and status
   issues).
 
-Peak RSS of the polars path is measured in a child process per size
-(generation included).  Reading the rows back from SQLite through
-modtrace.store.reader is timed separately.  Prints one JSON summary.
+Both paths must agree on the number of spans and issues and on the total
+self time.  Peak RSS of the polars path is measured in a fresh child
+process per size that reads the events from a parquet file the parent
+wrote (so generation is not counted; the input frame is).  Reading the
+rows back from SQLite through modtrace.store.reader is timed separately.
+Reports the polars thread pool size (set POLARS_MAX_THREADS to choose it)
+and the load average around each measurement.  Prints one JSON summary.
 
     python scripts/bench_analysis.py [--sizes 1000000,10000000] [--repeats 3]
-        [--python-repeats 1] [--read-sizes 1000000] [--skip-read]
+        [--python-repeats 3] [--read-sizes 1000000] [--read-repeats 3] [--skip-read]
 """
 
 from __future__ import annotations
@@ -230,8 +234,8 @@ def python_analysis(rows: list[tuple[Any, ...]], depth_of: dict[int, int]) -> tu
 # ------------------------------------------------------------------ measuring
 
 
-def rss_mb() -> float:
-    """Peak RSS of this process image in MiB.
+def rss_mb(field: str = "VmHWM") -> float:
+    """This process image's peak (VmHWM) or current (VmRSS) resident set in MiB.
 
     VmHWM, not ru_maxrss: after fork+exec Linux carries the parent's
     high-water mark into the child's ru_maxrss, which would count the
@@ -240,37 +244,49 @@ def rss_mb() -> float:
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child_polars(n: int) -> None:
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def child_polars(events_path: str) -> None:
+    """Fresh process: read the events (parquet), analyse once, report time and memory."""
     from modtrace.analysis import analyze_events
 
-    events, mods, devs = generate(n)
+    events = pl.read_parquet(events_path)
+    mods = pl.read_parquet(events_path + ".modules")
+    devs = pl.DataFrame({"rank": [0], "device_id": [0], "name": ["cpu"]})
     gc.collect()
-    before = rss_mb()
+    before = rss_mb("VmRSS")
     t0 = time.perf_counter()
     result = analyze_events(events, mods, devs)
     elapsed = time.perf_counter() - t0
     print(json.dumps({"events": events.height, "spans": result.spans.height, "issues": result.issues.height,
-                      "seconds": elapsed, "peak_rss_mb": rss_mb(), "rss_before_analysis_mb": before}))
+                      "seconds": elapsed, "peak_rss_mb": rss_mb(), "rss_with_input_mb": before,
+                      "input_frame_mb": events.estimated_size() / 2**20, "polars_threads": pl.thread_pool_size()}))
 
 
-def measure_size(n: int, repeats: int, python_repeats: int) -> dict[str, Any]:
+def measure_size(n: int, repeats: int, python_repeats: int, tmp: str) -> dict[str, Any]:
     from modtrace.analysis import analyze_events
     from modtrace.analysis.events import module_depths
 
     events, mods, devs = generate(n)
+    events_path = os.path.join(tmp, f"events_{n}.parquet")
+    events.write_parquet(events_path)
+    mods.write_parquet(events_path + ".modules")
     depth_of = {m: d for _, m, d in module_depths(mods).iter_rows()}
     rows = events.select("seq", "ts_ns", "kind", "module_id", "phase", "call_id", "step", "thread_id", "status",
                          "graph_task", "tie").rows()
     polars_s: list[float] = []
     python_s: list[float] = []
     check: dict[str, int] = {}
+    load_before = load_average()
     for i in range(max(repeats, python_repeats)):
         if i < repeats:
             gc.collect()
@@ -278,6 +294,7 @@ def measure_size(n: int, repeats: int, python_repeats: int) -> dict[str, Any]:
             result = analyze_events(events, mods, devs)
             polars_s.append(time.perf_counter() - t0)
             check["polars_spans"], check["polars_issues"] = result.spans.height, result.issues.height
+            check["polars_self_ns"] = int(result.spans["self_ns"].sum())
             del result
         if i < python_repeats:
             gc.collect()
@@ -285,14 +302,20 @@ def measure_size(n: int, repeats: int, python_repeats: int) -> dict[str, Any]:
             spans, issues = python_analysis(rows, depth_of)
             python_s.append(time.perf_counter() - t0)
             check["python_spans"], check["python_issues"] = len(spans), len(issues)
+            check["python_self_ns"] = sum(s[-1] for s in spans if s[-1] is not None)
             del spans, issues
+    load_after = load_average()
+    # Both paths must have done the same work.
     assert check["polars_spans"] == check["python_spans"], check
     assert check["polars_issues"] == check["python_issues"], check
-    del rows
-    child = subprocess.run([sys.executable, __file__, "--child", str(n)], capture_output=True, text=True, check=True)
+    assert check["polars_self_ns"] == check["python_self_ns"], check
+    del rows, events
+    gc.collect()
+    child = subprocess.run([sys.executable, __file__, "--child", events_path], capture_output=True, text=True,
+                           check=True)
     peak = json.loads(child.stdout.strip().splitlines()[-1])
     return {
-        "events": events.height,
+        "events": n if not peak else peak["events"],
         "spans": check["polars_spans"],
         "issues": check["polars_issues"],
         "polars_median_s": statistics.median(polars_s),
@@ -300,70 +323,99 @@ def measure_size(n: int, repeats: int, python_repeats: int) -> dict[str, Any]:
         "python_median_s": statistics.median(python_s),
         "python_runs_s": python_s,
         "speedup": statistics.median(python_s) / statistics.median(polars_s),
-        "polars_peak_rss_mb": peak["peak_rss_mb"],
-        "polars_rss_before_analysis_mb": peak["rss_before_analysis_mb"],
-        "polars_child_s": peak["seconds"],
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "child": {
+            "seconds": peak["seconds"],
+            "peak_rss_mb": peak["peak_rss_mb"],
+            "rss_with_input_mb": peak["rss_with_input_mb"],
+            "input_frame_mb": peak["input_frame_mb"],
+        },
     }
 
 
-def measure_read(n: int) -> dict[str, Any]:
+def measure_read(n: int, repeats: int, tmp: str) -> dict[str, Any]:
+    """Write n events to a SQLite file with the recorder's writer, then time modtrace.store.reader.read_events."""
     from modtrace.store.engine import open_store
     from modtrace.store.reader import read_events
     from modtrace.store.runs import add_rank, create_run
     from modtrace.store.writer import EVENT_COLUMNS, RankWriter
 
     events, mods, devs = generate(n)
-    with tempfile.TemporaryDirectory() as tmp:
-        store = open_store(os.path.join(tmp, "bench.db"), create=True)
-        try:
-            run_id, _ = create_run(store, "bench", {})
-            add_rank(store, run_id, 0, 0)
-            writer = RankWriter(store, run_id, 0)
-            writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
-            t0 = time.perf_counter()
-            for start in range(0, events.height, 500_000):
-                writer.write(events.slice(start, 500_000).select(EVENT_COLUMNS).rows())
-            write_s = time.perf_counter() - t0
-            del events
+    path = os.path.join(tmp, f"read_{n}.db")
+    store = open_store(path, create=True)
+    try:
+        run_id, _ = create_run(store, "bench", {})
+        add_rank(store, run_id, 0, 0)
+        writer = RankWriter(store, run_id, 0)
+        writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
+        t0 = time.perf_counter()
+        for start in range(0, events.height, 500_000):
+            writer.write(events.slice(start, 500_000).select(EVENT_COLUMNS).rows())
+        write_s = time.perf_counter() - t0
+        expected = events.height
+        del events
+        read_s: list[float] = []
+        load_before = load_average()
+        for _ in range(repeats):
             gc.collect()
             t0 = time.perf_counter()
             frame = read_events(store, run_id)
-            read_s = time.perf_counter() - t0
-        finally:
-            store.dispose()
-    return {"events": frame.height, "sqlite_write_s": write_s, "sqlite_read_s": read_s,
-            "read_events_per_s": frame.height / read_s}
+            read_s.append(time.perf_counter() - t0)
+            assert frame.height == expected
+            del frame
+        load_after = load_average()
+    finally:
+        store.dispose()
+    median = statistics.median(read_s)
+    return {"events": expected, "sqlite_write_s": write_s, "sqlite_read_median_s": median, "sqlite_read_runs_s": read_s,
+            "read_events_per_s": expected / median, "read_us_per_event": median / expected * 1e6,
+            "load_average_before": load_before, "load_average_after": load_after}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000000,10000000")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--python-repeats", type=int, default=1)
+    parser.add_argument("--python-repeats", type=int, default=3)
     parser.add_argument("--read-sizes", default="1000000")
+    parser.add_argument("--read-repeats", type=int, default=3)
     parser.add_argument("--skip-read", action="store_true")
-    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         child_polars(args.child)
         return
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    results = [measure_size(n, args.repeats, args.python_repeats) for n in sizes]
-    summary: dict[str, Any] = {"benchmark": "analysis", "modules": build_model()[0].height, "sizes": results}
-    if len(results) >= 2:
-        small, big = results[0], results[-1]
-        summary["growth"] = {
-            "events_ratio": big["events"] / small["events"],
-            "polars_time_ratio": big["polars_median_s"] / small["polars_median_s"],
-        }
-    summary["criteria"] = {
-        "speedup_at_least_3x": all(r["speedup"] >= 3 for r in results),
-        "peak_rss_at_most_3gb": all(r["polars_peak_rss_mb"] <= 3 * 1024 for r in results),
-        "linear_growth_at_most_11x": summary.get("growth", {}).get("polars_time_ratio", 0) <= 11
-        * summary.get("growth", {}).get("events_ratio", 10) / 10,
+    summary: dict[str, Any] = {
+        "benchmark": "analysis",
+        "modules": build_model()[0].height,
+        "cpus": os.cpu_count(),
+        "polars_version": pl.__version__,
+        "polars_threads": pl.thread_pool_size(),
+        "POLARS_MAX_THREADS": os.environ.get("POLARS_MAX_THREADS"),
+        "load_average_start": load_average(),
     }
-    if not args.skip_read:
-        summary["sqlite_read"] = [measure_read(int(s)) for s in args.read_sizes.split(",") if s]
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [measure_size(n, args.repeats, args.python_repeats, tmp) for n in sizes]
+        summary["sizes"] = results
+        if len(results) >= 2:
+            small, big = results[0], results[-1]
+            summary["growth"] = {
+                "events_ratio": big["events"] / small["events"],
+                "polars_time_ratio": big["polars_median_s"] / small["polars_median_s"],
+            }
+        growth = summary.get("growth")
+        summary["criteria"] = {
+            "speedup_at_least_3x": all(r["speedup"] >= 3 for r in results),
+            "peak_rss_at_most_3gb": all(r["child"]["peak_rss_mb"] <= 3 * 1024 for r in results),
+            "linear_growth_at_most_11x_per_10x": None if growth is None
+            else growth["polars_time_ratio"] <= 1.1 * growth["events_ratio"],
+        }
+        if not args.skip_read:
+            summary["sqlite_read"] = [measure_read(int(s), args.read_repeats, tmp)
+                                      for s in args.read_sizes.split(",") if s]
+    summary["load_average_end"] = load_average()
     print(json.dumps(summary, indent=2))
 
 
