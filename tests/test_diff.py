@@ -18,14 +18,20 @@ from hypothesis import strategies as st
 
 from modtrace.analysis.diff import (
     DiffOptions,
+    calls_of_spans,
     collapse_subtrees,
+    compared_calls,
     compared_samples,
     diff_spans,
     fill_steps,
     mann_whitney,
     median_summary,
     min_p_value,
+    module_keys,
+    module_lookup,
+    sort_within,
     step_units,
+    with_mkey,
 )
 from modtrace.analysis.events import PHASE_ENUM, STATUS_ENUM
 from modtrace.analysis.spans import SPAN_COLUMNS
@@ -69,6 +75,7 @@ def synth(
     rng = random.Random(seed)
     fn = self_us or (lambda fqn, phase, step: SELF_US[fqn])
     rows: list[dict[str, object]] = []
+    devices: dict[str | None, int] = {}
     seq = [0]
     clock = [0]
 
@@ -85,10 +92,11 @@ def synth(
         end = clock[0]
         rows.append({
             "run_id": 1, "rank": rank, "span_id": span_id, "parent_span_id": parent, "depth": depth,
-            "module_id": list(tree).index(fqn), "fqn": fqn, "module_type": "M", "phase": phase,
+            "module_id": list(TREE).index(fqn), "fqn": fqn, "module_type": "M", "phase": phase,
             "call_id": span_id, "step": step, "thread_id": 0, "graph_task": None if phase == "forward" else step,
             "start_ns": start, "end_ns": end, "duration_ns": end - start, "self_ns": own,
-            "device_id": 0, "device": device(fqn), "stream": stream(fqn), "status": "ok", "exit_seq": span_id + 1,
+            "device_id": devices.setdefault(device(fqn), len(devices)), "device": device(fqn), "stream": stream(fqn),
+            "status": "ok", "exit_seq": span_id + 1,
         })
         return end - start
 
@@ -168,6 +176,53 @@ def test_blame_goes_to_the_module_whose_self_time_grew_not_its_ancestors() -> No
     assert row["impact_ns"] == row["self_delta_ns"]
 
 
+def test_a_machine_wide_slowdown_blames_nobody_but_is_reported() -> None:
+    # Everything 1.6x slower (a busier machine): absolute times all grew, shares did not move.
+    def busy(name: str, phase: str, step: int) -> float:
+        return SELF_US[name] * 1.6
+
+    result = diff_spans(synth(seed=1), synth(self_us=busy, seed=2))
+    assert flagged(result) == [] and flagged(result, "improvement") == [] and flagged(result, "inherited") == []
+    assert result.summary["step_changed"] is True and result.summary["step_p_value"] < 1e-6
+    row = result.timing.filter(pl.col("fqn") == "Net.head").row(0, named=True)
+    assert row["self_ratio"] == pytest.approx(1.6, rel=0.05)
+    assert row["self_vs_rest"] == pytest.approx(1.0, abs=0.06)
+    assert row["self_share_base"] == pytest.approx(row["self_share_cand"], rel=0.06)
+    # ... and so does a machine that got quieter
+    assert flagged(diff_spans(synth(self_us=busy, seed=1), synth(seed=2)), "improvement") == []
+    # Judged on absolute times only, every module is slower.
+    absolute = diff_spans(synth(seed=1), synth(self_us=busy, seed=2), DiffOptions(absolute=True))
+    assert len(flagged(absolute)) == len(SELF_US) * 2
+
+
+def test_a_real_regression_under_a_machine_wide_slowdown_is_blamed_alone() -> None:
+    def busy_and_slow(name: str, phase: str, step: int) -> float:
+        return SELF_US[name] * 1.6 * (1.3 if name == "Net.block0.attn" else 1.0)
+
+    result = diff_spans(synth(seed=1), synth(self_us=busy_and_slow, seed=2))
+    assert flagged(result) == [("Net.block0.attn", "backward"), ("Net.block0.attn", "forward")]
+    row = result.timing.row(0, named=True)
+    assert row["self_vs_rest"] == pytest.approx(1.3, rel=0.06)
+    assert row["self_share_p_adjusted"] < 0.01 and row["self_share_delta"] > 0
+    v = verdicts(result)
+    # its ancestors are context; the modules that only scaled with the machine are unchanged
+    assert v[("Net.block0", "forward")] == v[("Net", "forward")] == "inherited"
+    assert v[("Net.block1.attn", "forward")] == v[("Net.head", "backward")] == "unchanged"
+
+
+def test_a_small_share_change_is_not_blame() -> None:
+    # block0.attn +25% while the machine is 1.2x busier *except* for it: its absolute time grows 25%,
+    # but relative to the rest of the step (1.2x) only ~4%: under the threshold.
+    def fn(name: str, phase: str, step: int) -> float:
+        return SELF_US[name] * (1.25 if name == "Net.block0.attn" else 1.2)
+
+    result = diff_spans(synth(seed=1, noise=0.01), synth(self_us=fn, seed=2, noise=0.01))
+    row = result.timing.filter((pl.col("fqn") == "Net.block0.attn") & (pl.col("phase") == "forward")).row(0, named=True)
+    assert row["self_ratio"] > 1.2 and row["self_p_adjusted"] < 0.01
+    assert row["self_vs_rest"] == pytest.approx(1.25 / 1.2, rel=0.02)
+    assert row["verdict"] == "unchanged"
+
+
 def test_regressions_are_sorted_by_impact_and_improvements_reported() -> None:
     def fn(name: str, phase: str, step: int) -> float:
         factor = {"Net.block0.attn": 1.2, "Net.head": 2.0, "Net.embed": 0.5}.get(name, 1.0)
@@ -228,30 +283,73 @@ def test_too_few_steps_cannot_be_significant_and_says_so() -> None:
 # -- samples ------------------------------------------------------------------------
 
 
+def named(spans: pl.DataFrame, skip_steps: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Compared calls of a spans frame with their module keys, and the key names (fqn, mkey)."""
+    run = calls_of_spans(spans)
+    lookup = module_lookup(run)
+    names = module_keys(lookup)
+    return with_mkey(compared_calls(run.calls, skip_steps), lookup, names), names
+
+
+def by_name(samples: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+    return samples.with_columns(
+        pl.lit(names["fqn"]).gather(pl.col("key") // 4).alias("fqn"),
+        pl.lit(pl.Series(["forward", "backward", "recompute"])).gather(pl.col("key") % 4).alias("phase"),
+    )
+
+
 def test_samples_skip_the_first_steps_of_each_rank_and_sum_calls() -> None:
     spans = pl.concat([
         synth(steps=4, rank=0, calls=lambda fqn, phase: 2 if fqn == "Net.head" else 1),
         synth(steps=4, rank=1).with_columns(pl.col("step") + 10),
     ])
-    samples = compared_samples(spans, skip_steps=1)
+    compared, names = named(spans, 1)
+    samples = by_name(compared_samples(compared), names)
     assert samples.select("rank", "step").unique().sort("rank", "step").rows() == [
         (0, 1), (0, 2), (0, 3), (1, 11), (1, 12), (1, 13),
     ]
     head = samples.filter((pl.col("fqn") == "Net.head") & (pl.col("phase") == "forward") & (pl.col("rank") == 0))
     assert head["calls"].to_list() == [2, 2, 2]
     assert head["self_ns"].to_list() == pytest.approx([400_000] * 3, rel=0.04)
-    assert compared_samples(spans, skip_steps=0, phases=("backward",))["phase"].unique().to_list() == ["backward"]
-    units = step_units(spans, skip_steps=3)
+    backward = by_name(compared_samples(named(spans, 0)[0], phases=("backward",)), names)
+    assert backward["phase"].unique().to_list() == ["backward"]
+    units = step_units(named(spans, 3)[0])
     assert units.select("rank", "step").rows() == [(0, 3), (1, 13)]
+    # time in root spans: forward and backward of Net, every phase
+    net = spans.filter((pl.col("depth") == 0) & (pl.col("rank") == 0) & (pl.col("step") == 3))["duration_ns"].sum()
+    assert units["step_ns"][0] == net
 
 
-def test_fill_steps_counts_a_missing_call_as_zero() -> None:
+def test_fill_steps_counts_a_missing_call_as_zero_and_computes_shares() -> None:
     spans = synth(steps=6, calls=lambda fqn, phase: 1)
     spans = spans.filter(~((pl.col("fqn") == "Net.head") & (pl.col("step") % 2 == 1)))
-    filled = fill_steps(compared_samples(spans, skip_steps=0), step_units(spans, skip_steps=0))
+    compared, names = named(spans, 0)
+    units = step_units(compared)
+    filled = by_name(fill_steps(compared_samples(compared), units), names)
     head = filled.filter((pl.col("fqn") == "Net.head") & (pl.col("phase") == "forward")).sort("step")
     assert head["calls"].to_list() == [1, 0, 1, 0, 1, 0]
     assert head["self_ns"].to_list()[1::2] == [0, 0, 0]
+    assert head["self_share"].to_list()[1::2] == [0, 0, 0]
+    # the denominator: the step's time in module calls = time in root spans
+    step0 = units.filter(pl.col("step") == 0)["step_ns"][0]
+    assert spans.filter(pl.col("step") == 0)["self_ns"].sum() == step0
+    assert head["self_share"][0] == round(head["self_ns"][0] * 1e9 / step0)
+    assert head["incl_share"][0] == round(head["incl_ns"][0] * 1e9 / step0)
+    # every (module, phase) has one sample per step; the roots' inclusive shares add up to the whole
+    # step (in the steps left whole: the odd ones lost their head calls but not their time)
+    assert set(filled.group_by("key").len()["len"].to_list()) == {6}
+    roots = filled.filter((pl.col("fqn") == "Net") & (pl.col("step") % 2 == 0)).group_by("step").agg(pl.col("incl_share").sum())
+    assert roots["incl_share"].to_list() == pytest.approx([1e9] * 3, abs=2)
+
+
+def test_sort_within_sorts_by_key_then_value_packed_or_not() -> None:
+    key = pl.Series([2, 0, 1, 0, 2, 1, 0])
+    value = pl.Series([5, 9, 0, 3, 1, 7, 3])
+    expected = sorted(zip(key.to_list(), value.to_list(), strict=True))
+    assert list(sort_within(key, value).iter_rows()) == expected
+    # values too wide to pack with the key: the two-sort path gives the same order
+    wide = value * (1 << 59)
+    assert list(sort_within(key, wide).iter_rows()) == [(k, v * (1 << 59)) for k, v in expected]
 
 
 # -- statistics ----------------------------------------------------------------------
@@ -275,14 +373,17 @@ def reference_mann_whitney(x: list[float], y: list[float]) -> tuple[float, float
 
 def test_mann_whitney_known_values() -> None:
     long = pl.DataFrame({
-        "k": ["a"] * 6 + ["b"] * 6,
+        "key": [0] * 6 + [1] * 6,
         "side": [0, 0, 0, 1, 1, 1] * 2,
-        "v": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0],
+        "v": [1, 2, 3, 4, 5, 6, 5, 5, 5, 5, 5, 5],
     })
-    out = {k: (u, p) for k, u, p in mann_whitney(long, ["k"]).iter_rows()}
-    assert out["a"][0] == 9.0
-    assert out["a"][1] == pytest.approx(0.0809, abs=1e-4)
-    assert out["b"] == (4.5, 1.0)  # all tied
+    out = {k: (u, p) for k, u, p in mann_whitney(long).iter_rows()}
+    assert out[0][0] == 9.0
+    assert out[0][1] == pytest.approx(0.0809, abs=1e-4)
+    assert out[1] == (4.5, 1.0)  # all tied
+    # negative values (a self time can be) rank the same as shifted ones
+    shifted = {k: (u, p) for k, u, p in mann_whitney(long.with_columns(pl.col("v") - 100)).iter_rows()}
+    assert shifted == out
 
 
 def test_median_and_its_standard_error_from_order_statistics() -> None:
@@ -302,19 +403,19 @@ def test_median_and_its_standard_error_from_order_statistics() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.integers(0, 6), min_size=1, max_size=12),
-    st.lists(st.integers(0, 6), min_size=1, max_size=12),
+    st.lists(st.lists(st.integers(-3, 6), min_size=1, max_size=12), min_size=1, max_size=3),
+    st.lists(st.lists(st.integers(-3, 6), min_size=1, max_size=12), min_size=3, max_size=3),
 )
-def test_mann_whitney_matches_the_textbook_formula(x: list[int], y: list[int]) -> None:
-    long = pl.DataFrame({
-        "k": ["k"] * (len(x) + len(y)),
-        "side": [0] * len(x) + [1] * len(y),
-        "v": [float(v) for v in x + y],
-    })
-    ((_, u, p),) = mann_whitney(long, ["k"]).rows()
-    ref_u, ref_p = reference_mann_whitney([float(v) for v in x], [float(v) for v in y])
-    assert u == pytest.approx(ref_u)
-    assert p == pytest.approx(ref_p, abs=1e-12)
+def test_mann_whitney_matches_the_textbook_formula(xs: list[list[int]], ys: list[list[int]]) -> None:
+    # several keys of different sizes at once, in one frame, shuffled
+    rows = [(k, 0, v) for k, x in enumerate(xs) for v in x] + [(k, 1, v) for k, y in enumerate(ys[: len(xs)]) for v in y]
+    long = pl.DataFrame(rows, schema={"key": pl.Int64, "side": pl.Int64, "v": pl.Int64}, orient="row")
+    out = {k: (u, p) for k, u, p in mann_whitney(long.sample(fraction=1.0, shuffle=True, seed=1)).iter_rows()}
+    assert set(out) == set(range(len(xs)))
+    for k, x in enumerate(xs):
+        ref_u, ref_p = reference_mann_whitney([float(v) for v in x], [float(v) for v in ys[k]])
+        assert out[k][0] == pytest.approx(ref_u)
+        assert out[k][1] == pytest.approx(ref_p, abs=1e-12)
 
 
 # -- structure ------------------------------------------------------------------------

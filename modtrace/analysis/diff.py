@@ -1,45 +1,76 @@
-"""Diff: two spans frames -> what changed between the runs, and which module to blame.
+"""Diff: the calls of two runs -> what changed between them, and which module to blame.
 
-Everything here is a pure function of spans frames (``spans.SPAN_COLUMNS``);
-the CLI reads the frames from the store and hands the result to a renderer.
+Everything here is a pure function of frames; the CLI reads them from the
+store (``modtrace.store.samples.read_closed_calls``) and hands the result to
+a renderer.  A run enters as ``RunCalls``: its closed calls (``CALL_SCHEMA``,
+integer codes) and its module and device lookups.  ``calls_of_spans`` makes
+one from a spans frame (a run analysed in memory, or a test's).  Modules are
+matched between the runs by name: every (fqn, phase) gets one integer key
+shared by both runs, and names come back only on the few result rows.
 
-Per-step samples (``compared_samples``, the sums of ``aggregate.step_samples``)
-    One row per (rank, step, fqn, phase) with the module's call count and its
-    inclusive and self time summed over those calls.  The first
-    ``skip_steps`` steps of each rank are left out (step 0 usually pays
-    one-time costs: allocator warm-up, lazy initialisation).  A module that
-    ran in some compared steps but not others counts 0 in the others, so a
-    sample is always "time per step".  With several ranks, each (rank, step)
+Steps (``step_units``)
+    The compared steps of a run: each rank's steps after its first
+    ``skip_steps`` (step 0 usually pays one-time costs: allocator warm-up,
+    lazy initialisation), with ``step_ns``, the time in root spans (depth 0,
+    every phase) of that (rank, step).  With several ranks, each (rank, step)
     is one sample.
 
+Samples (``compared_samples`` + ``fill_steps``)
+    One row per (rank, step, module, phase): the module's call count and its
+    inclusive and self time summed over those calls.  A module that ran in
+    some compared steps but not others counts 0 in the others, so a sample is
+    always "time per step".  Each sample also has its *share of the step*:
+    self (inclusive) time / the (rank, step)'s time in module calls of the
+    compared phases (the sum of their self times; without a phase filter,
+    the time in root spans), in parts per billion.
+
 Timing (``compare_timing``), one row per (fqn, phase) present in both runs
-    For self and inclusive time: the median per-step time of each run, their
-    difference (``delta``) and ratio, a confidence interval of the difference
-    (each median's standard error from order statistics, McKean-Schrader,
+    Four metrics: self and inclusive time per step, and their shares of the
+    step.  For each: the median per step in each run, their difference
+    (``delta``) and ratio, a confidence interval of the difference (each
+    median's standard error from order statistics, McKean-Schrader,
     combined), and a two-sided Mann-Whitney U test over the per-step samples
     (normal approximation with tie and continuity correction), its p-value
-    Holm-adjusted over all the keys compared (``p_adjusted``).  ``verdict``:
+    Holm-adjusted over all the keys compared.
 
-    - ``regression``: self time got slower by more than ``threshold`` (relative),
-      by more than ``min_delta_ns`` per step, and the adjusted p < ``alpha``;
-    - ``improvement``: the same, faster;
+    A metric *changed* when its adjusted p < ``alpha`` and it moved by more
+    than ``threshold`` (relative) -- and for times, by more than
+    ``min_delta_ns`` per step.  For a share, "relative" means relative to the
+    rest of the step: ``vs_rest`` is the ratio, candidate over base, of
+    share / (1 - share) at the medians, i.e. how much slower the module got
+    compared with everything else in the step.
+
+    Why shares: when the machine gets busier or quieter between two
+    recordings, every module and the step slow down or speed up alike, so
+    absolute times change everywhere while shares do not move; a module that
+    really got slower takes a larger share of the step.  So ``verdict``:
+
+    - ``regression``: self time got slower (absolute criteria) *and* its
+      share of the step grew (share criteria);
+    - ``improvement``: the same, faster and smaller;
     - ``inherited``: self time did not change, inclusive time did by the same
-      criteria: the change belongs to a descendant (context, not blame);
+      two criteria, or by the absolute ones above a descendant that is a
+      regression or improvement: the change belongs to a descendant (context,
+      not blame);
     - ``unchanged``.
 
-    ``impact_ns`` is the change of median self time per step: what the
-    module itself adds to (or saves from) every step.  Rows are sorted
-    regressions first (largest impact first), then improvements, inherited,
-    unchanged.
+    With ``absolute=True`` only the absolute criteria count (runs recorded
+    on an equally quiet machine, or a change that slows every module alike
+    and should be blamed on each).  ``impact_ns`` is the change of median
+    self time per step: what the module itself adds to (or saves from) every
+    step.  Rows are sorted regressions first (largest impact first), then
+    improvements, inherited, unchanged.
 
 Structure (``compare_structure``), one row per finding
     ``module_removed`` / ``module_added`` (a module called in one run only),
     ``phase_removed`` / ``phase_added`` (e.g. a recompute that appeared),
     ``calls_changed`` (median calls per step), ``device_changed``,
-    ``stream_changed``, and ``order_changed`` (the call sequences of a
-    compared step differ; ``first_divergence`` gives an aligned excerpt).
+    ``stream_changed``, and ``order_changed`` (the call sequences of the
+    k-th compared step of the lowest rank of each run differ, for the first
+    such k; ``first_divergence`` gives an aligned excerpt).
 
-``diff_spans`` runs all of it and returns a ``DiffResult``.
+``diff_runs`` (``diff_spans`` for spans frames) runs all of it and returns a
+``DiffResult``.
 """
 
 from __future__ import annotations
@@ -51,21 +82,38 @@ from statistics import NormalDist
 
 import polars as pl
 
-from modtrace.analysis.events import PHASE_ENUM
+from modtrace.analysis.events import PHASE_ENUM, lookup_key
 
-PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
+PHASES: tuple[str, ...] = tuple(PHASE_ENUM.categories.to_list())  # index = phase code (codes.Phase)
 VERDICTS: tuple[str, ...] = ("regression", "improvement", "inherited", "unchanged")
 STRUCTURE_KINDS: tuple[str, ...] = (
     "module_removed", "module_added", "phase_removed", "phase_added",
     "calls_changed", "device_changed", "stream_changed", "order_changed",
 )
 METRICS: tuple[str, ...] = ("self", "incl")
+SHARE_METRICS: tuple[str, ...] = ("self_share", "incl_share")
+PPB = 1_000_000_000  # shares are computed in parts per billion
 
+# One closed span, as a diff reads it: codes, no names.
+CALL_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "span_id": pl.Int64(),
+    "step": pl.Int32(),
+    "thread_id": pl.Int32(),
+    "module_id": pl.Int32(),
+    "depth": pl.Int32(),
+    "phase": pl.Int8(),  # modtrace.codes.Phase
+    "duration_ns": pl.Int64(),
+    "self_ns": pl.Int64(),
+    "device_id": pl.Int32(),
+    "stream": pl.Int64(),
+}
+
+# Per-step samples: ``key`` names (fqn, phase) in both runs (``module_keys``).
 SAMPLE_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int32(),
     "step": pl.Int32(),
-    "fqn": pl.Categorical(),
-    "phase": PHASE_ENUM,
+    "key": pl.Int64(),
     "calls": pl.Int64(),
     "incl_ns": pl.Int64(),
     "self_ns": pl.Int64(),
@@ -88,10 +136,14 @@ EXCERPT_SCHEMA: dict[str, pl.DataType] = {
     "cand": pl.String(),
 }
 
-_STAT_COLUMNS = ("base_ns", "cand_ns", "delta_ns", "ratio", "ci_low_ns", "ci_high_ns", "p_value", "p_adjusted")
+_STAT_COLUMNS = ("base", "cand", "delta", "ratio", "ci_low", "ci_high", "p_value", "p_adjusted")
+_TIME_STATS = tuple(c if c in ("ratio", "p_value", "p_adjusted") else f"{c}_ns" for c in _STAT_COLUMNS)
 TIMING_COLUMNS: tuple[str, ...] = (
-    "fqn", "phase", "verdict", "impact_ns", "n_base", "n_cand", "calls_base", "calls_cand",
-    *(f"{m}_{c}" for m in METRICS for c in _STAT_COLUMNS),
+    "fqn", "phase", "verdict", "impact_ns", "impact_pct", "n_base", "n_cand", "calls_base", "calls_cand",
+    *(f"{m}_{c}" for m in METRICS for c in _TIME_STATS),
+    # shares of the step as fractions (0.25 = a quarter of the step); delta and CI in fractions too
+    *(f"{m}_{c}" for m in SHARE_METRICS for c in _STAT_COLUMNS),
+    "self_vs_rest", "incl_vs_rest",
 )
 
 
@@ -104,8 +156,18 @@ class DiffOptions:
     alpha: float = 0.01
     skip_steps: int = 1
     phases: tuple[str, ...] | None = None  # None: every phase
+    absolute: bool = False  # judge absolute times only (no share-of-step criterion)
     excerpt_context: int = 3
     excerpt_changes: int = 8
+
+
+@dataclass(frozen=True)
+class RunCalls:
+    """One side of a diff: closed calls (``CALL_SCHEMA``) and the lookups that name them."""
+
+    calls: pl.DataFrame
+    modules: pl.DataFrame  # rank, module_id, fqn (events.MODULE_SCHEMA; other columns ignored)
+    devices: pl.DataFrame  # rank, device_id, name (events.DEVICE_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -128,32 +190,95 @@ class DiffResult:
     summary: dict[str, object] = field(default_factory=dict)
 
 
+# -- inputs ---------------------------------------------------------------------
+
+
+def calls_of_spans(spans: pl.DataFrame) -> RunCalls:
+    """Spans frame (``spans.SPAN_COLUMNS``) -> ``RunCalls`` of its closed spans."""
+    closed = spans.filter(pl.col("duration_ns").is_not_null())
+    calls = closed.select(
+        *(pl.col(c) for c in CALL_SCHEMA if c != "phase"),
+        pl.col("phase").to_physical().cast(pl.Int8),
+    ).select(list(CALL_SCHEMA)).cast(CALL_SCHEMA)  # type: ignore[arg-type]
+    modules = spans.select("rank", "module_id", pl.col("fqn").cast(pl.String)).unique()
+    devices = (
+        spans.select("rank", "device_id", pl.col("device").cast(pl.String).alias("name"))
+        .drop_nulls("device_id").unique()
+    )
+    return RunCalls(calls, modules, devices)
+
+
+def module_keys(*module_frames: pl.DataFrame) -> pl.DataFrame:
+    """(fqn, mkey): every module name of these runs, numbered in name order.
+
+    ``key = mkey * 4 + phase`` names (fqn, phase) the same way in both runs.
+    """
+    names = pl.concat([m.select(pl.col("fqn").cast(pl.String)) for m in module_frames]).unique().sort("fqn")
+    return names.with_row_index("mkey").select("fqn", pl.col("mkey").cast(pl.Int64))
+
+
+def _key_fqn(key: pl.Expr, names: pl.DataFrame) -> pl.Expr:
+    return pl.lit(names["fqn"]).gather(key // 4)
+
+
+def _key_phase(key: pl.Expr) -> pl.Expr:
+    return pl.lit(pl.Series(PHASES)).gather(key % 4)
+
+
+def module_lookup(run: RunCalls) -> pl.DataFrame:
+    """(rank, module_id, fqn) of every module the run's calls name; one missing from the lookup is ``<module N>``."""
+    known = run.modules.select(
+        pl.col("rank").cast(pl.Int32), pl.col("module_id").cast(pl.Int32), pl.col("fqn").cast(pl.String)
+    ).unique(["rank", "module_id"])
+    return (
+        run.calls.select("rank", "module_id").unique()
+        .join(known, on=["rank", "module_id"], how="left")
+        .with_columns(pl.col("fqn").fill_null(pl.format("<module {}>", "module_id")))
+    )
+
+
+def with_mkey(calls: pl.DataFrame, lookup: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+    """Calls with ``mkey`` (``module_keys``) from their (rank, module_id)."""
+    keys = lookup.join(names, on="fqn").select(lookup_key("rank", "module_id").alias("_mk"), "mkey")
+    return calls.with_columns(lookup_key("rank", "module_id").alias("_mk")).join(
+        keys, on="_mk", how="left"
+    ).drop("_mk")
+
+
 # -- samples --------------------------------------------------------------------
 
 
-def _compared(spans: pl.DataFrame, skip_steps: int, phases: tuple[str, ...] | None) -> pl.DataFrame:
-    """Closed spans of the compared steps (after the first ``skip_steps`` of each rank) and phases."""
-    sp = spans.filter(pl.col("duration_ns").is_not_null())
-    if phases is not None:
-        sp = sp.filter(pl.col("phase").cast(pl.String).is_in(list(phases)))
-    first = pl.col("step").min().over("rank")
-    return sp.filter(pl.col("step") >= first + skip_steps)
+def compared_calls(calls: pl.DataFrame, skip_steps: int) -> pl.DataFrame:
+    """Closed calls of the compared steps: each rank's steps after its first ``skip_steps``."""
+    closed = calls.filter(pl.col("duration_ns").is_not_null())
+    if skip_steps == 0:
+        return closed
+    return closed.filter(pl.col("step") >= pl.col("step").min().over("rank") + skip_steps)
 
 
-def compared_samples(
-    spans: pl.DataFrame, *, skip_steps: int = 1, phases: tuple[str, ...] | None = None
-) -> pl.DataFrame:
-    """Spans frame -> per-step samples of the compared steps and phases (``SAMPLE_SCHEMA``), unordered.
-
-    The same sums as ``aggregate.step_samples``, grouped by the names'
-    categorical codes rather than strings: this is the hot loop of a diff of
-    millions of spans, and the string grouping costs several times more.
-    Only modules that ran in a step have a row for it; ``fill_steps`` adds
-    the zeros.
-    """
-    sp = _compared(spans, skip_steps, phases)
+def step_units(compared: pl.DataFrame) -> pl.DataFrame:
+    """Compared calls (every phase) -> (rank, step, step_ns), sorted: one row per compared step."""
     return (
-        sp.group_by("rank", "step", "fqn", "phase")
+        compared.group_by("rank", "step")
+        .agg(pl.col("duration_ns").filter(pl.col("depth") == 0).sum().cast(pl.Int64).alias("step_ns"))
+        .with_columns(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32))
+        .sort("rank", "step")
+    )
+
+
+def _phase_codes(phases: tuple[str, ...] | None) -> list[int] | None:
+    return None if phases is None else [PHASES.index(p) for p in phases]
+
+
+def compared_samples(compared: pl.DataFrame, phases: tuple[str, ...] | None = None) -> pl.DataFrame:
+    """Compared calls with ``mkey`` -> per-step samples (``SAMPLE_SCHEMA``) of ``phases``, unordered.
+
+    Only modules that ran in a step have a row for it; ``fill_steps`` adds the zeros.
+    """
+    codes = _phase_codes(phases)
+    sp = compared if codes is None else compared.filter(pl.col("phase").is_in(codes))
+    return (
+        sp.group_by("rank", "step", (pl.col("mkey") * 4 + pl.col("phase").cast(pl.Int64)).alias("key"))
         .agg(
             pl.len().alias("calls"),
             pl.col("duration_ns").sum().alias("incl_ns"),
@@ -164,35 +289,41 @@ def compared_samples(
     )
 
 
-def step_units(spans: pl.DataFrame, *, skip_steps: int = 1) -> pl.DataFrame:
-    """The compared (rank, step) pairs of a spans frame, with ``step_ns``: time in root spans."""
-    sp = _compared(spans, skip_steps, None)
-    return (
-        sp.group_by("rank", "step")
-        .agg(pl.col("duration_ns").filter(pl.col("depth") == 0).sum().cast(pl.Int64).alias("step_ns"))
-        .with_columns(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32))
-        .sort("rank", "step")
-    )
-
-
 def fill_steps(samples: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
-    """Samples with a zero row for every compared (rank, step) in which a module did not run.
+    """Samples with a zero row for every compared (rank, step) in which a module did not run,
+    and the shares of the step (``self_share``, ``incl_share``, parts per billion).
 
-    Only modules missing from some step get rows added (usually none).
+    A share's denominator is the time of the step in module calls of the
+    sampled phases: the sum of every sample's self time in that (rank, step)
+    (self times partition the time of the root spans, and a phase filter
+    keeps the phases it compares).  Only modules missing from some step get
+    rows added (usually none).
     """
-    counts = samples.group_by("fqn", "phase").agg(pl.len().alias("_n"))
-    short = counts.filter(pl.col("_n") < units.height).select("fqn", "phase")
-    if short.height == 0:
-        return samples
-    grid = short.join(units.select("rank", "step"), how="cross")
-    missing = grid.join(samples, on=["rank", "step", "fqn", "phase"], how="anti")
-    zeros = missing.select(
-        "rank", "step", "fqn", "phase",
-        pl.lit(0, dtype=pl.Int64).alias("calls"),
-        pl.lit(0, dtype=pl.Int64).alias("incl_ns"),
-        pl.lit(0, dtype=pl.Int64).alias("self_ns"),
+    totals = samples.group_by("rank", "step").agg(pl.col("self_ns").sum().alias("_total"))
+    counts = samples.group_by("key").agg(pl.len().alias("_n"))
+    short = counts.filter(pl.col("_n") < units.height).select("key")
+    if short.height:
+        grid = short.join(units.select("rank", "step"), how="cross")
+        missing = grid.join(samples, on=["rank", "step", "key"], how="anti")
+        zeros = missing.select(
+            "rank", "step", "key",
+            *(pl.lit(0, dtype=pl.Int64).alias(c) for c in ("calls", "incl_ns", "self_ns")),
+        )
+        samples = pl.concat([samples, zeros.select(samples.columns).cast(samples.schema)])
+    total = pl.col("_total").cast(pl.Float64)
+
+    def share(column: str) -> pl.Expr:
+        return (
+            pl.when(pl.col("_total") > 0).then(pl.col(column).cast(pl.Float64) * PPB / total).otherwise(0.0)
+            .round().cast(pl.Int64)
+        )
+
+    return (
+        samples.with_columns(lookup_key("rank", "step").alias("_u"))
+        .join(totals.select(lookup_key("rank", "step").alias("_u"), "_total"), on="_u", how="left")
+        .with_columns(share("self_ns").alias("self_share"), share("incl_ns").alias("incl_share"))
+        .drop("_u", "_total")
     )
-    return pl.concat([samples, zeros.select(samples.columns).cast(samples.schema)])
 
 
 # -- statistics -----------------------------------------------------------------
@@ -215,7 +346,8 @@ def min_p_value(n_base: int, n_cand: int) -> float:
         return 1.0
     prod = n_base * n_cand
     sd = math.sqrt(prod * (n_base + n_cand + 1) / 12.0)
-    return two_sided_p((prod / 2.0 - 0.5) / sd) or 1.0
+    p = two_sided_p((prod / 2.0 - 0.5) / sd)
+    return 1.0 if p is None else p
 
 
 def holm(p_values: pl.Series) -> pl.Series:
@@ -236,32 +368,40 @@ def holm(p_values: pl.Series) -> pl.Series:
     return pl.Series(p_values.name, out, dtype=pl.Float64)
 
 
-def mann_whitney(long: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Two-sided Mann-Whitney U per group: ``long`` has ``by`` columns, ``side`` (0 base, 1 cand), ``v``.
+def sort_within(key: pl.Series, value: pl.Series) -> pl.DataFrame:
+    """(key, value) rows sorted by key, then value: ``k`` (Int64) and ``x`` (Int64).
 
-    Returns ``by`` + ``u`` (U of the candidate) and ``p_value`` (normal
-    approximation, tie-corrected variance, continuity correction; null when
-    either side is empty, 1.0 when every value is tied).
-
-    The tie term sum(t^3 - t) over blocks of t equal values comes from the
-    average ranks themselves: averaging a block lowers the sum of squared
-    ranks by (t^3 - t) / 12, so it is 12 * (N(N+1)(2N+1)/6 - sum(rank^2)).
+    Both must be non-negative integers.  Packed into one Int64 when they fit
+    (one single-column sort, several times faster than sorting two columns).
     """
-    cand = pl.col("side") == 1
-    ranked = long.with_columns(pl.col("v").rank("average").over(by).alias("_r"))
-    per = ranked.group_by(by).agg(
-        pl.len().cast(pl.Float64).alias("_n"),
-        cand.sum().cast(pl.Float64).alias("_n1"),
-        pl.col("_r").filter(cand).sum().cast(pl.Float64).alias("_r1"),
-        (pl.col("_r").cast(pl.Float64) ** 2).sum().alias("_r2"),
-    )
-    n1 = pl.col("_n1")
-    big_n = pl.col("_n")
+    k = key.cast(pl.Int64)
+    x = value.cast(pl.Int64)
+    if k.len() == 0:
+        return pl.DataFrame({"k": k, "x": x})
+    width = int(x.max()) + 1
+    if (int(k.max()) + 1) * width < 2**63:
+        packed = (k * width + x).sort()
+        return pl.DataFrame({"k": packed // width, "x": packed % width})
+    return pl.DataFrame({"k": k, "x": x}).sort("x").sort("k", maintain_order=True)
+
+
+def rank_sums(key: pl.Series, side: pl.Series, value: pl.Series) -> pl.DataFrame:
+    """Per key ``k`` of two samples (``side`` 0 and 1) of integers: n, n1, r1 (sum of the average
+    ranks of side 1 in the pooled sample) and tie (sum over blocks of t equal values of t^3 - t)."""
+    v = value.cast(pl.Int64)
+    shift = int(v.min()) if v.len() else 0
+    return _rank_sums_sorted(sort_within(key, (v - shift) * 2 + side.cast(pl.Int64)))
+
+
+def _mw_p(sums: pl.DataFrame) -> pl.DataFrame:
+    """``rank_sums`` -> k, u (U of side 1) and p_value (normal approximation, tie-corrected
+    variance, continuity correction; null when a side is empty, 1.0 when every value is tied)."""
+    n1 = pl.col("n1")
+    big_n = pl.col("n")
     n0 = big_n - n1
-    tie = (12 * (big_n * (big_n + 1) * (2 * big_n + 1) / 6 - pl.col("_r2"))).round(6).clip(lower_bound=0)
-    per = per.with_columns(
-        (pl.col("_r1") - n1 * (n1 + 1) / 2).alias("u"),
-        (n0 * n1 / 12 * ((big_n + 1) - tie / (big_n * (big_n - 1)))).alias("_var"),
+    per = sums.with_columns(
+        (pl.col("r1") - n1 * (n1 + 1) / 2).alias("u"),
+        (n0 * n1 / 12 * ((big_n + 1) - pl.col("tie") / (big_n * (big_n - 1)))).alias("_var"),
     ).with_columns(
         pl.when((n0 > 0) & (n1 > 0) & (pl.col("_var") > 1e-9))
         .then(((pl.col("u") - n0 * n1 / 2).abs() - 0.5).clip(lower_bound=0) / pl.col("_var").sqrt())
@@ -272,34 +412,107 @@ def mann_whitney(long: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         (two_sided_p(z) if z is not None else 1.0) if ok else None
         for z, ok in zip(per["_z"].to_list(), per["_ok"].to_list(), strict=True)
     ]
-    return per.with_columns(pl.Series("p_value", p, dtype=pl.Float64)).select(*by, "u", "p_value")
+    return per.select("k", "u", pl.Series("p_value", p, dtype=pl.Float64))
+
+
+def mann_whitney(long: pl.DataFrame) -> pl.DataFrame:
+    """Two-sided Mann-Whitney U per ``key`` of ``long`` (key, side 0 base / 1 cand, v integer).
+
+    Returns key, ``u`` (U of the candidate) and ``p_value``.  The ranks come
+    from one sort of (key, v); the tie term sum(t^3 - t) sums t^2 - 1 over
+    the t rows of each block of equal values.
+    """
+    out = _mw_p(rank_sums(long["key"], long["side"], long["v"]))
+    return out.select(pl.col("k").alias("key"), "u", "p_value")
+
+
+def _order_stat_positions(n: int, confidence: float) -> tuple[int, int, int, int, float]:
+    """0-based positions of (median low, median high, lower, upper order statistic) in n sorted values, and z.
+
+    McKean-Schrader: se = (x[n - c + 1] - x[c]) / (2 z), c = round((n + 1) / 2
+    - z sqrt(n) / 2), x sorted (1-based), z the normal quantile of ``confidence``.
+    """
+    z = normal_quantile(0.5 + confidence / 2)
+    c = max(1, round((n + 1) / 2 - z * math.sqrt(n) / 2))
+    return (n - 1) // 2, n // 2, c - 1, n - c, z
+
+
+def _block_stats(sorted_x: pl.Series, n_keys: int, n: int, confidence: float, prefix: str) -> pl.DataFrame:
+    """Median and its standard error of ``n_keys`` blocks of ``n`` sorted values each."""
+    lo, hi, a, b, z = _order_stat_positions(n, confidence)
+    base = pl.int_range(n_keys, dtype=pl.Int64, eager=True) * n
+    x = sorted_x.cast(pl.Float64)
+
+    def at(i: int) -> pl.Series:
+        out: pl.Series = x.gather(base + i)
+        return out
+
+    return pl.DataFrame({
+        "k": pl.int_range(n_keys, dtype=pl.Int64, eager=True),
+        f"{prefix}median": (at(lo) + at(hi)) / 2,
+        f"{prefix}se": (at(b) - at(a)) / (2 * z),
+    })
 
 
 def median_summary(samples: pl.DataFrame, column: str, confidence: float) -> pl.DataFrame:
-    """Per ``key`` of filled samples: median of ``column`` and its standard error.
-
-    McKean-Schrader: se = (x[n - c + 1] - x[c]) / (2 z), c = round((n + 1) / 2
-    - z sqrt(n) / 2), x sorted (1-based), z the normal quantile of
-    ``confidence``.  Filled samples have the same n for every key of a run,
-    so the order statistics are fixed quantiles.
-    """
-    z = normal_quantile(0.5 + confidence / 2)
-    counts = samples.group_by("key").agg(pl.len().alias("_n"))
+    """Per ``key`` of filled samples: n, median of ``column`` and its standard error (McKean-Schrader)."""
+    counts = samples.group_by("key").agg(pl.len().alias("_n")).sort("key")
     sizes = set(counts["_n"].to_list())
-    n = max(sizes, default=0)
     if len(sizes) > 1:
         raise ValueError("median_summary needs the same number of samples for every key (use fill_steps)")
-    c = max(1, round((n + 1) / 2 - z * math.sqrt(n) / 2)) if n else 1
-    v = pl.col(column).cast(pl.Float64)
+    n = sizes.pop() if sizes else 0
+    dense = counts.with_row_index("_g").select("key", pl.col("_g").cast(pl.Int64))
+    s = samples.join(dense, on="key")
+    v = s[column].cast(pl.Int64)
+    shift = int(v.min()) if v.len() else 0
+    ordered = sort_within(s["_g"], v - shift)
+    stats = _block_stats(ordered["x"] + shift, dense.height, n, confidence, "")
+    return dense.join(stats, left_on="_g", right_on="k").select(
+        "key", pl.lit(n, dtype=pl.Int64).alias("n"), "median", "se"
+    )
 
-    def order_stat(i: int) -> pl.Expr:  # the i-th smallest, 1-based
-        # "lower" takes index floor(q (n - 1)); aim a quarter past i - 1 so rounding cannot miss it.
-        return v.quantile(min(1.0, (i - 0.75) / (n - 1)) if n > 1 else 0.0, interpolation="lower")
 
-    return samples.group_by("key").agg(
-        pl.len().cast(pl.Int64).alias("n"),
-        v.median().alias("median"),
-        ((order_stat(n - c + 1) - order_stat(c)) / (2 * z)).alias("se"),
+def _metric(base: pl.DataFrame, cand: pl.DataFrame, column: str, n_keys: int, n_b: int, n_c: int,
+            confidence: float, z: float) -> pl.DataFrame:
+    """Filled samples of both runs (dense key ``k`` in [0, n_keys), ``n_b`` / ``n_c`` rows per key)
+    -> per k: medians, standard errors, U and p of ``column``, from one sort."""
+    key = pl.concat([base["k"], cand["k"]])
+    side = pl.concat([pl.zeros(base.height, pl.Int64, eager=True), pl.ones(cand.height, pl.Int64, eager=True)])
+    v = pl.concat([base[column], cand[column]]).cast(pl.Int64)
+    shift = int(v.min())
+    s = sort_within(key, (v - shift) * 2 + side)
+    sums = _mw_p(_rank_sums_sorted(s))
+    val = s["x"] // 2 + shift
+    is_cand = (s["x"] % 2) == 1
+    med_b = _block_stats(val.filter(~is_cand), n_keys, n_b, confidence, "b_")
+    med_c = _block_stats(val.filter(is_cand), n_keys, n_c, confidence, "c_")
+    return med_b.join(med_c, on="k").join(sums, on="k").with_columns(
+        (z * (pl.col("b_se") ** 2 + pl.col("c_se") ** 2).sqrt()).alias("spread")
+    )
+
+
+def _rank_sums_sorted(s: pl.DataFrame) -> pl.DataFrame:
+    """``rank_sums`` of rows sorted by ``sort_within`` (x = value * 2 + side, value >= 0).
+
+    In a block of t equal values at 0-based positions f..l of its key, each
+    has the average rank (f + l + 2) / 2 and t^2 - 1 sums to t^3 - t.
+    """
+    row = pl.int_range(pl.len(), dtype=pl.Int64)
+    u = pl.col("x") // 2
+    first = (pl.col("k") != pl.col("k").shift(1)).fill_null(True)
+    last = (pl.col("k") != pl.col("k").shift(-1)).fill_null(True)
+    s = s.with_columns((row - pl.when(first).then(row).forward_fill()).alias("_pos"))
+    s = s.with_columns(
+        pl.when(first | (u != u.shift(1))).then("_pos").forward_fill().alias("_f"),
+        pl.when(last | (u != u.shift(-1))).then("_pos").backward_fill().alias("_l"),
+        (pl.col("x") % 2).alias("_side"),
+    )
+    t = pl.col("_l") - pl.col("_f") + 1
+    return s.group_by("k", maintain_order=True).agg(
+        pl.len().cast(pl.Float64).alias("n"),
+        pl.col("_side").sum().cast(pl.Float64).alias("n1"),
+        ((pl.col("_f") + pl.col("_l") + 2).filter(pl.col("_side") == 1).sum() / 2).cast(pl.Float64).alias("r1"),
+        (t * t - 1).sum().cast(pl.Float64).alias("tie"),
     )
 
 
@@ -307,64 +520,67 @@ def median_summary(samples: pl.DataFrame, column: str, confidence: float) -> pl.
 
 
 def compare_timing(
-    base: pl.DataFrame, cand: pl.DataFrame, options: DiffOptions, *, step_ns: float | None = None
+    base: pl.DataFrame, cand: pl.DataFrame, names: pl.DataFrame, options: DiffOptions,
+    *, n_base: int, n_cand: int, step_ns: float | None = None,
 ) -> pl.DataFrame:
-    """Filled per-step samples of two runs (``fill_steps``) -> timing frame (``TIMING_COLUMNS``).
+    """Filled samples of two runs (``fill_steps``; ``n_base`` / ``n_cand`` compared steps) -> timing
+    frame (``TIMING_COLUMNS``).
 
-    Only (fqn, phase) keys present in both runs are compared; the others are
-    structure findings.  ``step_ns`` (the base run's median step time) adds
-    ``impact_pct``.
+    Only keys present in both runs are compared; the others are structure
+    findings.  ``step_ns`` (the base run's median step time) gives ``impact_pct``.
     """
     keys = (
-        base.select("fqn", "phase").unique()
-        .join(cand.select("fqn", "phase").unique(), on=["fqn", "phase"])
-        .with_row_index("key")
+        base.select("key").unique().join(cand.select("key").unique(), on="key")
+        .sort("key").with_row_index("k").with_columns(pl.col("k").cast(pl.Int64))
     )
-    base = base.join(keys, on=["fqn", "phase"])
-    cand = cand.join(keys, on=["fqn", "phase"])
+    n_keys = keys.height
+    if n_keys == 0 or n_base == 0 or n_cand == 0:
+        return _empty_timing()
+    b = base.join(keys, on="key")
+    c = cand.join(keys, on="key")
     confidence = 1.0 - options.alpha
     z = normal_quantile(0.5 + confidence / 2)
     wide = keys
-    for metric, column in (("self", "self_ns"), ("incl", "incl_ns")):
-        long = pl.concat([
-            base.select("key", pl.lit(0, dtype=pl.Int8).alias("side"), pl.col(column).cast(pl.Float64).alias("v")),
-            cand.select("key", pl.lit(1, dtype=pl.Int8).alias("side"), pl.col(column).cast(pl.Float64).alias("v")),
-        ])
-        med_b = median_summary(base, column, confidence).select(
-            "key", pl.col("n").alias("_nb"), pl.col("median").alias("_mb"), pl.col("se").alias("_sb"))
-        med_c = median_summary(cand, column, confidence).select(
-            "key", pl.col("n").alias("_nc"), pl.col("median").alias("_mc"), pl.col("se").alias("_sc"))
-        spread = z * (pl.col("_sb") ** 2 + pl.col("_sc") ** 2).sqrt()
-        delta = pl.col("_mc") - pl.col("_mb")
-        stats = med_b.join(med_c, on="key").join(mann_whitney(long, ["key"]), on="key").select(
-            "key",
-            "_nb",
-            "_nc",
-            pl.col("_mb").alias(f"{metric}_base_ns"),
-            pl.col("_mc").alias(f"{metric}_cand_ns"),
-            delta.alias(f"{metric}_delta_ns"),
-            pl.when(pl.col("_mb") > 0).then(pl.col("_mc") / pl.col("_mb")).alias(f"{metric}_ratio"),
-            (delta - spread).alias(f"{metric}_ci_low_ns"),
-            (delta + spread).alias(f"{metric}_ci_high_ns"),
+    for metric, column in (("self", "self_ns"), ("incl", "incl_ns"), ("self_share", "self_share"),
+                           ("incl_share", "incl_share")):
+        st = _metric(b, c, column, n_keys, n_base, n_cand, confidence, z)
+        share = metric in SHARE_METRICS
+        scale = 1.0 / PPB if share else 1.0
+        unit = "" if share else "_ns"
+        delta = pl.col("c_median") - pl.col("b_median")
+        st = st.select(
+            "k",
+            (pl.col("b_median") * scale).alias(f"{metric}_base{unit}"),
+            (pl.col("c_median") * scale).alias(f"{metric}_cand{unit}"),
+            (delta * scale).alias(f"{metric}_delta{unit}"),
+            pl.when(pl.col("b_median") > 0).then(pl.col("c_median") / pl.col("b_median")).alias(f"{metric}_ratio"),
+            ((delta - pl.col("spread")) * scale).alias(f"{metric}_ci_low{unit}"),
+            ((delta + pl.col("spread")) * scale).alias(f"{metric}_ci_high{unit}"),
             pl.col("p_value").alias(f"{metric}_p_value"),
         )
-        stats = stats.with_columns(holm(stats[f"{metric}_p_value"]).alias(f"{metric}_p_adjusted"))
-        if metric == "self":
-            wide = wide.join(stats.rename({"_nb": "n_base", "_nc": "n_cand"}), on="key")
-        else:
-            wide = wide.join(stats.drop("_nb", "_nc"), on="key")
+        st = st.with_columns(holm(st[f"{metric}_p_value"]).alias(f"{metric}_p_adjusted"))
+        wide = wide.join(st, on="k")
     calls = (
-        base.group_by("key").agg(pl.col("calls").median().alias("calls_base"))
-        .join(cand.group_by("key").agg(pl.col("calls").median().alias("calls_cand")), on="key")
+        b.group_by("k").agg(pl.col("calls").median().alias("calls_base"))
+        .join(c.group_by("k").agg(pl.col("calls").median().alias("calls_cand")), on="k")
     )
-    wide = wide.join(calls, on="key", how="left").with_columns(
-        pl.col("fqn").cast(pl.String), pl.col("phase").cast(pl.String)
+    frame = wide.join(calls, on="k", how="left").with_columns(
+        _key_fqn(pl.col("key"), names).alias("fqn"),
+        _key_phase(pl.col("key")).alias("phase"),
+        pl.lit(n_base, dtype=pl.Int64).alias("n_base"),
+        pl.lit(n_cand, dtype=pl.Int64).alias("n_cand"),
+        _vs_rest("self_share").alias("self_vs_rest"),
+        _vs_rest("incl_share").alias("incl_vs_rest"),
+        pl.col("self_delta_ns").alias("impact_ns"),
     )
-    frame = wide.with_columns(
+    frame = frame.with_columns(
         _changed("self", options, 1).alias("_sreg"),
         _changed("self", options, -1).alias("_simp"),
         (_changed("incl", options, 1) | _changed("incl", options, -1)).alias("_inh"),
-        pl.col("self_delta_ns").alias("impact_ns"),
+        (_changed("incl", options, 1, shares=False) | _changed("incl", options, -1, shares=False)).alias("_inh_abs"),
+    )
+    frame = frame.with_columns(
+        (pl.col("_inh") | (pl.col("_inh_abs") & _above_blamed(frame))).alias("_inh")
     ).with_columns(
         pl.when("_sreg").then(pl.lit("regression"))
         .when("_simp").then(pl.lit("improvement"))
@@ -373,34 +589,75 @@ def compare_timing(
         .alias("verdict")
     )
     order = pl.col("verdict").replace_strict(list(VERDICTS), list(range(len(VERDICTS))), return_dtype=pl.Int8)
-    key = (
+    sort_key = (
         pl.when(pl.col("verdict") == "regression").then(-pl.col("impact_ns"))
         .when(pl.col("verdict") == "improvement").then(pl.col("impact_ns"))
         .when(pl.col("verdict") == "inherited").then(-pl.col("incl_delta_ns").abs())
         .otherwise(-pl.col("impact_ns").abs())
     )
-    frame = frame.with_columns(order.alias("_vo"), key.alias("_k")).sort("_vo", "_k", "fqn", "phase")
-    columns = list(TIMING_COLUMNS)
-    if step_ns:
-        frame = frame.with_columns((pl.col("impact_ns") / step_ns * 100).alias("impact_pct"))
-    else:
-        frame = frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("impact_pct"))
-    columns.insert(columns.index("impact_ns") + 1, "impact_pct")
-    return frame.select(columns).with_columns(
-        pl.col("n_base", "n_cand").cast(pl.Int64), pl.col("calls_base", "calls_cand").cast(pl.Float64)
+    frame = frame.with_columns(order.alias("_vo"), sort_key.alias("_sk"))
+    frame = frame.sort("_vo", "_sk", "fqn", "phase").with_columns(
+        (pl.col("impact_ns") / step_ns * 100 if step_ns else pl.lit(None, dtype=pl.Float64)).alias("impact_pct")
+    )
+    return frame.select(list(TIMING_COLUMNS)).with_columns(
+        pl.col("calls_base", "calls_cand").cast(pl.Float64)
     )
 
 
-def _changed(metric: str, options: DiffOptions, direction: int) -> pl.Expr:
-    """Significant, large enough, and big enough relative to the base: slower (+1) or faster (-1)."""
+def _empty_timing() -> pl.DataFrame:
+    schema: dict[str, pl.DataType] = {c: pl.Float64() for c in TIMING_COLUMNS}
+    schema.update({"fqn": pl.String(), "phase": pl.String(), "verdict": pl.String(),
+                   "n_base": pl.Int64(), "n_cand": pl.Int64()})
+    return pl.DataFrame(schema=schema)
+
+
+def _vs_rest(metric: str) -> pl.Expr:
+    """Candidate over base of share / (1 - share) at the medians: the module's time relative to the
+    rest of the step.  Null when the base share is 0 or a share is the whole step."""
+    sb, sc = pl.col(f"{metric}_base"), pl.col(f"{metric}_cand")
+    ok = (sb > 0) & (sb < 1) & (sc < 1)
+    return pl.when(ok).then((sc / (1 - sc)) / (sb / (1 - sb)))
+
+
+def _above_blamed(frame: pl.DataFrame) -> pl.Series:
+    """Per row: whether a descendant (by name, same phase) is a regression or an improvement.
+
+    An ancestor's inclusive time carries its descendant's change; its share
+    of the step may still not move (the root's forward share, when the
+    forward and backward of a descendant grew alike), yet it is the context
+    of the blamed module.
+    """
+    blamed: dict[str, list[str]] = {}
+    for fqn, phase in frame.filter(pl.col("_sreg") | pl.col("_simp")).select("fqn", "phase").iter_rows():
+        blamed.setdefault(phase, []).append(fqn + ".")
+    out = [
+        inh and any(b.startswith(fqn + ".") for b in blamed.get(phase, ()))
+        for fqn, phase, inh in frame.select("fqn", "phase", "_inh_abs").iter_rows()
+    ]
+    return pl.Series(out, dtype=pl.Boolean)
+
+
+def _changed(metric: str, options: DiffOptions, direction: int, *, shares: bool = True) -> pl.Expr:
+    """Slower (+1) or faster (-1) by the absolute criteria -- significant, larger than
+    ``min_delta_ns`` and than ``threshold`` relative to the base -- and, unless
+    ``options.absolute`` (or not ``shares``), by the share criteria: its share of the step
+    moved the same way, significantly, by more than ``threshold`` relative to the rest of
+    the step."""
     base = pl.col(f"{metric}_base_ns")
     delta = pl.col(f"{metric}_delta_ns") * direction
     relative = pl.when(base > 0).then(delta / base).otherwise(pl.lit(math.inf) if direction > 0 else pl.lit(0.0))
-    return (
+    absolute = (
         (pl.col(f"{metric}_p_adjusted") < options.alpha).fill_null(False)
         & (delta > options.min_delta_ns)
         & (relative > options.threshold)
     )
+    if options.absolute or not shares:
+        return absolute
+    share = f"{metric}_share"
+    moved = ((pl.col(f"{metric}_vs_rest") - 1) * direction > options.threshold).fill_null(
+        pl.col(f"{share}_delta") * direction > 0
+    )
+    return absolute & (pl.col(f"{share}_p_adjusted") < options.alpha).fill_null(False) & moved
 
 
 # -- structure ------------------------------------------------------------------
@@ -410,28 +667,49 @@ def _joined(values: pl.Expr) -> pl.Expr:
     return values.drop_nulls().cast(pl.String).unique().sort().str.join(",")
 
 
+def placement(compared: pl.DataFrame, devices: pl.DataFrame, phases: tuple[str, ...] | None) -> pl.DataFrame:
+    """Compared calls with ``mkey`` -> (mkey, device, stream): each module's device names and
+    streams, comma-joined."""
+    codes = _phase_codes(phases)
+    sp = compared if codes is None else compared.filter(pl.col("phase").is_in(codes))
+    names = devices.select(
+        lookup_key("rank", "device_id").alias("_dk"), pl.col("name").cast(pl.String).alias("device")
+    ).unique("_dk")
+    return (
+        sp.select("rank", "mkey", "device_id", "stream").unique()
+        .with_columns(lookup_key("rank", "device_id").alias("_dk"))
+        .join(names, on="_dk", how="left")
+        .group_by("mkey")
+        .agg(_joined(pl.col("device")).alias("device"), _joined(pl.col("stream")).alias("stream"))
+    )
+
+
 def compare_structure(
-    base_spans: pl.DataFrame,
-    cand_spans: pl.DataFrame,
-    base: pl.DataFrame,
-    cand: pl.DataFrame,
-    options: DiffOptions,
+    base: pl.DataFrame, cand: pl.DataFrame, names: pl.DataFrame,
+    placed_base: pl.DataFrame, placed_cand: pl.DataFrame,
 ) -> pl.DataFrame:
-    """Spans and filled samples of two runs -> structure findings (``STRUCTURE_SCHEMA``), except order."""
+    """Filled samples and placements of two runs -> structure findings (``STRUCTURE_SCHEMA``), except order."""
     rows: list[dict[str, str | None]] = []
-    mods_b = set(base["fqn"].unique().to_list())
-    mods_c = set(cand["fqn"].unique().to_list())
+    fqns = names["fqn"]
+
+    def per_key(samples: pl.DataFrame, alias: str) -> pl.DataFrame:
+        return samples.group_by("key").agg(pl.col("calls").median().alias(alias))
+
+    calls_b, calls_c = per_key(base, "b"), per_key(cand, "c")
+    mods_b = {fqns[int(k) // 4] for k in calls_b["key"].to_list()}
+    mods_c = {fqns[int(k) // 4] for k in calls_c["key"].to_list()}
     for fqn, n in collapse_subtrees(mods_b - mods_c):
         rows.append(_row("module_removed", fqn, None, "called", "not called",
                          f"{fqn}{_and(n)} is not called in the candidate"))
     for fqn, n in collapse_subtrees(mods_c - mods_b):
         rows.append(_row("module_added", fqn, None, "not called", "called", f"{fqn}{_and(n)} is new in the candidate"))
 
-    calls_b = base.group_by("fqn", "phase").agg(pl.col("calls").median().alias("b"))
-    calls_c = cand.group_by("fqn", "phase").agg(pl.col("calls").median().alias("c"))
-    both = calls_b.join(calls_c, on=["fqn", "phase"], how="full", coalesce=True).filter(
-        pl.col("fqn").is_in(list(mods_b & mods_c))
-    ).sort("fqn", "phase")
+    both = (
+        calls_b.join(calls_c, on="key", how="full", coalesce=True)
+        .with_columns(_key_fqn(pl.col("key"), names).alias("fqn"), _key_phase(pl.col("key")).alias("phase"))
+        .filter(pl.col("fqn").is_in(list(mods_b & mods_c)))
+        .sort("fqn", pl.col("key") % 4)
+    )
     for phase in PHASES:
         of_phase = both.filter(pl.col("phase") == phase)
         added = dict(of_phase.filter(pl.col("b").is_null()).select("fqn", "c").iter_rows())
@@ -447,15 +725,11 @@ def compare_structure(
             rows.append(_row("calls_changed", fqn, phase, _calls(b), _calls(c),
                              f"{fqn} {phase}: {_calls(b)} -> {_calls(c)} calls per step"))
 
-    placed = []
-    for spans in (base_spans, cand_spans):
-        sp = _compared(spans, options.skip_steps, options.phases).select("fqn", "device", "stream").unique()
-        placed.append(
-            sp.group_by("fqn").agg(
-                _joined(pl.col("device")).alias("device"), _joined(pl.col("stream")).alias("stream")
-            ).with_columns(pl.col("fqn").cast(pl.String))
-        )
-    where = placed[0].join(placed[1], on="fqn", suffix="_c").sort("fqn")
+    where = (
+        placed_base.join(placed_cand, on="mkey", suffix="_c")
+        .with_columns(pl.lit(fqns).gather(pl.col("mkey")).alias("fqn"))
+        .sort("fqn")
+    )
     for what in ("device", "stream"):
         for fqn, b, c in where.filter(pl.col(what) != pl.col(f"{what}_c")).select("fqn", what, f"{what}_c").iter_rows():
             b, c = b or "none", c or "none"
@@ -491,50 +765,53 @@ def _row(kind: str, fqn: str | None, phase: str | None, base: str, cand: str, me
 # -- call order -----------------------------------------------------------------
 
 
-def call_sequences(spans: pl.DataFrame, options: DiffOptions) -> pl.DataFrame:
-    """Spans of the compared steps of the lowest rank -> (rank, step, phase, depth, fqn, call).
-
-    One row per call in call order (per thread, threads in id order).
-    ``call`` hashes (phase, depth, module): equal calls have equal hashes
-    within one process, whichever run they come from.
-    """
-    sp = _compared(spans, options.skip_steps, options.phases)
+def call_sequences(compared: pl.DataFrame, phases: tuple[str, ...] | None) -> pl.DataFrame:
+    """Compared calls with ``mkey`` of the lowest rank -> its calls in call order (per step, per
+    thread, threads in id order): rank, step, ``k`` (0-based ordinal of the step), ``pos``
+    (0-based position in the step), key and depth."""
+    codes = _phase_codes(phases)
+    sp = compared if codes is None else compared.filter(pl.col("phase").is_in(codes))
     if sp.height == 0:
         return pl.DataFrame()
     rank = sp["rank"].min()
-    sp = sp.filter(pl.col("rank") == rank).sort("step", "thread_id", "span_id")
-    call = pl.struct(
-        pl.col("phase").to_physical(), pl.col("depth"), pl.col("fqn").cast(pl.Categorical).to_physical()
-    ).hash()
-    return sp.select("rank", "step", "phase", "depth", "fqn", call.alias("call"))
+    seq = (
+        sp.filter(pl.col("rank") == rank)
+        .select("rank", "step", "thread_id", "span_id", (pl.col("mkey") * 4 + pl.col("phase")).alias("key"), "depth")
+        .sort("step", "thread_id", "span_id")
+    )
+    row = pl.int_range(pl.len(), dtype=pl.Int64)
+    first = (pl.col("step") != pl.col("step").shift(1)).fill_null(True)
+    return seq.select(
+        "rank", "step",
+        (first.cast(pl.Int64).cum_sum() - 1).alias("k"),
+        (row - pl.when(first).then(row).forward_fill()).alias("pos"),
+        "key", "depth",
+    )
 
 
-def first_divergence(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions) -> Divergence | None:
-    """The first compared step (k-th of each run) whose call sequences differ, with an aligned excerpt."""
-    seq_b = call_sequences(base_spans, options)
-    seq_c = call_sequences(cand_spans, options)
+def first_divergence(seq_b: pl.DataFrame, seq_c: pl.DataFrame, names: pl.DataFrame,
+                     options: DiffOptions) -> Divergence | None:
+    """The first k-th compared step of each run whose call sequences differ, with an aligned excerpt."""
     if seq_b.height == 0 or seq_c.height == 0:
         return None
-
-    def sigs(seq: pl.DataFrame) -> pl.DataFrame:
-        return (
-            seq.group_by("step", maintain_order=True)
-            .agg(pl.col("call"))
-            .select("step", pl.col("call").hash().alias("sig"))
-            .with_row_index("k")
-        )
-
-    sb, sc = sigs(seq_b), sigs(seq_c)
-    both = sb.join(sc, on="k", suffix="_c").filter(pl.col("sig") != pl.col("sig_c")).sort("k")
-    if both.height == 0:
+    steps = min(int(seq_b["k"].max()), int(seq_c["k"].max())) + 1  # type: ignore[arg-type]
+    at = (pl.col("k") * (1 << 32) + pl.col("pos")).alias("_at")
+    b = seq_b.filter(pl.col("k") < steps).select(at, "k", "key", "depth")
+    c = seq_c.filter(pl.col("k") < steps).select(at, "k", "key", "depth")
+    joined = b.join(c, on="_at", how="full", suffix="_c")
+    differs = joined.filter(
+        pl.col("key").is_null() | pl.col("key_c").is_null()
+        | (pl.col("key") != pl.col("key_c")) | (pl.col("depth") != pl.col("depth_c"))
+    )
+    if differs.height == 0:
         return None
-    step_b, step_c = int(both["step"][0]), int(both["step_c"][0])
-    a = seq_b.filter(pl.col("step") == step_b)
-    b = seq_c.filter(pl.col("step") == step_c)
-    excerpt, position = _excerpt(a, b, options)
+    k = int(differs.select(pl.min_horizontal(pl.col("k").min(), pl.col("k_c").min())).item())
+    a = seq_b.filter(pl.col("k") == k)
+    bb = seq_c.filter(pl.col("k") == k)
+    excerpt, position = _excerpt(a, bb, names, options)
     return Divergence(
         rank_base=int(seq_b["rank"][0]), rank_cand=int(seq_c["rank"][0]),
-        step_base=step_b, step_cand=step_c, position=position, excerpt=excerpt,
+        step_base=int(a["step"][0]), step_cand=int(bb["step"][0]), position=position, excerpt=excerpt,
     )
 
 
@@ -542,20 +819,22 @@ def _display(phase: str, depth: int, fqn: str) -> str:
     return f"{phase:<9} {'  ' * depth}{fqn}"
 
 
-def _excerpt(a: pl.DataFrame, b: pl.DataFrame, options: DiffOptions) -> tuple[pl.DataFrame, int]:
-    la, lb = a["call"].to_list(), b["call"].to_list()
-    da = [_display(str(p), d, str(f)) for p, d, f in a.select("phase", "depth", "fqn").iter_rows()]
-    db = [_display(str(p), d, str(f)) for p, d, f in b.select("phase", "depth", "fqn").iter_rows()]
+def _excerpt(a: pl.DataFrame, b: pl.DataFrame, names: pl.DataFrame, options: DiffOptions) -> tuple[pl.DataFrame, int]:
+    fqns = names["fqn"]
+    la = list(a.select("key", "depth").iter_rows())
+    lb = list(b.select("key", "depth").iter_rows())
+    da = [_display(PHASES[k % 4], d, fqns[k // 4]) for k, d in la]
+    db = [_display(PHASES[k % 4], d, fqns[k // 4]) for k, d in lb]
     ops = difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes()
     first = next(i for i, op in enumerate(ops) if op[0] != "equal")
     tag, i1, i2, j1, j2 = ops[first]
     rows: list[tuple[str, int | None, int | None, str | None, str | None]] = []
     ctx = options.excerpt_context
-    for k in range(max(0, i1 - ctx), i1):
-        rows.append(("=", k + 1, j1 - (i1 - k) + 1, da[k], db[j1 - (i1 - k)]))
+    for n in range(max(0, i1 - ctx), i1):
+        rows.append(("=", n + 1, j1 - (i1 - n) + 1, da[n], db[j1 - (i1 - n)]))
     changed: list[tuple[str, int | None, int | None, str | None, str | None]] = []
-    for k in range(max(i2 - i1, j2 - j1)):
-        ia, ib = i1 + k, j1 + k
+    for n in range(max(i2 - i1, j2 - j1)):
+        ia, ib = i1 + n, j1 + n
         has_a, has_b = ia < i2, ib < j2
         if has_a and has_b:
             changed.append(("~", ia + 1, ib + 1, da[ia], db[ib]))
@@ -566,8 +845,8 @@ def _excerpt(a: pl.DataFrame, b: pl.DataFrame, options: DiffOptions) -> tuple[pl
     rows.extend(changed[: options.excerpt_changes])
     if len(changed) > options.excerpt_changes:
         rows.append(("…", None, None, f"{len(changed) - options.excerpt_changes} more", None))
-    for k in range(ctx):
-        ia, ib = i2 + k, j2 + k
+    for n in range(ctx):
+        ia, ib = i2 + n, j2 + n
         if ia >= len(la) or ib >= len(lb) or la[ia] != lb[ib]:
             break
         rows.append(("=", ia + 1, ib + 1, da[ia], db[ib]))
@@ -577,18 +856,39 @@ def _excerpt(a: pl.DataFrame, b: pl.DataFrame, options: DiffOptions) -> tuple[pl
 # -- the whole diff -------------------------------------------------------------
 
 
-def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions | None = None) -> DiffResult:
-    """Two spans frames -> timing comparison, structure findings, first order divergence, summary."""
+@dataclass(frozen=True)
+class _Side:
+    units: pl.DataFrame  # rank, step, step_ns
+    samples: pl.DataFrame  # filled samples with shares
+    placed: pl.DataFrame  # mkey, device, stream
+    sequence: pl.DataFrame  # call_sequences
+
+
+def _prepare(run: RunCalls, lookup: pl.DataFrame, names: pl.DataFrame, options: DiffOptions) -> _Side:
+    compared = with_mkey(compared_calls(run.calls, options.skip_steps), lookup, names)
+    units = step_units(compared)
+    samples = fill_steps(compared_samples(compared, options.phases), units)
+    return _Side(
+        units=units,
+        samples=samples,
+        placed=placement(compared, run.devices, options.phases),
+        sequence=call_sequences(compared, options.phases),
+    )
+
+
+def diff_runs(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
+    """Two runs' calls -> timing comparison, structure findings, first order divergence, summary."""
     options = options or DiffOptions()
-    units_b = step_units(base_spans, skip_steps=options.skip_steps)
-    units_c = step_units(cand_spans, skip_steps=options.skip_steps)
-    base = fill_steps(compared_samples(base_spans, skip_steps=options.skip_steps, phases=options.phases), units_b)
-    cand = fill_steps(compared_samples(cand_spans, skip_steps=options.skip_steps, phases=options.phases), units_c)
-    step_b = _median(units_b["step_ns"])
-    step_c = _median(units_c["step_ns"])
-    timing = compare_timing(base, cand, options, step_ns=step_b)
-    structure = compare_structure(base_spans, cand_spans, base, cand, options)
-    divergence = first_divergence(base_spans, cand_spans, options)
+    lookup_b, lookup_c = module_lookup(base), module_lookup(cand)
+    names = module_keys(lookup_b, lookup_c)
+    b = _prepare(base, lookup_b, names, options)
+    c = _prepare(cand, lookup_c, names, options)
+    n_b, n_c = b.units.height, c.units.height
+    step_b = _median(b.units["step_ns"])
+    step_c = _median(c.units["step_ns"])
+    timing = compare_timing(b.samples, c.samples, names, options, n_base=n_b, n_cand=n_c, step_ns=step_b)
+    structure = compare_structure(b.samples, c.samples, names, b.placed, c.placed)
+    divergence = first_divergence(b.sequence, c.sequence, names, options)
     if divergence is not None:
         first = divergence.excerpt.filter(pl.col("op") != "=").row(0, named=True)
         what = first["cand"] if first["base"] is None else first["base"]
@@ -604,13 +904,19 @@ def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: Diff
         ])
     counts = timing["verdict"].value_counts()
     by_verdict = dict(zip(counts["verdict"].to_list(), counts["count"].to_list(), strict=True))
-    n_b, n_c = units_b.height, units_c.height
+    step_ratio = (step_c / step_b) if step_b and step_c is not None else None
+    step_p = _step_p_value(b.units, c.units)
     summary: dict[str, object] = {
         "base_steps": n_b,
         "cand_steps": n_c,
         "base_step_ns": step_b,
         "cand_step_ns": step_c,
-        "step_ratio": (step_c / step_b) if step_b and step_c is not None else None,
+        "step_ratio": step_ratio,
+        "step_p_value": step_p,
+        "step_changed": bool(
+            step_p is not None and step_p < options.alpha and step_ratio is not None
+            and abs(step_ratio - 1) > options.threshold
+        ),
         "compared": timing.height,
         "regressions": int(by_verdict.get("regression", 0)),
         "improvements": int(by_verdict.get("improvement", 0)),
@@ -619,6 +925,21 @@ def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: Diff
         "min_p_value": min_p_value(n_b, n_c),
     }
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary)
+
+
+def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions | None = None) -> DiffResult:
+    """``diff_runs`` of two spans frames."""
+    return diff_runs(calls_of_spans(base_spans), calls_of_spans(cand_spans), options)
+
+
+def _step_p_value(units_b: pl.DataFrame, units_c: pl.DataFrame) -> float | None:
+    """Mann-Whitney p of the step times of the two runs."""
+    if units_b.height == 0 or units_c.height == 0:
+        return None
+    v = pl.concat([units_b["step_ns"], units_c["step_ns"]])
+    side = pl.concat([pl.zeros(units_b.height, pl.Int64, eager=True), pl.ones(units_c.height, pl.Int64, eager=True)])
+    p = _mw_p(rank_sums(pl.zeros(v.len(), pl.Int64, eager=True), side, v))["p_value"][0]
+    return None if p is None else float(p)
 
 
 def _median(values: pl.Series) -> float | None:

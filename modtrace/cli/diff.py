@@ -9,8 +9,7 @@ import click
 from modtrace.cli._options import db_option, format_option
 
 if TYPE_CHECKING:
-    import polars as pl
-
+    from modtrace.analysis.diff import RunCalls
     from modtrace.store.engine import Store
 
 PHASE_CHOICES = ("forward", "backward", "recompute")
@@ -30,15 +29,8 @@ def _split_ref(store: Store, ref: str) -> tuple[Any, int | None]:
     return resolve_run(store, head), int(tail)
 
 
-# What a diff reads of each span; the other stored columns stay null.
-DIFF_COLUMNS = (
-    "run_id", "rank", "span_id", "depth", "module_id", "phase", "step", "thread_id", "duration_ns", "self_ns",
-    "device_id", "stream",
-)
-
-
-def _load(db: str | None, ref: str, rank: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Open DB, resolve RUN[:RANK] and return its spans (one rank's when asked) and its description."""
+def _load(db: str | None, ref: str, rank: int | None) -> tuple[RunCalls, dict[str, Any]]:
+    """Open DB, resolve RUN[:RANK] and return its closed calls (one rank's when asked) and its description."""
     from modtrace.errors import UsageError
     from modtrace.store.engine import open_store
 
@@ -51,13 +43,13 @@ def _load(db: str | None, ref: str, rank: int | None) -> tuple[pl.DataFrame, dic
             ranks = _ranks(store, run.id)
             if rank not in ranks:
                 raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
-        spans = _spans(store, run.id, rank)
+        calls = _calls(store, run.id, rank)
         label = store.label
     finally:
         store.dispose()
-    if spans.height == 0:
+    if calls.calls.height == 0:
         raise UsageError(f"run {run.name!r} has no module calls to compare")
-    return spans, {"run": run.name, "run_id": run.id, "db": label, "rank": rank}
+    return calls, {"run": run.name, "run_id": run.id, "db": label, "rank": rank}
 
 
 def _ranks(store: Store, run_id: int) -> list[int]:
@@ -66,26 +58,31 @@ def _ranks(store: Store, run_id: int) -> list[int]:
     return read_ranks(store, run_id)
 
 
-def _spans(store: Store, run_id: int, rank: int | None) -> pl.DataFrame:
-    """The run's stored spans (the columns a diff needs); rebuilt in memory, nothing written, when never analysed."""
+def _calls(store: Store, run_id: int, rank: int | None) -> RunCalls:
+    """The run's closed calls, from its stored spans; rebuilt in memory, nothing written, when never analysed."""
     import polars as pl
 
-    from modtrace.analysis.materialize import compute
-    from modtrace.analysis.spans import name_spans
-    from modtrace.store.analysis_store import has_analysis, read_span_rows
+    from modtrace.analysis.diff import RunCalls, calls_of_spans
+    from modtrace.store.analysis_store import has_analysis
     from modtrace.store.reader import read_devices, read_modules
+    from modtrace.store.samples import read_closed_calls
 
     if has_analysis(store, run_id):
         ranks = None if rank is None else [rank]
-        rows = read_span_rows(store, run_id, columns=DIFF_COLUMNS, rank=rank)
-        return name_spans(rows, read_modules(store, run_id, ranks=ranks), read_devices(store, run_id, ranks=ranks))
+        return RunCalls(
+            read_closed_calls(store, run_id, rank=rank),
+            read_modules(store, run_id, ranks=ranks),
+            read_devices(store, run_id, ranks=ranks),
+        )
+    from modtrace.analysis.materialize import compute
+
     spans = compute(store, run_id, rank=rank).spans
-    return spans if rank is None else spans.filter(pl.col("rank") == rank)
+    return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
 
 
 def _load_both(
     base: tuple[str | None, str, int | None], cand: tuple[str | None, str, int | None]
-) -> tuple[tuple[pl.DataFrame, dict[str, Any]], tuple[pl.DataFrame, dict[str, Any]]]:
+) -> tuple[tuple[RunCalls, dict[str, Any]], tuple[RunCalls, dict[str, Any]]]:
     """Both runs, read side by side (the database driver releases the GIL while it steps)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -112,25 +109,30 @@ def _load_both(
               show_default=True, help="Significance level of the Mann-Whitney test over steps.")
 @click.option("--skip-steps", type=click.IntRange(min=0), default=1, show_default=True, metavar="N",
               help="Leave out the first N steps of each rank (warm-up).")
+@click.option("--absolute", is_flag=True,
+              help="Judge absolute times only: do not also require a module's share of the step to change "
+                   "(for runs recorded on an equally quiet machine).")
 @format_option("table", "json", "csv", "markdown")
 @click.option("--fail-on", type=click.Choice(("regression", "structure", "any", "never")), default="regression",
               show_default=True, help="Which findings make the exit status 1.")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged modules (table and markdown).")
 def diff(
     base: str, cand: str, db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
-    threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, fmt: str, fail_on: str,
-    show_all: bool,
+    threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool, fmt: str,
+    fail_on: str, show_all: bool,
 ) -> None:
     """Compare run CAND against run BASE: structure changes and timing regressions per module.
 
     BASE and CAND are run references (name, id, @, @~N), optionally with
     :RANK to pick one rank, so `modtrace diff RUN:0 RUN:1` compares two ranks
     of one run (stragglers). A module is blamed when its own self time per
-    step got slower by more than --threshold percent and --min-delta-us, and
-    a Mann-Whitney test over the steps gives p < --alpha. Exit status: 0
-    clean, 1 findings (per --fail-on), 2 usage error.
+    step got slower by more than --threshold percent and --min-delta-us, its
+    share of the step grew by more than --threshold percent relative to the
+    rest of the step (so a machine that got busier between the runs blames
+    nobody), and Mann-Whitney tests over the steps give p < --alpha for
+    both. Exit status: 0 clean, 1 findings (per --fail-on), 2 usage error.
     """
-    from modtrace.analysis.diff import DiffOptions, diff_spans
+    from modtrace.analysis.diff import DiffOptions, diff_runs
     from modtrace.errors import UsageError
     from modtrace.renderers.diff import document, get_diff_renderer
 
@@ -139,12 +141,13 @@ def diff(
         min_delta_ns=int(round(min_delta_us * 1000)),
         alpha=alpha,
         skip_steps=skip_steps,
+        absolute=absolute,
         phases=tuple(p for p in PHASE_CHOICES if p in phases) if phases else None,
     )
-    (base_spans, base_info), (cand_spans, cand_info) = _load_both(
+    (base_calls, base_info), (cand_calls, cand_info) = _load_both(
         (db, base, rank), (cand_db if cand_db is not None else db, cand, rank)
     )
-    result = diff_spans(base_spans, cand_spans, options)
+    result = diff_runs(base_calls, cand_calls, options)
     for side, info in (("base_steps", base_info), ("cand_steps", cand_info)):
         if not result.summary[side]:
             raise UsageError(

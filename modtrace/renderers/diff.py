@@ -9,16 +9,21 @@ existing ones are not renamed or removed without bumping ``format``.
                   (rank, step) samples), step_us (median time in root spans
                   per step)}
     options       {threshold_pct, min_delta_us, alpha, skip_steps, phases
-                  (null: all), fail_on}
+                  (null: all), fail_on, absolute (true: shares of the step
+                  were not required to move)}
     summary       {compared, regressions, improvements, inherited,
                   structure_changes, step_ratio (cand/base median step
-                  time), min_p_value (smallest p the test can reach with
-                  these step counts), failed (bool, per fail_on), exit_code}
+                  time), step_p_value (Mann-Whitney over the step times),
+                  step_changed (step time changed significantly by more
+                  than the threshold), min_p_value (smallest p the test can
+                  reach with these step counts), failed (bool, per
+                  fail_on), exit_code}
     timing        [{fqn, phase, verdict (regression | improvement |
                   inherited | unchanged), impact_us (change of median self
                   time per step), impact_pct (of the base step time),
                   steps_base, steps_cand, calls_base, calls_cand (median
-                  calls per step), self: STATS, inclusive: STATS}], sorted
+                  calls per step), self: STATS, inclusive: STATS,
+                  self_share: SHARE, inclusive_share: SHARE}], sorted
                   regressions first by impact, then improvements,
                   inherited, unchanged
                   STATS = {base_us, cand_us (median per step), delta_us,
@@ -26,6 +31,18 @@ existing ones are not renamed or removed without bumping ``format``.
                   (interval of delta_us at 1 - alpha), p_value (Mann-Whitney
                   U, two-sided), p_adjusted (Holm over every compared
                   module and phase; the verdict uses this one)}
+                  SHARE = the module's time as a share of its step's time
+                  (time in root spans), per step: {base_pct, cand_pct
+                  (median, percent of the step), delta_pct (percentage
+                  points), ratio (cand/base share; null when base is 0),
+                  vs_rest_ratio (cand/base of share / (1 - share): how much
+                  the module slowed relative to the rest of the step; 1
+                  when everything slowed alike), ci_low_pct, ci_high_pct,
+                  p_value, p_adjusted}.  Unless options.absolute, a
+                  regression (improvement) also needs the self share's
+                  p_adjusted < alpha and vs_rest_ratio above 1 + threshold
+                  (below 1 - threshold); inherited, the same of the
+                  inclusive share.
     structure     [{kind, fqn, phase, base, cand, message}]; kind is one of
                   module_removed, module_added, phase_removed, phase_added,
                   calls_changed, device_changed, stream_changed,
@@ -77,6 +94,25 @@ def _stats(row: dict[str, Any], metric: str) -> dict[str, Any]:
     }
 
 
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else round(float(fraction) * 100, 4)
+
+
+def _share(row: dict[str, Any], metric: str) -> dict[str, Any]:
+    m = f"{metric}_share"
+    return {
+        "base_pct": _pct(row[f"{m}_base"]),
+        "cand_pct": _pct(row[f"{m}_cand"]),
+        "delta_pct": _pct(row[f"{m}_delta"]),
+        "ratio": _round(row[f"{m}_ratio"], 6),
+        "vs_rest_ratio": _round(row[f"{metric}_vs_rest"], 6),
+        "ci_low_pct": _pct(row[f"{m}_ci_low"]),
+        "ci_high_pct": _pct(row[f"{m}_ci_high"]),
+        "p_value": _round(row[f"{m}_p_value"]),
+        "p_adjusted": _round(row[f"{m}_p_adjusted"]),
+    }
+
+
 def failed(summary: dict[str, Any], fail_on: str) -> bool:
     regress = int(summary["regressions"]) > 0
     structure = int(summary["structure_changes"]) > 0
@@ -99,6 +135,8 @@ def document(
         "inherited": s["inherited"],
         "structure_changes": s["structure_changes"],
         "step_ratio": _round(s["step_ratio"], 6),  # type: ignore[arg-type]
+        "step_p_value": _round(s["step_p_value"]),  # type: ignore[arg-type]
+        "step_changed": s["step_changed"],
         "min_p_value": _round(s["min_p_value"]),  # type: ignore[arg-type]
     }
     is_failed = failed(summary, fail_on)
@@ -117,6 +155,8 @@ def document(
             "calls_cand": r["calls_cand"],
             "self": _stats(r, "self"),
             "inclusive": _stats(r, "incl"),
+            "self_share": _share(r, "self"),
+            "inclusive_share": _share(r, "incl"),
         }
         for r in result.timing.iter_rows(named=True)
     ]
@@ -142,6 +182,7 @@ def document(
             "skip_steps": options.skip_steps,
             "phases": list(options.phases) if options.phases is not None else None,
             "fail_on": fail_on,
+            "absolute": options.absolute,
         },
         "summary": summary,
         "timing": timing,
@@ -195,6 +236,7 @@ def _side(doc: dict[str, Any], side: str) -> str:
 def headline(doc: dict[str, Any]) -> list[str]:
     s, o = doc["summary"], doc["options"]
     ratio = s["step_ratio"]
+    share = "" if o.get("absolute") else f" and > {o['threshold_pct']:g}% relative to the rest of the step"
     lines = [
         f"base {_side(doc, 'base')}",
         f"cand {_side(doc, 'cand')}" + ("" if ratio is None else f": step time {fmt_ratio(ratio)}"),
@@ -202,10 +244,15 @@ def headline(doc: dict[str, Any]) -> list[str]:
             f"{_count(s['regressions'], 'regression')}, {_count(s['improvements'], 'improvement')}, "
             f"{_count(s['structure_changes'], 'structure change')} "
             f"({s['compared']} module/phase pairs compared; blame on self time: > {o['threshold_pct']:g}% "
-            f"and > {o['min_delta_us']:g} us per step, Mann-Whitney p < {o['alpha']:g} after Holm; "
+            f"and > {o['min_delta_us']:g} us per step{share}, Mann-Whitney p < {o['alpha']:g} after Holm; "
             f"first {o['skip_steps']} step(s) skipped)"
         ),
     ]
+    if s.get("step_changed") and not o.get("absolute") and not s["regressions"] and not s["improvements"]:
+        lines.append(
+            f"note: the step time changed ({fmt_ratio(ratio)}) but no module's share of the step did: "
+            "everything slowed or sped up alike (machine load?); --absolute judges absolute times only"
+        )
     if s["min_p_value"] is not None and s["compared"] and s["min_p_value"] * s["compared"] >= o["alpha"]:
         lines.append(
             f"warning: few steps ({doc['base']['steps']} and {doc['cand']['steps']}) for {s['compared']} "
@@ -218,7 +265,16 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-TIMING_HEADERS = ("module", "phase", "base", "cand", "delta", "change", "CI of delta", "p (Holm)", "impact/step")
+TIMING_HEADERS = (
+    "module", "phase", "base", "cand", "delta", "change", "CI of delta", "p (Holm)", "share of step", "impact/step",
+)
+
+
+def fmt_share(share: dict[str, Any]) -> str:
+    b, c = share["base_pct"], share["cand_pct"]
+    if b is None or c is None:
+        return ""
+    return f"{b:.3g}% -> {c:.3g}%"
 
 
 def timing_rows(doc: dict[str, Any], verdict: str, metric: str = "self") -> list[list[Any]]:
@@ -227,12 +283,13 @@ def timing_rows(doc: dict[str, Any], verdict: str, metric: str = "self") -> list
         if r["verdict"] != verdict:
             continue
         st = r["self" if metric == "self" else "inclusive"]
+        sh = r["self_share" if metric == "self" else "inclusive_share"]
         impact = r["impact_us"] if metric == "self" else st["delta_us"]
         pct = r["impact_pct"]
         rows.append([
             r["fqn"], r["phase"], fmt_time(st["base_us"]), fmt_time(st["cand_us"]),
             fmt_time(st["delta_us"], signed=True), fmt_ratio(st["ratio"]), _ci(st), fmt_p(st["p_adjusted"]),
-            fmt_time(impact, signed=True) + ("" if pct is None or metric != "self" else f" ({pct:+.1f}%)"),
+            fmt_share(sh), fmt_time(impact, signed=True) + ("" if pct is None or metric != "self" else f" ({pct:+.1f}%)"),
         ])
     return rows
 
@@ -351,6 +408,8 @@ CSV_COLUMNS: tuple[str, ...] = (
     "self_ratio", "self_ci_low_us", "self_ci_high_us", "self_p_value", "self_p_adjusted", "incl_base_us",
     "incl_cand_us", "incl_delta_us", "incl_ratio", "incl_p_value", "incl_p_adjusted", "calls_base", "calls_cand",
     "base", "cand", "message",
+    "self_share_base_pct", "self_share_cand_pct", "self_vs_rest_ratio", "self_share_p_adjusted",
+    "incl_share_base_pct", "incl_share_cand_pct", "incl_vs_rest_ratio", "incl_share_p_adjusted",
 )
 
 
@@ -369,9 +428,12 @@ class DiffCsvRenderer(DiffRenderer):
                 st["p_value"], st["p_adjusted"], inc["base_us"], inc["cand_us"], inc["delta_us"], inc["ratio"],
                 inc["p_value"], inc["p_adjusted"],
                 r["calls_base"], r["calls_cand"], None, None, None,
+                *(x[k] for x in (r["self_share"], r["inclusive_share"])
+                  for k in ("base_pct", "cand_pct", "vs_rest_ratio", "p_adjusted")),
             ])
         for s in doc["structure"]:
-            rows.append([s["kind"], s["fqn"], s["phase"], *([None] * 18), s["base"], s["cand"], s["message"]])
+            rows.append([s["kind"], s["fqn"], s["phase"], *([None] * 18), s["base"], s["cand"], s["message"],
+                         *([None] * 8)])
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
