@@ -259,7 +259,7 @@ def child_polars(events_path: str) -> None:
     """Fresh process: read the events (parquet), analyse once, report time and memory."""
     from modtrace.analysis import analyze_events
 
-    events = pl.read_parquet(events_path)
+    events = pl.read_parquet(events_path).rechunk()  # one buffer per column, as modtrace.store.reader returns
     mods = pl.read_parquet(events_path + ".modules")
     devs = pl.DataFrame({"rank": [0], "device_id": [0], "name": ["cpu"]})
     gc.collect()

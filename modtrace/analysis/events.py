@@ -170,11 +170,11 @@ def _is_sorted(ev: pl.DataFrame) -> bool:
     return bool(ev.select(ok.slice(1).fill_null(False).all()).item())
 
 
-def _tie_permutation(ev: pl.DataFrame, modules: pl.DataFrame) -> pl.Series | None:
-    """Row permutation that puts ``ev``'s tie groups in hierarchy order (None when nothing moves).
+def _tie_moves(ev: pl.DataFrame, modules: pl.DataFrame) -> tuple[pl.Series, pl.Series] | None:
+    """Which rows move to put ``ev``'s tie groups in hierarchy order: (slots, rows), or None.
 
     ``ev`` is sorted by (rank, seq).  Only the rows of groups of two or more
-    are looked at; row i of the result is the row that takes row i's seq slot.
+    are looked at; row ``rows[i]`` takes the place (seq slot) of row ``slots[i]``.
     """
     n = ev.height
     # A dispatch is a tie=0 row and the tie=1 rows after it on its thread;
@@ -250,9 +250,24 @@ def _tie_permutation(ev: pl.DataFrame, modules: pl.DataFrame) -> pl.Series | Non
         pl.when(is_enter).then(0).otherwise(-pl.col("_eseq")).alias("_k3"),
     ).sort("_g", "_k0", "_k1", "_k2", "_k3", "seq", nulls_last=True)
     # Row i of a group in key order takes the i-th seq slot (and row) of the group.
-    perm = pl.int_range(n, dtype=pl.UInt32, eager=True)
-    perm.scatter(slot_rows, by_key["_row"])
-    return perm
+    return slot_rows, by_key["_row"]
+
+
+def _move_rows(ev: pl.DataFrame, slots: pl.Series, rows: pl.Series) -> pl.DataFrame:
+    """``ev`` with row ``rows[i]`` in place of row ``slots[i]``.
+
+    A column whose values are the same at both ends of every move (run,
+    rank, thread, often step, phase, graph task) is kept as it is, sharing
+    its memory with the input; the others are copied and patched, not
+    gathered whole.
+    """
+    columns = []
+    for column in ev.get_columns():
+        moved = column.gather(rows)
+        if not moved.equals(column.gather(slots), check_names=False, null_equal=True):
+            column = column.clone().scatter(slots, moved)
+        columns.append(column)
+    return pl.DataFrame(columns)
 
 
 def normalize_events(events: pl.DataFrame, modules: pl.DataFrame) -> pl.DataFrame:
@@ -274,11 +289,13 @@ def normalize_events(events: pl.DataFrame, modules: pl.DataFrame) -> pl.DataFram
     no ties), so the output costs memory only for what changed.
     """
     ev = conform(events, EVENT_SCHEMA)
+    if ev.n_chunks() > 1:
+        ev = ev.rechunk()  # gathers from one buffer are much faster than from many (a parquet read, a concat)
     if not _is_sorted(ev):
         ev = ev.sort("rank", "seq", maintain_order=True)
     slots = ev["seq"].alias("order")
     if ev.height and bool((ev["tie"] == 1).any()):
-        perm = _tie_permutation(ev, modules)
-        if perm is not None:
-            ev = ev[perm]
+        moves = _tie_moves(ev, modules)
+        if moves is not None:
+            ev = _move_rows(ev, *moves)
     return with_stack(ev.with_columns(slots))
