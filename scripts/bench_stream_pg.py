@@ -19,7 +19,7 @@ reused by a later invocation with the same ``--events`` and ``--schema``.
 Prints one JSON summary.
 
     python scripts/bench_stream_pg.py [--url postgresql+psycopg://postgres@127.0.0.1:5432/test]
-        [--events 10000000] [--chunk-rows 1000000] [--repeats 1] [--modes stream,whole] [--keep]
+        [--events 10000000] [--chunk-rows 200000] [--repeats 1] [--modes stream,whole] [--keep]
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ url, run_id, mode, chunk = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.a
 store = open_store(url)
 t0 = time.perf_counter()
 if mode == "stream":
-    spans, issues = stream.materialize_streamed(store, run_id, chunk_rows=chunk)
+    spans, found = stream.materialize_streamed(store, run_id, chunk_rows=chunk)
+    issues = found.height
 else:
     from modtrace.analysis.materialize import materialize
     stream.STREAM_ABOVE = 1 << 62  # the one-piece path whatever the size
@@ -185,7 +186,7 @@ def main() -> None:
     p.add_argument("--url", default=DEFAULT_URL)
     p.add_argument("--schema", default="modtrace_bench_stream")
     p.add_argument("--events", type=int, default=10_000_000)
-    p.add_argument("--chunk-rows", type=int, default=1_000_000)
+    p.add_argument("--chunk-rows", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--modes", default="stream,whole")
     p.add_argument("--keep", action="store_true", help="keep the loaded schema for later invocations")

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 # A rank with more events than this is analysed in rounds by ``materialize``.
 STREAM_ABOVE = 2_000_000
-CHUNK_ROWS = 1_000_000
+CHUNK_ROWS = 200_000
 
 _NO_END = 1 << 62
 
