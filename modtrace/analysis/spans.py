@@ -238,35 +238,60 @@ def _child_durations(ev: pl.DataFrame, enters: pl.DataFrame) -> pl.Series:
 
 
 def _walk_dirty(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Walk the rows of unclean stacks; returns (pairs, raw issues) for them."""
-    span_rows: list[tuple[int, int, int | None, int | None, int]] = []
+    """Walk the rows of unclean stacks; returns (pairs, raw issues) for them.
+
+    The walk is given each row's position in ``ev`` where a seq goes (it
+    only needs an identity in stack order), so its spans and issues turn
+    back into seqs and attributes by gathers, not joins.
+    """
+    span_rows: list[tuple[int, int | None, int | None, int]] = []
     issue_rows: list[tuple[object, ...]] = []
-    for (rank, _), part in ev.group_by("rank", "stack", maintain_order=True):
-        rows = part.select("seq", "kind", "module_id", "phase", "call_id", "status").iter_rows()
-        result = walk_stack(rows)
-        span_rows.extend((int(rank), s, e, p, d) for s, e, p, d in result.spans)
+    rows = ev.select(pl.int_range(pl.len(), dtype=pl.Int64).alias("_i"), "rank", "stack", "kind", "module_id",
+                     "phase", "call_id", "status")
+    for _, part in rows.group_by("rank", "stack", maintain_order=True):
+        result = walk_stack(part.select("_i", "kind", "module_id", "phase", "call_id", "status").iter_rows())
+        span_rows.extend(result.spans)
         issue_rows.extend(
-            (rank, seq, kind, mod, phase, call, det.get("other"), det.get("other_exit"), det.get("other_module"), det.get("status"))
-            for seq, kind, mod, phase, call, det in result.issues
+            (i, kind, mod, phase, call, det.get("other"), det.get("other_exit"), det.get("other_module"), det.get("status"))
+            for i, kind, mod, phase, call, det in result.issues
         )
+    del rows
     walked = pl.DataFrame(
-        span_rows,
-        schema={"rank": pl.Int32(), "span_id": pl.Int64(), "exit_seq": pl.Int64(), "parent_span_id": pl.Int64(), "depth": pl.Int32()},
+        span_rows, schema={"_i": pl.Int64(), "_x": pl.Int64(), "_p": pl.Int64(), "depth": pl.Int32()}, orient="row"
+    )
+    seq, ts, status = ev["seq"], ev["ts_ns"], ev["status"]
+    pairs = pl.concat(
+        [
+            ev.select(
+                "run_id", "rank", pl.col("seq").alias("span_id"), "module_id", "phase", "call_id", "step",
+                "thread_id", "graph_task", pl.col("ts_ns").alias("start_ns"), "device_id", "stream", "order",
+            )[walked["_i"]],
+            walked.select(
+                pl.lit(seq).gather(pl.col("_p")).alias("parent_span_id"),
+                "depth",
+                pl.lit(ts).gather(pl.col("_x")).alias("end_ns"),
+                pl.lit(status).gather(pl.col("_x")).alias("status"),
+                pl.lit(seq).gather(pl.col("_x")).alias("exit_seq"),
+            ),
+        ],
+        how="horizontal",
+    ).select(_PAIR_COLUMNS)
+    found = pl.DataFrame(
+        issue_rows,
+        schema={"_i": pl.Int64(), "kind": pl.String(), "module_id": pl.Int32(), "phase": pl.Int8(),
+                "call_id": pl.Int64(), "_o": pl.Int64(), "_oe": pl.Int64(), "other_module": pl.Int32(),
+                "status": pl.Int8()},
         orient="row",
     )
-    enter = ev.select(
-        "run_id", "rank", pl.col("seq").alias("span_id"), "module_id", "phase", "call_id", "step",
-        "thread_id", "graph_task", pl.col("ts_ns").alias("start_ns"), "device_id", "stream", "order",
+    issues = found.select(
+        pl.lit(ev["rank"]).gather(pl.col("_i")).alias("rank"),
+        pl.lit(seq).gather(pl.col("_i")).alias("seq"),
+        "kind", "module_id", "phase", "call_id",
+        pl.lit(seq).gather(pl.col("_o")).alias("other"),
+        pl.lit(seq).gather(pl.col("_oe")).alias("other_exit"),
+        "other_module", "status",
     )
-    exit_ = ev.select("rank", pl.col("seq").alias("exit_seq"), pl.col("ts_ns").alias("end_ns"), "status")
-    pairs = (
-        walked.join(enter, on=["rank", "span_id"], how="left")
-        .join(exit_, on=["rank", "exit_seq"], how="left")
-        .with_columns(pl.col("depth").cast(pl.Int32))
-        .select(_PAIR_COLUMNS)
-    )
-    issues = pl.DataFrame(issue_rows, schema=RAW_ISSUE_SCHEMA, orient="row")
-    return pairs, issues
+    return pairs, conform(issues, RAW_ISSUE_SCHEMA)
 
 
 # Columns of the stored form of a span (table span_rows): codes, no names.

@@ -26,13 +26,9 @@ DUPLICATE_EXIT = "duplicate_exit"
 Row = tuple[int, int, int, int, int, int]
 
 
-@dataclass
-class _Open:
-    seq: int
-    module_id: int
-    key: tuple[int, int]
-    depth: int
-    parent: int | None
+# An open call: (enter seq, module id, (call_id, phase), depth, parent enter seq).
+# A tuple, not a dataclass: the walk makes one per enter, millions on a big stack.
+_Open = tuple[int, int, tuple[int, int], int, int | None]
 
 
 @dataclass
@@ -60,60 +56,59 @@ def walk_stack(rows: Iterable[Row]) -> WalkResult:
     - calls still open at the end are ``unclosed``.
     """
     out = WalkResult()
+    spans, issues = out.spans, out.issues
     stack: list[_Open] = []
     open_keys: dict[tuple[int, int], _Open] = {}
     aside: dict[tuple[int, int], _Open] = {}
     closed: dict[tuple[int, int], tuple[int, int]] = {}  # key -> (enter seq, exit seq)
     recompute = int(Phase.RECOMPUTE)
+    enter = int(Kind.ENTER)
     for seq, kind, module_id, phase, call_id, status in rows:
         key = (call_id, phase)
-        if kind == Kind.ENTER:
+        if kind == enter:
             if key in open_keys:
-                out.issues.append((seq, REENTERED, module_id, phase, call_id, {"other": open_keys[key].seq}))
+                issues.append((seq, REENTERED, module_id, phase, call_id, {"other": open_keys[key][0]}))
                 continue
             if key in aside:
-                out.issues.append((seq, REENTERED, module_id, phase, call_id, {"other": aside[key].seq}))
+                issues.append((seq, REENTERED, module_id, phase, call_id, {"other": aside[key][0]}))
                 continue
-            if key in closed and phase != recompute:
+            if phase != recompute and key in closed:
                 first, last = closed[key]
-                out.issues.append((seq, DUPLICATE_ENTER, module_id, phase, call_id, {"other": first, "other_exit": last}))
+                issues.append((seq, DUPLICATE_ENTER, module_id, phase, call_id, {"other": first, "other_exit": last}))
                 continue
-            parent = stack[-1].seq if stack else None
-            entry = _Open(seq, module_id, key, len(stack), parent)
+            entry = (seq, module_id, key, len(stack), stack[-1][0] if stack else None)
             stack.append(entry)
             open_keys[key] = entry
             continue
-        if stack and stack[-1].key == key:
+        if stack and stack[-1][2] == key:
             entry = stack.pop()
             del open_keys[key]
-            out.spans.append((entry.seq, seq, entry.parent, entry.depth))
-            closed[key] = (entry.seq, seq)
+            spans.append((entry[0], seq, entry[4], entry[3]))
+            closed[key] = (entry[0], seq)
         elif key in open_keys:
             top = stack[-1]
-            out.issues.append(
-                (seq, CROSSED, module_id, phase, call_id, {"other": top.seq, "other_module": top.module_id})
-            )
-            while stack[-1].key != key:
+            issues.append((seq, CROSSED, module_id, phase, call_id, {"other": top[0], "other_module": top[1]}))
+            while stack[-1][2] != key:
                 inner = stack.pop()
-                del open_keys[inner.key]
-                aside[inner.key] = inner
+                del open_keys[inner[2]]
+                aside[inner[2]] = inner
             entry = stack.pop()
             del open_keys[key]
-            out.spans.append((entry.seq, seq, entry.parent, entry.depth))
-            closed[key] = (entry.seq, seq)
+            spans.append((entry[0], seq, entry[4], entry[3]))
+            closed[key] = (entry[0], seq)
         elif key in aside:
             entry = aside.pop(key)
-            out.spans.append((entry.seq, seq, entry.parent, entry.depth))
-            closed[key] = (entry.seq, seq)
+            spans.append((entry[0], seq, entry[4], entry[3]))
+            closed[key] = (entry[0], seq)
         elif key in closed:
             first, last = closed[key]
-            out.issues.append((seq, DUPLICATE_EXIT, module_id, phase, call_id, {"other": first, "other_exit": last}))
+            issues.append((seq, DUPLICATE_EXIT, module_id, phase, call_id, {"other": first, "other_exit": last}))
         else:
-            out.issues.append((seq, NO_ENTER, module_id, phase, call_id, {"status": status}))
-    leftover = sorted([*stack, *aside.values()], key=lambda e: e.seq)
+            issues.append((seq, NO_ENTER, module_id, phase, call_id, {"status": status}))
+    leftover = sorted([*stack, *aside.values()], key=lambda e: e[0])
     for entry in leftover:
-        out.spans.append((entry.seq, None, entry.parent, entry.depth))
-        out.issues.append((entry.seq, UNCLOSED, entry.module_id, entry.key[1], entry.key[0], {}))
+        spans.append((entry[0], None, entry[4], entry[3]))
+        issues.append((entry[0], UNCLOSED, entry[1], entry[2][1], entry[2][0], {}))
     return out
 
 
