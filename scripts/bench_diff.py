@@ -7,16 +7,21 @@ Builds two runs in a SQLite database from synthetic rows (a model of
 timestamps; the candidate has one module 50% slower), written with the
 recorder's ``RankWriter`` and analysed with ``modtrace.analysis.materialize``
 as a recording would be.  Then times ``modtrace diff BASE CAND --format
-json`` as a subprocess (interpreter start and imports included), and, in this
-process, the two stages (reading spans, ``diff_spans``).  Prints a JSON
-summary with medians of ``--repeats`` runs.
+json`` as a subprocess (interpreter start and imports included; wall and CPU
+time, the CPU time from the child's rusage), the interpreter start with the
+diff's imports alone, and, in this process, the two stages (reading both
+runs' calls side by side, ``diff_runs``).  Prints a JSON summary with medians
+of ``--repeats`` interleaved runs and the load average before and after
+(this machine is shared: compare CPU times when the load is high).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -114,16 +119,28 @@ def build(db: str, n_events: int, blocks: int) -> dict[str, Any]:
 
 def stages(db: str) -> dict[str, float]:
     """In-process times of the two stages of one diff."""
-    from modtrace.analysis.diff import diff_spans
+    from modtrace.analysis.diff import diff_runs
     from modtrace.cli.diff import _load_both
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     (base, _), (cand, _) = _load_both((db, "base", None), (db, "cand", None))
-    t1 = time.perf_counter()
-    result = diff_spans(base, cand)
-    t2 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
+    result = diff_runs(base, cand)
+    t2, c2 = time.perf_counter(), time.process_time()
     assert result.timing.height > 0
-    return {"load_s": t1 - t0, "diff_s": t2 - t1, "spans": float(base.height + cand.height)}
+    return {"load_s": t1 - t0, "load_cpu_s": c1 - c0, "diff_s": t2 - t1, "diff_cpu_s": c2 - c1,
+            "spans": float(base.calls.height + cand.calls.height)}
+
+
+def child_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+IMPORTS = (
+    "import polars, sqlalchemy, modtrace.cli, modtrace.cli.diff, modtrace.analysis.diff, "
+    "modtrace.store.samples, modtrace.store.engine, modtrace.store.runs, modtrace.renderers.diff"
+)
 
 
 def main() -> int:
@@ -140,15 +157,22 @@ def main() -> int:
         built = build(db, args.events, args.blocks)
     cmd = [sys.executable, "-m", "modtrace", "diff", "base", "cand", "--db", db, "--format", "json", "--fail-on", "never"]
     e2e: list[float] = []
+    e2e_cpu: list[float] = []
+    startup: list[float] = []
     stage_runs: list[dict[str, float]] = []
     doc: dict[str, Any] = {}
+    load_before = [round(x, 2) for x in os.getloadavg()]
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), child_cpu()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         e2e.append(time.perf_counter() - t0)
+        e2e_cpu.append(child_cpu() - c0)
         if proc.returncode != 0:
             raise SystemExit(f"modtrace diff failed: {proc.stderr}")
         doc = json.loads(proc.stdout)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", IMPORTS], cwd=REPO, check=True)
+        startup.append(time.perf_counter() - t0)
         stage_runs.append(stages(db))
     summary = {
         "events_per_run": built.get("base_events"),
@@ -156,11 +180,17 @@ def main() -> int:
         "repeats": args.repeats,
         "end_to_end_s_median": round(statistics.median(e2e), 3),
         "end_to_end_s": [round(t, 3) for t in e2e],
-        "load_spans_s_median": round(statistics.median(s["load_s"] for s in stage_runs), 3),
-        "diff_spans_s_median": round(statistics.median(s["diff_s"] for s in stage_runs), 3),
+        "end_to_end_cpu_s_median": round(statistics.median(e2e_cpu), 3),
+        "startup_and_imports_s_median": round(statistics.median(startup), 3),
+        "read_calls_s_median": round(statistics.median(s["load_s"] for s in stage_runs), 3),
+        "read_calls_cpu_s_median": round(statistics.median(s["load_cpu_s"] for s in stage_runs), 3),
+        "diff_runs_s_median": round(statistics.median(s["diff_s"] for s in stage_runs), 3),
+        "diff_runs_cpu_s_median": round(statistics.median(s["diff_cpu_s"] for s in stage_runs), 3),
         "spans_compared": int(stage_runs[0]["spans"]),
         "regressions": [f"{r['fqn']}:{r['phase']}" for r in doc["timing"] if r["verdict"] == "regression"],
         "target_s": 3.0,
+        "cpus": os.cpu_count(),
+        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
     }
     summary["ok"] = summary["end_to_end_s_median"] <= 3.0
     print(json.dumps(summary, indent=2))

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from modtrace.analysis.diff import (
     DiffOptions,
+    _rank_sums_sorted,
     calls_of_spans,
     collapse_subtrees,
     compared_calls,
@@ -412,6 +413,9 @@ def test_mann_whitney_matches_the_textbook_formula(xs: list[list[int]], ys: list
     long = pl.DataFrame(rows, schema={"key": pl.Int64, "side": pl.Int64, "v": pl.Int64}, orient="row")
     out = {k: (u, p) for k, u, p in mann_whitney(long.sample(fraction=1.0, shuffle=True, seed=1)).iter_rows()}
     assert set(out) == set(range(len(xs)))
+    # both ways of ranking ties (a few tied rows corrected apart, or every row's block) agree
+    ordered = sort_within(long["key"], (long["v"] + 3) * 2 + long["side"])
+    assert _rank_sums_sorted(ordered, ties_apart=True).equals(_rank_sums_sorted(ordered, ties_apart=False))
     for k, x in enumerate(xs):
         ref_u, ref_p = reference_mann_whitney([float(v) for v in x], [float(v) for v in ys[k]])
         assert out[k][0] == pytest.approx(ref_u)

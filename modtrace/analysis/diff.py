@@ -277,16 +277,30 @@ def compared_samples(compared: pl.DataFrame, phases: tuple[str, ...] | None = No
     """
     codes = _phase_codes(phases)
     sp = compared if codes is None else compared.filter(pl.col("phase").is_in(codes))
-    return (
-        sp.group_by("rank", "step", (pl.col("mkey") * 4 + pl.col("phase").cast(pl.Int64)).alias("key"))
-        .agg(
-            pl.len().alias("calls"),
-            pl.col("duration_ns").sum().alias("incl_ns"),
-            pl.col("self_ns").sum().alias("self_ns"),
-        )
-        .select(list(SAMPLE_SCHEMA))
-        .cast(SAMPLE_SCHEMA)  # type: ignore[arg-type]
+    sums = (
+        pl.len().alias("calls"),
+        pl.col("duration_ns").sum().alias("incl_ns"),
+        pl.col("self_ns").sum().alias("self_ns"),
     )
+    key = pl.col("mkey") * 4 + pl.col("phase").cast(pl.Int64)
+    if sp.height == 0:
+        return pl.DataFrame(schema=SAMPLE_SCHEMA)
+    r0, r1, s0, s1, m1 = sp.select(
+        pl.col("rank").min().alias("r0"), pl.col("rank").max().alias("r1"), pl.col("step").min().alias("s0"),
+        pl.col("step").max().alias("s1"), pl.col("mkey").max().alias("m1"),
+    ).row(0)
+    ranks, steps, keys = r1 - r0 + 1, s1 - s0 + 1, (m1 + 1) * 4
+    if ranks * steps * keys >= 2**62:
+        grouped = sp.group_by("rank", "step", key.alias("key")).agg(*sums)
+    else:
+        # One Int64 group key (rank, step, key), sorted first: a sorted key is grouped without
+        # hashing, which matters as most groups hold one call (a module called once per step).
+        g = ((pl.col("rank").cast(pl.Int64) - r0) * steps + (pl.col("step").cast(pl.Int64) - s0)) * keys + key
+        rest = pl.col("_g") // keys
+        grouped = sp.select(g.alias("_g"), "duration_ns", "self_ns").sort("_g").group_by("_g").agg(*sums).with_columns(
+            (rest // steps + r0).alias("rank"), (rest % steps + s0).alias("step"), (pl.col("_g") % keys).alias("key")
+        )
+    return grouped.select(list(SAMPLE_SCHEMA)).cast(SAMPLE_SCHEMA)  # type: ignore[arg-type]
 
 
 def fill_steps(samples: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
@@ -381,7 +395,8 @@ def sort_within(key: pl.Series, value: pl.Series) -> pl.DataFrame:
     width = int(x.max()) + 1
     if (int(k.max()) + 1) * width < 2**63:
         packed = (k * width + x).sort()
-        return pl.DataFrame({"k": packed // width, "x": packed % width})
+        # k is sorted: flagged so, group_by("k") takes its fast path (no hashing)
+        return pl.DataFrame({"k": (packed // width).set_sorted(), "x": packed % width})
     return pl.DataFrame({"k": k, "x": x}).sort("x").sort("k", maintain_order=True)
 
 
@@ -491,28 +506,69 @@ def _metric(base: pl.DataFrame, cand: pl.DataFrame, column: str, n_keys: int, n_
     )
 
 
-def _rank_sums_sorted(s: pl.DataFrame) -> pl.DataFrame:
+def _rank_sums_sorted(s: pl.DataFrame, *, ties_apart: bool | None = None) -> pl.DataFrame:
     """``rank_sums`` of rows sorted by ``sort_within`` (x = value * 2 + side, value >= 0).
 
-    In a block of t equal values at 0-based positions f..l of its key, each
-    has the average rank (f + l + 2) / 2 and t^2 - 1 sums to t^3 - t.
+    A block of t equal values at 0-based positions f..l of its key has the
+    average rank (f + l + 2) / 2 for each, and contributes t^3 - t to the
+    tie term.  Ties are few in nanosecond times, so by default (when under a
+    quarter of the rows tie) every row takes its rank p + 1 and only the
+    tied rows are corrected, apart; otherwise (identical runs, many zeros)
+    every row gets its block's bounds.  ``ties_apart`` forces one way.
     """
     row = pl.int_range(pl.len(), dtype=pl.Int64)
     u = pl.col("x") // 2
     first = (pl.col("k") != pl.col("k").shift(1)).fill_null(True)
     last = (pl.col("k") != pl.col("k").shift(-1)).fill_null(True)
-    s = s.with_columns((row - pl.when(first).then(row).forward_fill()).alias("_pos"))
-    s = s.with_columns(
-        pl.when(first | (u != u.shift(1))).then("_pos").forward_fill().alias("_f"),
-        pl.when(last | (u != u.shift(-1))).then("_pos").backward_fill().alias("_l"),
-        (pl.col("x") % 2).alias("_side"),
+    tied = ((u == u.shift(1)) & ~first) | ((u == u.shift(-1)) & ~last)
+    rows = s.with_columns(
+        (row - pl.when(first).then(row).forward_fill()).alias("_p"),
+        (pl.col("x") % 2).alias("_s"),
+        u.alias("_u"),
+        tied.fill_null(False).alias("_tied"),
+        first.alias("_first"),
+        last.alias("_last"),
     )
-    t = pl.col("_l") - pl.col("_f") + 1
-    return s.group_by("k", maintain_order=True).agg(
+    if ties_apart is None:
+        ties_apart = int(rows["_tied"].sum()) * 4 < rows.height
+    if not ties_apart:
+        new = pl.col("_first") | (pl.col("_u") != pl.col("_u").shift(1))
+        end = pl.col("_last") | (pl.col("_u") != pl.col("_u").shift(-1))
+        f = pl.when(new).then("_p").forward_fill()
+        l = pl.when(end).then("_p").backward_fill()
+        return rows.select(
+            "k", "_s", ((f + l + 2) * pl.col("_s")).alias("_r2"), ((l - f + 1) ** 2 - 1).alias("_t")
+        ).group_by("k", maintain_order=True).agg(
+            pl.len().cast(pl.Float64).alias("n"),
+            pl.col("_s").sum().cast(pl.Float64).alias("n1"),
+            (pl.col("_r2").sum() / 2).cast(pl.Float64).alias("r1"),
+            pl.col("_t").sum().cast(pl.Float64).alias("tie"),
+        )
+    rank = pl.col("_p") + 1
+    plain = rows.group_by("k", maintain_order=True).agg(
         pl.len().cast(pl.Float64).alias("n"),
-        pl.col("_side").sum().cast(pl.Float64).alias("n1"),
-        ((pl.col("_f") + pl.col("_l") + 2).filter(pl.col("_side") == 1).sum() / 2).cast(pl.Float64).alias("r1"),
-        (t * t - 1).sum().cast(pl.Float64).alias("tie"),
+        pl.col("_s").sum().cast(pl.Float64).alias("n1"),
+        (rank * pl.col("_s")).sum().cast(pl.Float64).alias("_r1"),
+    )
+    ties = (
+        rows.filter("_tied")
+        .group_by("k", "_u")
+        .agg(
+            pl.len().cast(pl.Float64).alias("_t"),
+            pl.col("_s").sum().cast(pl.Float64).alias("_c"),
+            (rank * pl.col("_s")).sum().cast(pl.Float64).alias("_rs"),
+            rank.mean().alias("_avg"),
+        )
+        .group_by("k")
+        .agg(
+            (pl.col("_c") * pl.col("_avg") - pl.col("_rs")).sum().alias("_corr"),
+            (pl.col("_t") ** 3 - pl.col("_t")).sum().alias("tie"),
+        )
+    )
+    return plain.join(ties, on="k", how="left", maintain_order="left").select(
+        "k", "n", "n1",
+        (pl.col("_r1") + pl.col("_corr").fill_null(0.0)).alias("r1"),
+        pl.col("tie").fill_null(0.0).cast(pl.Float64),
     )
 
 
@@ -767,51 +823,48 @@ def _row(kind: str, fqn: str | None, phase: str | None, base: str, cand: str, me
 
 def call_sequences(compared: pl.DataFrame, phases: tuple[str, ...] | None) -> pl.DataFrame:
     """Compared calls with ``mkey`` of the lowest rank -> its calls in call order (per step, per
-    thread, threads in id order): rank, step, ``k`` (0-based ordinal of the step), ``pos``
-    (0-based position in the step), key and depth."""
+    thread, threads in id order): rank, step, ``k`` (0-based ordinal of the step), key and depth."""
     codes = _phase_codes(phases)
     sp = compared if codes is None else compared.filter(pl.col("phase").is_in(codes))
     if sp.height == 0:
         return pl.DataFrame()
     rank = sp["rank"].min()
-    seq = (
-        sp.filter(pl.col("rank") == rank)
-        .select("rank", "step", "thread_id", "span_id", (pl.col("mkey") * 4 + pl.col("phase")).alias("key"), "depth")
-        .sort("step", "thread_id", "span_id")
+    seq = sp.filter(pl.col("rank") == rank).select(
+        "rank", "step", "span_id", lookup_key("step", "thread_id").alias("_st"),
+        (pl.col("mkey") * 4 + pl.col("phase")).alias("key"), "depth",
     )
-    row = pl.int_range(pl.len(), dtype=pl.Int64)
+    # by (step, thread, span_id): two single-column sorts (the first is usually of sorted rows)
+    seq = seq.sort("span_id").sort("_st", maintain_order=True)
     first = (pl.col("step") != pl.col("step").shift(1)).fill_null(True)
-    return seq.select(
-        "rank", "step",
-        (first.cast(pl.Int64).cum_sum() - 1).alias("k"),
-        (row - pl.when(first).then(row).forward_fill()).alias("pos"),
-        "key", "depth",
-    )
+    return seq.select("rank", "step", (first.cast(pl.Int64).cum_sum() - 1).alias("k"), "key", "depth")
 
 
 def first_divergence(seq_b: pl.DataFrame, seq_c: pl.DataFrame, names: pl.DataFrame,
                      options: DiffOptions) -> Divergence | None:
-    """The first k-th compared step of each run whose call sequences differ, with an aligned excerpt."""
+    """The first k-th compared step of each run whose call sequences differ, with an aligned excerpt.
+
+    Steps of equal lengths line up row by row, so the runs are compared
+    column against column up to the first step whose lengths differ.
+    """
     if seq_b.height == 0 or seq_c.height == 0:
         return None
     steps = min(int(seq_b["k"].max()), int(seq_c["k"].max())) + 1  # type: ignore[arg-type]
-    at = (pl.col("k") * (1 << 32) + pl.col("pos")).alias("_at")
-    b = seq_b.filter(pl.col("k") < steps).select(at, "k", "key", "depth")
-    c = seq_c.filter(pl.col("k") < steps).select(at, "k", "key", "depth")
-    joined = b.join(c, on="_at", how="full", suffix="_c")
-    differs = joined.filter(
-        pl.col("key").is_null() | pl.col("key_c").is_null()
-        | (pl.col("key") != pl.col("key_c")) | (pl.col("depth") != pl.col("depth_c"))
-    )
-    if differs.height == 0:
+    len_b = seq_b["k"].filter(seq_b["k"] < steps).value_counts(sort=False).sort("k")["count"]
+    len_c = seq_c["k"].filter(seq_c["k"] < steps).value_counts(sort=False).sort("k")["count"]
+    unequal = (len_b != len_c).arg_true()
+    k_len = int(unequal[0]) if unequal.len() else steps  # the first step whose lengths differ
+    rows = int(len_b.head(k_len).sum())
+    a, b = seq_b.head(rows), seq_c.head(rows)
+    differs = ((a["key"] != b["key"]) | (a["depth"] != b["depth"])).arg_true()
+    k = int(a["k"][int(differs[0])]) if differs.len() else k_len
+    if k >= steps:
         return None
-    k = int(differs.select(pl.min_horizontal(pl.col("k").min(), pl.col("k_c").min())).item())
-    a = seq_b.filter(pl.col("k") == k)
-    bb = seq_c.filter(pl.col("k") == k)
-    excerpt, position = _excerpt(a, bb, names, options)
+    one_b = seq_b.filter(pl.col("k") == k)
+    one_c = seq_c.filter(pl.col("k") == k)
+    excerpt, position = _excerpt(one_b, one_c, names, options)
     return Divergence(
         rank_base=int(seq_b["rank"][0]), rank_cand=int(seq_c["rank"][0]),
-        step_base=int(a["step"][0]), step_cand=int(bb["step"][0]), position=position, excerpt=excerpt,
+        step_base=int(one_b["step"][0]), step_cand=int(one_c["step"][0]), position=position, excerpt=excerpt,
     )
 
 
