@@ -534,10 +534,10 @@ def _rank_sums_sorted(s: pl.DataFrame, *, ties_apart: bool | None = None) -> pl.
     if not ties_apart:
         new = pl.col("_first") | (pl.col("_u") != pl.col("_u").shift(1))
         end = pl.col("_last") | (pl.col("_u") != pl.col("_u").shift(-1))
-        f = pl.when(new).then("_p").forward_fill()
-        l = pl.when(end).then("_p").backward_fill()
+        lo = pl.when(new).then("_p").forward_fill()
+        hi = pl.when(end).then("_p").backward_fill()
         return rows.select(
-            "k", "_s", ((f + l + 2) * pl.col("_s")).alias("_r2"), ((l - f + 1) ** 2 - 1).alias("_t")
+            "k", "_s", ((lo + hi + 2) * pl.col("_s")).alias("_r2"), ((hi - lo + 1) ** 2 - 1).alias("_t")
         ).group_by("k", maintain_order=True).agg(
             pl.len().cast(pl.Float64).alias("n"),
             pl.col("_s").sum().cast(pl.Float64).alias("n1"),
