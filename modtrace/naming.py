@@ -46,7 +46,7 @@ def shared_run_name(stem: str, env: Mapping[str, str], launcher_pid: int) -> str
             return f"{stem}-{started:%Y%m%d-%H%M%S}-{launcher_pid}"
     raise UsageError(
         "the ranks of this distributed launch need one shared run name: "
-        "pass --run NAME (or launch torchrun with --rdzv-id ID)"
+        "pass --run-name NAME (or launch torchrun with --rdzv-id ID)"
     )
 
 

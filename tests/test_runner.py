@@ -187,7 +187,7 @@ def test_shared_run_name_is_the_same_for_every_rank_of_a_launch() -> None:
     name = shared_run_name("train", static, me)
     assert name is not None and name.startswith("train-") and name.endswith(f"-{me}")
     # Several hosts and nothing shared: the user must name the run.
-    with pytest.raises(UsageError, match="pass --run NAME"):
+    with pytest.raises(UsageError, match="pass --run-name NAME"):
         shared_run_name("train", {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"}, me)
 
 
