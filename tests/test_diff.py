@@ -495,5 +495,18 @@ def test_phase_filter_limits_every_finding() -> None:
     assert set(forward.timing["phase"].to_list()) == {"forward"}
 
 
+def test_a_module_missing_from_the_lookup_is_named_by_its_id() -> None:
+    from modtrace.analysis.diff import RunCalls, diff_runs
+
+    base, cand = calls_of_spans(synth(seed=1)), calls_of_spans(synth(seed=2))
+    head = list(TREE).index("Net.head")
+    lost = RunCalls(cand.calls, cand.modules.filter(pl.col("module_id") != head), cand.devices)
+    result = diff_runs(base, lost)
+    assert kinds(result)[:2] == [
+        ("module_removed", "Net.head", None, "called", "not called"),
+        ("module_added", f"<module {head}>", None, "not called", "called"),
+    ]
+
+
 def test_collapse_subtrees() -> None:
     assert collapse_subtrees({"a.b", "a.b.c", "a.b.c.d", "a.bc", "x"}) == [("a.b", 2), ("a.bc", 0), ("x", 0)]

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -226,15 +227,16 @@ def _key_phase(key: pl.Expr) -> pl.Expr:
 
 
 def module_lookup(run: RunCalls) -> pl.DataFrame:
-    """(rank, module_id, fqn) of every module the run's calls name; one missing from the lookup is ``<module N>``."""
+    """(rank, module_id, fqn) of the run's modules; a module its calls name that the lookup lacks
+    is ``<module N>``."""
     known = run.modules.select(
         pl.col("rank").cast(pl.Int32), pl.col("module_id").cast(pl.Int32), pl.col("fqn").cast(pl.String)
     ).unique(["rank", "module_id"])
-    return (
-        run.calls.select("rank", "module_id").unique()
-        .join(known, on=["rank", "module_id"], how="left")
-        .with_columns(pl.col("fqn").fill_null(pl.format("<module {}>", "module_id")))
-    )
+    missing = run.calls.select("rank", "module_id").join(known, on=["rank", "module_id"], how="anti")
+    if missing.height == 0:
+        return known
+    unknown = missing.unique().with_columns(pl.format("<module {}>", "module_id").alias("fqn"))
+    return pl.concat([known, unknown])
 
 
 def with_mkey(calls: pl.DataFrame, lookup: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
@@ -490,17 +492,69 @@ def median_summary(samples: pl.DataFrame, column: str, confidence: float) -> pl.
 def _metric(base: pl.DataFrame, cand: pl.DataFrame, column: str, n_keys: int, n_b: int, n_c: int,
             confidence: float, z: float) -> pl.DataFrame:
     """Filled samples of both runs (dense key ``k`` in [0, n_keys), ``n_b`` / ``n_c`` rows per key)
-    -> per k: medians, standard errors, U and p of ``column``, from one sort."""
-    key = pl.concat([base["k"], cand["k"]])
-    side = pl.concat([pl.zeros(base.height, pl.Int64, eager=True), pl.ones(cand.height, pl.Int64, eager=True)])
+    -> per k: medians, standard errors, U and p of ``column``, from one sort.
+
+    The hot loop of a diff (four metrics of every module and step of both
+    runs).  Every key has n = n_b + n_c values, so after one sort of
+    (k, value, side) packed into an Int64 the key of row i is i // n and its
+    position in the key i % n: ranks, rank sums and order statistics need no
+    grouping (``rank_sums`` is the general form, for unequal groups).
+    """
+    n = n_b + n_c
+    key = pl.concat([base["k"], cand["k"]]).cast(pl.Int64)
     v = pl.concat([base[column], cand[column]]).cast(pl.Int64)
+    side = pl.concat([pl.zeros(base.height, pl.Int64, eager=True), pl.ones(cand.height, pl.Int64, eager=True)])
     shift = int(v.min())
+    width = (int(v.max()) - shift) * 2 + 2
+    if n_keys * width >= 2**63:
+        return _metric_grouped(key, side, v, n_keys, n_b, n_c, confidence, z)
+    x = ((key * width + (v - shift) * 2 + side).sort() % width).alias("x")
+    # A run of t equal values at positions f..l (0-based, in its key) has the average rank
+    # (f + l + 2) / 2 for each and adds t^3 - t (t^2 - 1 per value) to the tie term.
+    pos = pl.col("_i") % n
+    u = pl.col("x") // 2
+    lo = pl.when((pos == 0) | (u != u.shift(1))).then(pos).forward_fill()
+    hi = pl.when((pos == n - 1) | (u != u.shift(-1))).then(pos).backward_fill()
+    rows = (
+        pl.DataFrame(x).lazy()
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_i"))
+        .select(u.alias("_u"), (pl.col("x") % 2).alias("_s"), lo.alias("_lo"), hi.alias("_hi"))
+        .select("_u", "_s", ((pl.col("_lo") + pl.col("_hi") + 2) * pl.col("_s")).alias("_r2"),
+                ((pl.col("_hi") - pl.col("_lo") + 1) ** 2 - 1).alias("_t"))
+        .collect()
+    )
+
+    def per_key(column: str) -> pl.Series:
+        out: pl.Series = rows[column].reshape((n_keys, n)).arr.sum().cast(pl.Float64)
+        return out
+
+    sums = pl.DataFrame({
+        "k": pl.int_range(n_keys, dtype=pl.Int64, eager=True),
+        "n": pl.repeat(float(n), n_keys, dtype=pl.Float64, eager=True),
+        "n1": pl.repeat(float(n_c), n_keys, dtype=pl.Float64, eager=True),
+        "r1": per_key("_r2") / 2,
+        "tie": per_key("_t"),
+    })
+    value = rows["_u"] + shift
+    is_cand = rows["_s"] == 1
+    return _with_medians(_mw_p(sums), value.filter(~is_cand), value.filter(is_cand), n_keys, n_b, n_c, confidence, z)
+
+
+def _metric_grouped(key: pl.Series, side: pl.Series, v: pl.Series, n_keys: int, n_b: int, n_c: int,
+                    confidence: float, z: float) -> pl.DataFrame:
+    """``_metric`` for values too wide to pack with their key."""
+    shift = int(v.min())  # type: ignore[arg-type]
     s = sort_within(key, (v - shift) * 2 + side)
-    sums = _mw_p(_rank_sums_sorted(s))
-    val = s["x"] // 2 + shift
+    value = s["x"] // 2 + shift
     is_cand = (s["x"] % 2) == 1
-    med_b = _block_stats(val.filter(~is_cand), n_keys, n_b, confidence, "b_")
-    med_c = _block_stats(val.filter(is_cand), n_keys, n_c, confidence, "c_")
+    sums = _mw_p(_rank_sums_sorted(s))
+    return _with_medians(sums, value.filter(~is_cand), value.filter(is_cand), n_keys, n_b, n_c, confidence, z)
+
+
+def _with_medians(sums: pl.DataFrame, sorted_b: pl.Series, sorted_c: pl.Series, n_keys: int, n_b: int, n_c: int,
+                  confidence: float, z: float) -> pl.DataFrame:
+    med_b = _block_stats(sorted_b, n_keys, n_b, confidence, "b_")
+    med_c = _block_stats(sorted_c, n_keys, n_c, confidence, "c_")
     return med_b.join(med_c, on="k").join(sums, on="k").with_columns(
         (z * (pl.col("b_se") ** 2 + pl.col("c_se") ** 2).sqrt()).alias("spread")
     )
@@ -597,9 +651,10 @@ def compare_timing(
     confidence = 1.0 - options.alpha
     z = normal_quantile(0.5 + confidence / 2)
     wide = keys
-    for metric, column in (("self", "self_ns"), ("incl", "incl_ns"), ("self_share", "self_share"),
-                           ("incl_share", "incl_share")):
-        st = _metric(b, c, column, n_keys, n_base, n_cand, confidence, z)
+    metrics = (("self", "self_ns"), ("incl", "incl_ns"), ("self_share", "self_share"), ("incl_share", "incl_share"))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        stats = list(pool.map(lambda mc: _metric(b, c, mc[1], n_keys, n_base, n_cand, confidence, z), metrics))
+    for (metric, _), st in zip(metrics, stats, strict=True):
         share = metric in SHARE_METRICS
         scale = 1.0 / PPB if share else 1.0
         unit = "" if share else "_ns"
@@ -934,8 +989,12 @@ def diff_runs(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None
     options = options or DiffOptions()
     lookup_b, lookup_c = module_lookup(base), module_lookup(cand)
     names = module_keys(lookup_b, lookup_c)
-    b = _prepare(base, lookup_b, names, options)
-    c = _prepare(cand, lookup_c, names, options)
+    # The two runs, and below the four metrics, are independent: polars releases the GIL,
+    # so threads keep every core busy through the steps polars runs on one.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fb = pool.submit(_prepare, base, lookup_b, names, options)
+        c = _prepare(cand, lookup_c, names, options)
+        b = fb.result()
     n_b, n_c = b.units.height, c.units.height
     step_b = _median(b.units["step_ns"])
     step_c = _median(c.units["step_ns"])

@@ -11,6 +11,7 @@ from modtrace.cli._options import db_option, format_option
 if TYPE_CHECKING:
     from modtrace.analysis.diff import RunCalls
     from modtrace.store.engine import Store
+    from modtrace.store.samples import Window
 
 PHASE_CHOICES = ("forward", "backward", "recompute")
 
@@ -30,9 +31,15 @@ def _split_ref(store: Store, ref: str) -> tuple[Any, int | None]:
 
 
 def _load(db: str | None, ref: str, rank: int | None) -> tuple[RunCalls, dict[str, Any]]:
-    """Open DB, resolve RUN[:RANK] and return its closed calls (one rank's when asked) and its description."""
+    """Open DB, resolve RUN[:RANK] and return its closed calls (one rank's when asked) and its description.
+
+    The run's spans are fetched first, before this thread imports polars:
+    the database works (without the GIL) while ``diff`` imports the rest.
+    A run never analysed is analysed in memory, nothing written.
+    """
     from modtrace.errors import UsageError
     from modtrace.store.engine import open_store
+    from modtrace.store.samples import fetch_closed_calls
 
     store = open_store(db)
     try:
@@ -43,7 +50,8 @@ def _load(db: str | None, ref: str, rank: int | None) -> tuple[RunCalls, dict[st
             ranks = _ranks(store, run.id)
             if rank not in ranks:
                 raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
-        calls = _calls(store, run.id, rank)
+        fetched = fetch_closed_calls(store, run.id, rank=rank)
+        calls = _calls(store, run.id, rank, fetched)
         label = store.label
     finally:
         store.dispose()
@@ -58,19 +66,19 @@ def _ranks(store: Store, run_id: int) -> list[int]:
     return read_ranks(store, run_id)
 
 
-def _calls(store: Store, run_id: int, rank: int | None) -> RunCalls:
-    """The run's closed calls, from its stored spans; rebuilt in memory, nothing written, when never analysed."""
+def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -> RunCalls:
+    """The run's closed calls from its fetched spans, or, for a run never analysed, from its events."""
     import polars as pl
 
     from modtrace.analysis.diff import RunCalls, calls_of_spans
     from modtrace.store.analysis_store import has_analysis
     from modtrace.store.reader import read_devices, read_modules
-    from modtrace.store.samples import read_closed_calls
+    from modtrace.store.samples import parse_closed_calls
 
-    if has_analysis(store, run_id):
+    if fetched or has_analysis(store, run_id):
         ranks = None if rank is None else [rank]
         return RunCalls(
-            read_closed_calls(store, run_id, rank=rank),
+            parse_closed_calls(fetched),
             read_modules(store, run_id, ranks=ranks),
             read_devices(store, run_id, ranks=ranks),
         )
@@ -83,12 +91,19 @@ def _calls(store: Store, run_id: int, rank: int | None) -> RunCalls:
 def _load_both(
     base: tuple[str | None, str, int | None], cand: tuple[str | None, str, int | None]
 ) -> tuple[tuple[RunCalls, dict[str, Any]], tuple[RunCalls, dict[str, Any]]]:
-    """Both runs, read side by side (the database driver releases the GIL while it steps)."""
+    """Both runs, read side by side (the database driver releases the GIL while it steps), while
+    this thread imports what the diff needs."""
     from concurrent.futures import ThreadPoolExecutor
+
+    import modtrace.store.engine  # noqa: F401  (before the threads: they would import it at once)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         fb = pool.submit(_load, *base)
         fc = pool.submit(_load, *cand)
+        import modtrace.analysis.diff  # noqa: F401
+        import modtrace.renderers.diff  # noqa: F401
+        import modtrace.store.analysis_store  # noqa: F401
+
         return fb.result(), fc.result()
 
 
