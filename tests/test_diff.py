@@ -387,6 +387,36 @@ def test_mann_whitney_known_values() -> None:
     assert shifted == out
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 9), st.integers(1, 9), st.integers(0, 2**40), st.randoms(use_true_random=False))
+def test_the_packed_metric_matches_the_general_statistics(
+    keys: int, n_b: int, n_c: int, spread: int, rnd: random.Random
+) -> None:
+    """compare_timing's one-sort statistics (equal blocks) = the general rank sums and medians."""
+    from modtrace.analysis.diff import _metric, _metric_grouped
+
+    def side(n: int) -> pl.DataFrame:
+        return pl.DataFrame({
+            "k": [k for k in range(keys) for _ in range(n)],
+            "v": [rnd.choice([0, 7, spread, rnd.randint(-5, spread)]) for _ in range(keys * n)],
+        }).sample(fraction=1.0, shuffle=True, seed=rnd.randint(0, 99))
+
+    b, c = side(n_b), side(n_c)
+    z = 2.5758
+    fast = _metric(b, c, "v", keys, n_b, n_c, 0.99, z).sort("k")
+    v = pl.concat([b["v"], c["v"]])
+    side01 = pl.Series([0] * b.height + [1] * c.height)
+    slow = _metric_grouped(pl.concat([b["k"], c["k"]]), side01, v, keys, n_b, n_c, 0.99, z).sort("k")
+    assert fast.columns == slow.columns
+    for column in fast.columns:
+        assert fast[column].to_list() == pytest.approx(slow[column].to_list(), rel=1e-12, abs=1e-9), column
+    long = pl.DataFrame({"key": pl.concat([b["k"], c["k"]]), "side": side01, "v": v})
+    assert fast["p_value"].to_list() == pytest.approx(mann_whitney(long).sort("key")["p_value"].to_list(), abs=1e-12)
+    medians = median_summary(b.rename({"k": "key"}), "v", 0.99).sort("key")
+    assert fast["b_median"].to_list() == medians["median"].to_list()
+    assert fast["b_se"].to_list() == pytest.approx(medians["se"].to_list())
+
+
 def test_median_and_its_standard_error_from_order_statistics() -> None:
     from modtrace.analysis.diff import normal_quantile
 
