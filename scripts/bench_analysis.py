@@ -2,8 +2,9 @@
 
 Generates events of a realistic shape (a ~600-module model, 12 blocks of 50
 modules, forward and backward every step, backward hook dispatches tied as
-autograd fires them, roots closed at the end of backward), then for each
-size times, in one process with interleaved repeats:
+autograd fires them, roots closed at the end of backward), then times, in
+one process, in rounds (each round runs every size through both paths, so a
+change of the machine's load falls on all of them; medians over rounds):
 
 - ``polars``: modtrace.analysis.analyze_events (normalise, rebuild, check);
 - ``python``: a straightforward pure-Python loop doing the same work over the
@@ -19,7 +20,7 @@ rows back from SQLite through modtrace.store.reader is timed separately.
 Reports the polars thread pool size (set POLARS_MAX_THREADS to choose it)
 and the load average around each measurement.  Prints one JSON summary.
 
-    python scripts/bench_analysis.py [--sizes 1000000,10000000] [--repeats 3]
+    python scripts/bench_analysis.py [--sizes 1000000,10000000] [--repeats 5]
         [--python-repeats 3] [--read-sizes 1000000] [--read-repeats 3] [--skip-read]
 """
 
@@ -272,66 +273,79 @@ def child_polars(events_path: str) -> None:
                       "input_frame_mb": events.estimated_size() / 2**20, "polars_threads": pl.thread_pool_size()}))
 
 
-def measure_size(n: int, repeats: int, python_repeats: int, tmp: str) -> dict[str, Any]:
+def measure_sizes(sizes: list[int], repeats: int, python_repeats: int, tmp: str) -> list[dict[str, Any]]:
+    """Time every size in every round (polars, then the Python loop, size after size), so that a change in
+    the machine's load between rounds falls on all sizes and both paths alike."""
     from modtrace.analysis import analyze_events
     from modtrace.analysis.events import module_depths
 
-    events, mods, devs = generate(n)
-    events_path = os.path.join(tmp, f"events_{n}.parquet")
-    events.write_parquet(events_path)
-    mods.write_parquet(events_path + ".modules")
-    depth_of = {m: d for _, m, d in module_depths(mods).iter_rows()}
-    rows = events.select("seq", "ts_ns", "kind", "module_id", "phase", "call_id", "step", "thread_id", "status",
-                         "graph_task", "tie").rows()
-    polars_s: list[float] = []
-    python_s: list[float] = []
-    check: dict[str, int] = {}
-    load_before = load_average()
+    data = []
+    for n in sizes:
+        events, mods, devs = generate(n)
+        events_path = os.path.join(tmp, f"events_{n}.parquet")
+        events.write_parquet(events_path)
+        mods.write_parquet(events_path + ".modules")
+        depth_of = {m: d for _, m, d in module_depths(mods).iter_rows()}
+        rows = events.select("seq", "ts_ns", "kind", "module_id", "phase", "call_id", "step", "thread_id", "status",
+                             "graph_task", "tie").rows()
+        data.append((events, mods, devs, depth_of, rows, events_path))
+    polars_s: list[list[float]] = [[] for _ in sizes]
+    python_s: list[list[float]] = [[] for _ in sizes]
+    checks: list[dict[str, int]] = [{} for _ in sizes]
+    loads: list[list[float]] = [load_average()]
     for i in range(max(repeats, python_repeats)):
-        if i < repeats:
-            gc.collect()
-            t0 = time.perf_counter()
-            result = analyze_events(events, mods, devs)
-            polars_s.append(time.perf_counter() - t0)
-            check["polars_spans"], check["polars_issues"] = result.spans.height, result.issues.height
-            check["polars_self_ns"] = int(result.spans["self_ns"].sum())
-            del result
-        if i < python_repeats:
-            gc.collect()
-            t0 = time.perf_counter()
-            spans, issues = python_analysis(rows, depth_of)
-            python_s.append(time.perf_counter() - t0)
-            check["python_spans"], check["python_issues"] = len(spans), len(issues)
-            check["python_self_ns"] = sum(s[-1] for s in spans if s[-1] is not None)
-            del spans, issues
-    load_after = load_average()
-    # Both paths must have done the same work.
-    assert check["polars_spans"] == check["python_spans"], check
-    assert check["polars_issues"] == check["python_issues"], check
-    assert check["polars_self_ns"] == check["python_self_ns"], check
-    del rows, events
-    gc.collect()
-    child = subprocess.run([sys.executable, __file__, "--child", events_path], capture_output=True, text=True,
-                           check=True)
-    peak = json.loads(child.stdout.strip().splitlines()[-1])
-    return {
-        "events": n if not peak else peak["events"],
-        "spans": check["polars_spans"],
-        "issues": check["polars_issues"],
-        "polars_median_s": statistics.median(polars_s),
-        "polars_runs_s": polars_s,
-        "python_median_s": statistics.median(python_s),
-        "python_runs_s": python_s,
-        "speedup": statistics.median(python_s) / statistics.median(polars_s),
-        "load_average_before": load_before,
-        "load_average_after": load_after,
-        "child": {
-            "seconds": peak["seconds"],
-            "peak_rss_mb": peak["peak_rss_mb"],
-            "rss_with_input_mb": peak["rss_with_input_mb"],
-            "input_frame_mb": peak["input_frame_mb"],
-        },
-    }
+        for k, (events, mods, devs, depth_of, rows, _) in enumerate(data):
+            check = checks[k]
+            if i < repeats:
+                gc.collect()
+                t0 = time.perf_counter()
+                result = analyze_events(events, mods, devs)
+                polars_s[k].append(time.perf_counter() - t0)
+                check["polars_spans"], check["polars_issues"] = result.spans.height, result.issues.height
+                check["polars_self_ns"] = int(result.spans["self_ns"].sum())
+                del result
+            if i < python_repeats:
+                gc.collect()
+                t0 = time.perf_counter()
+                spans, issues = python_analysis(rows, depth_of)
+                python_s[k].append(time.perf_counter() - t0)
+                check["python_spans"], check["python_issues"] = len(spans), len(issues)
+                check["python_self_ns"] = sum(s[-1] for s in spans if s[-1] is not None)
+                del spans, issues
+        loads.append(load_average())
+    results = []
+    for k in range(len(sizes)):
+        check = checks[k]
+        # Both paths must have done the same work.
+        assert check["polars_spans"] == check["python_spans"], check
+        assert check["polars_issues"] == check["python_issues"], check
+        assert check["polars_self_ns"] == check["python_self_ns"], check
+        events_path = data[k][5]
+        height = data[k][0].height
+        data[k] = None  # type: ignore[call-overload]
+        gc.collect()
+        child = subprocess.run([sys.executable, __file__, "--child", events_path], capture_output=True, text=True,
+                               check=True)
+        peak = json.loads(child.stdout.strip().splitlines()[-1])
+        results.append({
+            "events": height,
+            "spans": check["polars_spans"],
+            "issues": check["polars_issues"],
+            "polars_median_s": statistics.median(polars_s[k]),
+            "polars_runs_s": polars_s[k],
+            "python_median_s": statistics.median(python_s[k]),
+            "python_runs_s": python_s[k],
+            "speedup": statistics.median(python_s[k]) / statistics.median(polars_s[k]),
+            "child": {
+                "seconds": peak["seconds"],
+                "peak_rss_mb": peak["peak_rss_mb"],
+                "rss_with_input_mb": peak["rss_with_input_mb"],
+                "input_frame_mb": peak["input_frame_mb"],
+            },
+        })
+    for r in results:
+        r["load_average_per_round"] = loads
+    return results
 
 
 def measure_read(n: int, repeats: int, tmp: str) -> dict[str, Any]:
@@ -376,7 +390,7 @@ def measure_read(n: int, repeats: int, tmp: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000000,10000000")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--python-repeats", type=int, default=3)
     parser.add_argument("--read-sizes", default="1000000")
     parser.add_argument("--read-repeats", type=int, default=3)
@@ -397,7 +411,7 @@ def main() -> None:
         "load_average_start": load_average(),
     }
     with tempfile.TemporaryDirectory() as tmp:
-        results = [measure_size(n, args.repeats, args.python_repeats, tmp) for n in sizes]
+        results = measure_sizes(sizes, args.repeats, args.python_repeats, tmp)
         summary["sizes"] = results
         if len(results) >= 2:
             small, big = results[0], results[-1]
