@@ -224,6 +224,43 @@ def test_a_small_share_change_is_not_blame() -> None:
     assert row["verdict"] == "unchanged"
 
 
+def test_one_big_regression_on_a_quieter_machine_blames_it_alone() -> None:
+    # The candidate ran on a quieter machine (everything 0.85x) and one module got 20x slower:
+    # every other module is faster and takes a smaller share of the (longer) step, yet none
+    # changed against the typical module.
+    def fn(name: str, phase: str, step: int) -> float:
+        return SELF_US[name] * 0.85 * (20.0 if name == "Net.head" else 1.0)
+
+    result = diff_spans(synth(seed=1), synth(self_us=fn, seed=2))
+    assert flagged(result) == [("Net.head", "backward"), ("Net.head", "forward")]
+    assert flagged(result, "improvement") == []
+    row = result.timing.row(0, named=True)
+    assert row["self_vs_typical"] > 5 and row["self_noise_p_adjusted"] < 1e-6
+    assert result.timing.filter(pl.col("fqn") == "Net.embed")["self_vs_typical"].to_list() == pytest.approx(
+        [1.0, 1.0], abs=0.06)
+
+
+def test_a_change_within_the_run_to_run_noise_of_the_modules_is_not_blame() -> None:
+    """Each recording slows or speeds each module a little on its own (a shared machine): a 1.5x
+    module stands out of small run-to-run noise, not out of large."""
+    def recording(spread: float, seed: int, slow: float) -> SelfFn:
+        rng = random.Random(seed)
+        factor = {(f, p): math.exp(rng.gauss(0, spread)) for f in SELF_US for p in ("forward", "backward")}
+
+        def fn(name: str, phase: str, step: int) -> float:
+            return SELF_US[name] * factor[(name, phase)] * (slow if name == "Net.block0.attn" else 1.0)
+
+        return fn
+
+    quiet = diff_spans(synth(self_us=recording(0.01, 1, 1.0), seed=1), synth(self_us=recording(0.01, 2, 1.5), seed=2))
+    assert ("Net.block0.attn", "forward") in flagged(quiet)
+    noisy = diff_spans(synth(self_us=recording(0.3, 1, 1.0), seed=1), synth(self_us=recording(0.3, 2, 1.5), seed=2))
+    assert flagged(noisy) == [] and flagged(noisy, "improvement") == []
+    row = noisy.timing.filter((pl.col("fqn") == "Net.block0.attn") & (pl.col("phase") == "forward")).row(0, named=True)
+    assert row["self_p_adjusted"] < 0.01  # real within the runs; not beyond the noise between them
+    assert row["self_noise_p_adjusted"] >= 0.01
+
+
 def test_regressions_are_sorted_by_impact_and_improvements_reported() -> None:
     def fn(name: str, phase: str, step: int) -> float:
         factor = {"Net.block0.attn": 1.2, "Net.head": 2.0, "Net.embed": 0.5}.get(name, 1.0)

@@ -33,17 +33,23 @@ Timing (``compare_timing``), one row per (fqn, phase) present in both runs
     (normal approximation with tie and continuity correction), its p-value
     Holm-adjusted over all the keys compared.
 
-    A metric *changed* when its adjusted p < ``alpha`` and it moved by more
-    than ``threshold`` (relative) -- and for times, by more than
-    ``min_delta_ns`` per step.  For a share, "relative" means relative to the
-    rest of the step: ``vs_rest`` is the ratio, candidate over base, of
-    share / (1 - share) at the medians, i.e. how much slower the module got
-    compared with everything else in the step.
+    A time *changed* when its adjusted p < ``alpha`` and it moved by more
+    than ``threshold`` (relative) and by more than ``min_delta_ns`` per step.
+    A share changed when its adjusted p < ``alpha`` and it moved by more
+    than ``threshold`` relative to the typical module (``_typical``):
+    ``vs_rest`` is the ratio, candidate over base, of share / (1 - share) at
+    the medians (how much slower the module got compared with the rest of
+    its step), ``vs_typical`` is ``vs_rest`` over the median ``vs_rest`` of
+    all the modules compared, and its run-to-run noise p
+    (``noise_p_adjusted``, an empirical null from all the modules) is below
+    ``alpha`` too.
 
     Why shares: when the machine gets busier or quieter between two
     recordings, every module and the step slow down or speed up alike, so
     absolute times change everywhere while shares do not move; a module that
-    really got slower takes a larger share of the step.  So ``verdict``:
+    really got slower takes a larger share of the step (and every other
+    module a smaller one: hence against the typical module, not against 1).
+    So ``verdict``:
 
     - ``regression``: self time got slower (absolute criteria) *and* its
       share of the step grew (share criteria);
@@ -144,7 +150,8 @@ TIMING_COLUMNS: tuple[str, ...] = (
     *(f"{m}_{c}" for m in METRICS for c in _TIME_STATS),
     # shares of the step as fractions (0.25 = a quarter of the step); delta and CI in fractions too
     *(f"{m}_{c}" for m in SHARE_METRICS for c in _STAT_COLUMNS),
-    "self_vs_rest", "incl_vs_rest",
+    "self_vs_rest", "incl_vs_rest", "self_vs_typical", "incl_vs_typical",
+    "self_noise_p_adjusted", "incl_noise_p_adjusted",
 )
 
 
@@ -684,6 +691,7 @@ def compare_timing(
         _vs_rest("incl_share").alias("incl_vs_rest"),
         pl.col("self_delta_ns").alias("impact_ns"),
     )
+    frame = frame.with_columns(*_typical(frame, "self"), *_typical(frame, "incl"))
     frame = frame.with_columns(
         _changed("self", options, 1).alias("_sreg"),
         _changed("self", options, -1).alias("_simp"),
@@ -748,6 +756,39 @@ def _above_blamed(frame: pl.DataFrame) -> pl.Series:
     return pl.Series(out, dtype=pl.Boolean)
 
 
+def _typical(frame: pl.DataFrame, metric: str) -> list[pl.Series]:
+    """``{metric}_vs_typical`` and ``{metric}_noise_p_adjusted``: each module's ``vs_rest`` against
+    the typical module's, and how unlikely that is as run-to-run noise.
+
+    x = log(vs_rest) of every compared module; the typical module is their
+    median m.  Two recordings of the same code on a shared machine differ
+    module by module (an op bound by memory slows more than one bound by
+    arithmetic when a neighbour loads the machine), with heavier tails than
+    a normal law: x - m is taken as Laplace noise whose scale b comes from
+    the median absolute deviation (b = MAD / ln 2), an empirical null
+    estimated from all the modules of this pair of runs.  The p-value of a
+    module, exp(-|x - m| / b), is Holm-adjusted over the modules.  A
+    regression of one module does not move the median; a change of most
+    modules at once does (``absolute`` judges those).
+    """
+    vs_rest = frame[f"{metric}_vs_rest"]
+    logs = vs_rest.filter(vs_rest > 0).log()
+    m = float(logs.median()) if logs.len() else 0.0
+    mad = float((logs - m).abs().median()) if logs.len() else 0.0
+    scale = mad / math.log(2)
+    p: list[float | None] = []
+    for v in vs_rest.to_list():
+        if v is None or v <= 0:
+            p.append(None)
+        else:
+            dev = abs(math.log(v) - m)
+            p.append(1.0 if dev == 0 else (math.exp(-dev / scale) if scale > 0 else 0.0))
+    return [
+        (vs_rest / math.exp(m)).alias(f"{metric}_vs_typical"),
+        holm(pl.Series(p, dtype=pl.Float64)).alias(f"{metric}_noise_p_adjusted"),
+    ]
+
+
 def _changed(metric: str, options: DiffOptions, direction: int, *, shares: bool = True) -> pl.Expr:
     """Slower (+1) or faster (-1) by the absolute criteria -- significant, larger than
     ``min_delta_ns`` and than ``threshold`` relative to the base -- and, unless
@@ -765,10 +806,13 @@ def _changed(metric: str, options: DiffOptions, direction: int, *, shares: bool 
     if options.absolute or not shares:
         return absolute
     share = f"{metric}_share"
-    moved = ((pl.col(f"{metric}_vs_rest") - 1) * direction > options.threshold).fill_null(
+    # a module whose base share is 0 has no vs_rest: its share grew (or not), and the absolute
+    # criteria judge it
+    moved = ((pl.col(f"{metric}_vs_typical") - 1) * direction > options.threshold).fill_null(
         pl.col(f"{share}_delta") * direction > 0
     )
-    return absolute & (pl.col(f"{share}_p_adjusted") < options.alpha).fill_null(False) & moved
+    beyond_noise = (pl.col(f"{metric}_noise_p_adjusted") < options.alpha).fill_null(True)
+    return absolute & (pl.col(f"{share}_p_adjusted") < options.alpha).fill_null(False) & moved & beyond_noise
 
 
 # -- structure ------------------------------------------------------------------

@@ -37,12 +37,17 @@ existing ones are not renamed or removed without bumping ``format``.
                   points), ratio (cand/base share; null when base is 0),
                   vs_rest_ratio (cand/base of share / (1 - share): how much
                   the module slowed relative to the rest of the step; 1
-                  when everything slowed alike), ci_low_pct, ci_high_pct,
-                  p_value, p_adjusted}.  Unless options.absolute, a
-                  regression (improvement) also needs the self share's
-                  p_adjusted < alpha and vs_rest_ratio above 1 + threshold
-                  (below 1 - threshold); inherited, the same of the
-                  inclusive share.
+                  when everything slowed alike), vs_typical_ratio
+                  (vs_rest_ratio over the median vs_rest_ratio of all the
+                  modules compared), noise_p_adjusted (how likely so large
+                  a vs_typical_ratio is as run-to-run noise, from the spread
+                  of all the modules' ratios, Laplace, Holm), ci_low_pct,
+                  ci_high_pct, p_value, p_adjusted}.  Unless
+                  options.absolute, a regression (improvement) also needs
+                  the self share's p_adjusted < alpha, vs_typical_ratio above
+                  1 + threshold (below 1 - threshold) and noise_p_adjusted <
+                  alpha; inherited, the same of the inclusive share (or a
+                  descendant that is a regression or improvement).
     structure     [{kind, fqn, phase, base, cand, message}]; kind is one of
                   module_removed, module_added, phase_removed, phase_added,
                   calls_changed, device_changed, stream_changed,
@@ -106,6 +111,8 @@ def _share(row: dict[str, Any], metric: str) -> dict[str, Any]:
         "delta_pct": _pct(row[f"{m}_delta"]),
         "ratio": _round(row[f"{m}_ratio"], 6),
         "vs_rest_ratio": _round(row[f"{metric}_vs_rest"], 6),
+        "vs_typical_ratio": _round(row[f"{metric}_vs_typical"], 6),
+        "noise_p_adjusted": _round(row[f"{metric}_noise_p_adjusted"]),
         "ci_low_pct": _pct(row[f"{m}_ci_low"]),
         "ci_high_pct": _pct(row[f"{m}_ci_high"]),
         "p_value": _round(row[f"{m}_p_value"]),
@@ -236,7 +243,9 @@ def _side(doc: dict[str, Any], side: str) -> str:
 def headline(doc: dict[str, Any]) -> list[str]:
     s, o = doc["summary"], doc["options"]
     ratio = s["step_ratio"]
-    share = "" if o.get("absolute") else f" and > {o['threshold_pct']:g}% relative to the rest of the step"
+    share = "" if o.get("absolute") else (
+        f" and, as a share of the step, > {o['threshold_pct']:g}% beyond the typical module and its noise"
+    )
     lines = [
         f"base {_side(doc, 'base')}",
         f"cand {_side(doc, 'cand')}" + ("" if ratio is None else f": step time {fmt_ratio(ratio)}"),
