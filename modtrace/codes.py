@@ -34,16 +34,3 @@ class Status(IntEnum):
     EARLY_STOP = 2  # checkpoint recompute stopped once it had what it needed
     CLOSED_AT_END_OF_BACKWARD = 3  # no hook signalled the exit; closed when the graph task ended
     NO_ENTER = 4  # an exit whose enter was never seen
-
-
-RUN_STATUSES = ("running", "completed", "failed", "interrupted")
-
-
-def lower_name(code: IntEnum) -> str:
-    return code.name.lower()
-
-
-def case_sql(column: str, enum: type[IntEnum]) -> str:
-    """A portable SQL CASE expression turning ``column``'s codes into names."""
-    whens = " ".join(f"WHEN {m.value} THEN '{m.name.lower()}'" for m in enum)
-    return f"CASE {column} {whens} END"

@@ -189,7 +189,7 @@ def analyze_rounds(
 
 def event_total(store: Store, run_id: int, rank: int | None = None) -> int:
     """The largest number of events one rank of the run (or ``rank``) has written."""
-    from modtrace.store.reader import _cursor, _mark
+    from modtrace.store.reader import _mark, driver_cursor
 
     m = _mark(store)
     sql = f"SELECT max(event_count) FROM run_ranks WHERE run_id = {m}"
@@ -197,7 +197,7 @@ def event_total(store: Store, run_id: int, rank: int | None = None) -> int:
     if rank is not None:
         sql += f" AND rank = {m}"
         params = (run_id, rank)
-    with _cursor(store, "modtrace_total") as cur:
+    with driver_cursor(store, "modtrace_total") as cur:
         cur.execute(sql, params)
         row = cur.fetchone()
     return int(row[0] or 0) if row else 0

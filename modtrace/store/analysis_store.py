@@ -18,7 +18,7 @@ from modtrace.analysis.events import PHASE_ENUM
 from modtrace.analysis.nesting import ISSUE_COLUMNS, ISSUE_SCHEMA
 from modtrace.analysis.spans import SPAN_ROW_COLUMNS, SPAN_ROW_SCHEMA, name_spans
 from modtrace.store.engine import Store
-from modtrace.store.reader import _cursor, _mark, read_devices, read_modules
+from modtrace.store.reader import _mark, driver_cursor, read_devices, read_modules
 
 BATCH_ROWS = 50_000
 
@@ -55,7 +55,7 @@ def write_analysis(
 def has_analysis(store: Store, run_id: int) -> bool:
     """Whether the run has stored spans or issues."""
     m = _mark(store)
-    with _cursor(store, "modtrace_has") as cur:
+    with driver_cursor(store, "modtrace_has") as cur:
         cur.execute(
             f"SELECT 1 FROM span_rows WHERE run_id = {m} UNION ALL SELECT 1 FROM nesting_issues WHERE run_id = {m}",
             (run_id, run_id),
@@ -72,7 +72,7 @@ def read_span_rows(
     sql = f"SELECT {', '.join(columns)} FROM span_rows WHERE {where} ORDER BY rank, span_id"
     schema = {c: SPAN_ROW_SCHEMA[c] for c in columns}
     parts = []
-    with _cursor(store, "modtrace_spans") as cur:
+    with driver_cursor(store, "modtrace_spans") as cur:
         cur.execute(sql, (run_id,))
         while rows := cur.fetchmany(200_000):
             parts.append(pl.DataFrame(rows, schema=schema, orient="row"))
@@ -86,7 +86,7 @@ def read_span_rows(
 def read_issues(store: Store, run_id: int) -> pl.DataFrame:
     m = _mark(store)
     sql = f"SELECT {', '.join(ISSUE_COLUMNS)} FROM nesting_issues WHERE run_id = {m} ORDER BY rank, seq, kind"
-    with _cursor(store, "modtrace_issues") as cur:
+    with driver_cursor(store, "modtrace_issues") as cur:
         cur.execute(sql, (run_id,))
         rows = cur.fetchall()
     schema = {**ISSUE_SCHEMA, "phase": pl.String()}

@@ -27,13 +27,14 @@ _FETCHED_SCHEMA = {c: EVENT_SCHEMA[c] for c in _FETCHED}
 
 
 @contextmanager
-def _cursor(store: Store, name: str) -> Iterator[Any]:
-    """A DBAPI cursor; server-side on PostgreSQL so rows stream in chunks."""
+def driver_cursor(store: Store, name: str | None = None) -> Iterator[Any]:
+    """A DBAPI cursor of the store's driver, rolled back after; with ``name``,
+    server-side on PostgreSQL so rows stream in chunks."""
     raw = store.engine.raw_connection()
     try:
         driver = raw.driver_connection
         assert driver is not None
-        if store.dialect == "postgresql":
+        if name is not None and store.dialect == "postgresql":
             cur = driver.cursor(name=name)
         else:
             cur = driver.cursor()
@@ -53,7 +54,7 @@ def _mark(store: Store) -> str:
 def read_ranks(store: Store, run_id: int) -> list[int]:
     """Ranks that wrote events or lookups for the run, ascending."""
     m = _mark(store)
-    with _cursor(store, "modtrace_ranks") as cur:
+    with driver_cursor(store, "modtrace_ranks") as cur:
         cur.execute(
             f"SELECT rank FROM run_ranks WHERE run_id = {m} UNION SELECT DISTINCT rank FROM modules WHERE run_id = {m}",
             (run_id, run_id),
@@ -130,7 +131,7 @@ def iter_event_chunks(
     store: Store, run_id: int, rank: int, *, chunk_rows: int = CHUNK_ROWS
 ) -> Iterator[pl.DataFrame]:
     """One rank's events by seq, as event frames of at most ``chunk_rows`` rows."""
-    with _cursor(store, "modtrace_events") as cur:
+    with driver_cursor(store, "modtrace_events") as cur:
         if store.dialect == "sqlite":
             chunks = _sqlite_event_chunks(cur, run_id, rank, chunk_rows)
         else:
@@ -156,7 +157,7 @@ def read_events(
 
 
 def _read_table(store: Store, sql: str, params: tuple[Any, ...], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    with _cursor(store, "modtrace_lookup") as cur:
+    with driver_cursor(store, "modtrace_lookup") as cur:
         cur.execute(sql, params)
         rows = cur.fetchall()
     return pl.DataFrame(rows, schema=schema, orient="row")
@@ -188,7 +189,7 @@ def read_devices(store: Store, run_id: int, *, ranks: list[int] | None = None) -
 def read_run_status(store: Store, run_id: int, rank: int | None = None) -> str:
     """The run's status (or one rank's): running | completed | failed | interrupted."""
     m = _mark(store)
-    with _cursor(store, "modtrace_status") as cur:
+    with driver_cursor(store, "modtrace_status") as cur:
         if rank is None:
             cur.execute(f"SELECT status FROM runs WHERE id = {m}", (run_id,))
         else:

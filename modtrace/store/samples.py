@@ -39,11 +39,10 @@ diff`` starts it before importing polars) and ``parse_closed_calls``.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from modtrace.store.engine import Store
+from modtrace.store.reader import driver_cursor
 
 if TYPE_CHECKING:
     import polars as pl
@@ -74,21 +73,6 @@ _PG_COLUMNS = ("span_id", "step", "thread_id", "module_id", "depth", "phase", "d
 Window = tuple[int, "tuple[str, ...] | bytes"]
 
 
-@contextmanager
-def _driver_cursor(store: Store) -> Iterator[Any]:
-    """A plain DBAPI cursor of the store's driver (read only; rolled back after)."""
-    raw = store.engine.raw_connection()
-    try:
-        driver = raw.driver_connection
-        assert driver is not None
-        cur = driver.cursor()
-        try:
-            yield cur
-        finally:
-            cur.close()
-            raw.rollback()
-    finally:
-        raw.close()
 
 
 def read_closed_calls(
@@ -103,7 +87,7 @@ def fetch_closed_calls(
 ) -> list[Window]:
     """The database's text of every closed span of the run (of ``rank``), window by window."""
     out: list[Window] = []
-    with _driver_cursor(store) as cur:
+    with driver_cursor(store) as cur:
         for r in span_ranks(store, run_id) if rank is None else [rank]:
             for lo, hi in _windows(cur, store, run_id, r, window_seq):
                 if store.dialect == "postgresql":
@@ -141,7 +125,7 @@ def span_ranks(store: Store, run_id: int) -> list[int]:
         f"UNION ALL SELECT (SELECT MIN(rank) FROM span_rows WHERE run_id = {m} AND rank > r.rank) "
         "FROM r WHERE r.rank IS NOT NULL) SELECT rank FROM r WHERE rank IS NOT NULL"
     )
-    with _driver_cursor(store) as cur:
+    with driver_cursor(store) as cur:
         cur.execute(sql, (run_id, run_id))
         return [int(row[0]) for row in cur.fetchall()]
 
