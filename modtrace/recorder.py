@@ -208,6 +208,8 @@ class Recorder:
                 self.flush()
             except StoreError as exc:
                 self._write_failed(exc)
+        if self._writer is not None:
+            self._writer.close()
         if self._flush_error is not None:
             lost = self._dropped + len(self._buf)
             status = "failed"
