@@ -326,7 +326,6 @@ class Tracker:
         except AttributeError:
             st = self._thread()
         info = self._mods.get(id(mod)) or self._info(mod, st)
-        module_id = info.module_id
         task = _graph_task_id()
         dev = None
         grad_inputs = None
@@ -341,12 +340,9 @@ class Tracker:
                         grad_inputs.append(a)
         if dev is None:
             dev = self._module_device(mod)
-            device_id = None if dev is None else self._devices.get(dev)
-        else:
-            device_id = self._devices.get(dev)
+        device_id = self._devices.get(dev) if dev is not None else None
         if device_id is None and dev is not None:
             device_id = self._device(dev)
-        stream = self._stream(device_id) if self._cuda_devices else None
         stack = st.stack
         if task == -1:
             phase = _FORWARD
@@ -355,12 +351,14 @@ class Tracker:
         else:
             phase = _RECOMPUTE
             call_id = self._link_recompute(info, stack, task)
+        module_id = info.module_id
         frame = _Call(mod, module_id, call_id, device_id, phase, task, st.tid)
-        stack.append(frame)
-        self._append((next(self._seq), self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step,
-                      st.tid, device_id, stream, _OK, None if task == -1 else task, 0))
         if grad_inputs is not None and _grad_enabled():
             frame.exit_nodes = grad_inputs
+        stack.append(frame)
+        self._append((next(self._seq), self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step, st.tid,
+                      device_id, self._stream(device_id) if self._cuda_devices else None, _OK,
+                      None if task == -1 else task, 0))
 
     def _link_recompute(self, info: _ModuleInfo, stack: list[_Call], task: int) -> int:
         used = self._recomputed.get(task)
@@ -388,47 +386,31 @@ class Tracker:
         # torch calls this with (module, args, kwargs, output) after a forward
         # returns, and with (module, args, output) when the forward raised.
         if output is _RAISED:
-            failed = True
-            kwargs = None
-        else:
-            failed = False
+            self._forward_failed(mod)
+            return
         if _DYNAMO in _sys_modules and _compiling():
             return
         st: _ThreadState | None = getattr(self._local, "st", None)
         if st is None or not st.stack:
             return
-        stack = st.stack
-        frame = stack.pop()
-        status = _OK
+        frame = st.stack.pop()
         if frame.module is not mod:
-            # A forward interrupted by something no hook saw (KeyboardInterrupt
-            # caught by the program): close what was left open above this call.
-            found = any(f.module is mod for f in stack)
-            if not found:
-                stack.append(frame)
+            frame = self._unwind(st, frame, mod)
+            if frame is None:
                 return
-            while frame.module is not mod:
-                self._exit_forward(st, frame, _ERROR)
-                frame = stack.pop()
-        if failed:
-            exc_type = sys.exc_info()[0]
-            early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
-            status = _EARLY_STOP if early else _ERROR
-            if status == _ERROR and frame.phase == _FORWARD:
-                # Calls made inside the failed one have ids above it on this
-                # thread: their backward hooks must never fire.
-                self._cancelled.append((frame.tid, frame.call_id, next(self._call_ids)))
-        self._exit_forward(st, frame, status)
         frame.module = None
+        device_id = frame.device_id
+        task = frame.task
+        self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
+                      self.step, st.tid, device_id, self._stream(device_id) if self._cuda_devices else None, _OK,
+                      None if task == -1 else task, 0))
         exit_nodes = frame.exit_nodes
         frame.exit_nodes = None
-        if status != _OK or not _grad_enabled():
+        if not _grad_enabled():
             return
-        # Backward bookkeeping: the call's outputs (enter) and inputs (exit).
-        if isinstance(output, _Tensor):
-            outs = [output] if output.requires_grad else None
-        else:
-            outs = _grad_tensors(output)
+        # Backward bookkeeping: the node producing each output gets an enter
+        # entry, the node producing each input needing grad an exit entry.
+        key = self._meta_key
         if kwargs:
             extra = _grad_tensors(kwargs)
             if extra:
@@ -438,27 +420,25 @@ class Tracker:
                 t = exit_nodes[0]
                 node = t.grad_fn
                 if node is None:
-                    node = self._leaf_node(t)
-                self._entries(node, t)[0].append(frame)
-                frame.n_exit = 1
-            else:
-                seen: set[int] = set()
-                for t in exit_nodes:
-                    node = t.grad_fn
-                    if node is None:
-                        node = self._leaf_node(t)
-                    if node is None or id(node) in seen:
-                        continue
-                    seen.add(id(node))
-                    self._entries(node, t)[0].append(frame)
-                frame.n_exit = len(seen)
-        if outs is not None:
-            if len(outs) == 1:
-                t = outs[0]
-                node = t.grad_fn
+                    node = _leaf_node(t)
                 if node is not None:
-                    self._entries(node, t)[1].append(frame)
+                    entries = node.metadata.get(key)
+                    if entries is None:
+                        entries = self._new_entries(node, t)
+                    entries[0].append(frame)
+                    frame.n_exit = 1
             else:
+                self._exit_entries(frame, exit_nodes)
+        if isinstance(output, _Tensor):
+            node = output.grad_fn
+            if node is not None:
+                entries = node.metadata.get(key)
+                if entries is None:
+                    entries = self._new_entries(node, output)
+                entries[1].append(frame)
+        else:
+            outs = _grad_tensors(output)
+            if outs is not None:
                 seen_out: set[int] = set()
                 for t in outs:
                     node = t.grad_fn
@@ -467,30 +447,77 @@ class Tracker:
                     seen_out.add(id(node))
                     self._entries(node, t)[1].append(frame)
 
+    def _exit_entries(self, frame: _Call, exit_nodes: list[torch.Tensor]) -> None:
+        seen: set[int] = set()
+        for t in exit_nodes:
+            node = t.grad_fn
+            if node is None:
+                node = _leaf_node(t)
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            self._entries(node, t)[0].append(frame)
+        frame.n_exit = len(seen)
+
+    def _forward_failed(self, mod: nn.Module) -> None:
+        """The post-hook of a forward that raised: close the call with status
+        error (early_stop for checkpoint recomputation stopping itself)."""
+        if _DYNAMO in _sys_modules and _compiling():
+            return
+        st: _ThreadState | None = getattr(self._local, "st", None)
+        if st is None or not st.stack:
+            return
+        frame = st.stack.pop()
+        if frame.module is not mod:
+            frame = self._unwind(st, frame, mod)
+            if frame is None:
+                return
+        exc_type = sys.exc_info()[0]
+        early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
+        status = _EARLY_STOP if early else _ERROR
+        if status == _ERROR and frame.phase == _FORWARD:
+            # Calls made inside the failed one have ids above it on this
+            # thread: their backward hooks must never fire.
+            self._cancelled.append((frame.tid, frame.call_id, next(self._call_ids)))
+        self._exit_forward(st, frame, status)
+        frame.module = None
+        frame.exit_nodes = None
+
+    def _unwind(self, st: _ThreadState, frame: _Call, mod: nn.Module) -> _Call | None:
+        """``frame`` (just popped) is not ``mod``'s: a forward was interrupted by
+        something no hook saw (KeyboardInterrupt caught by the program).  Close
+        what was left open above ``mod``'s call and return that call; None
+        (and the stack as it was) when ``mod`` has no open call here."""
+        stack = st.stack
+        if not any(f.module is mod for f in stack):
+            stack.append(frame)
+            return None
+        while frame.module is not mod:
+            self._exit_forward(st, frame, _ERROR)
+            frame = stack.pop()
+        return frame
+
     def _exit_forward(self, st: _ThreadState, frame: _Call, status: int) -> None:
         stream = self._stream(frame.device_id) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, frame.device_id, stream, status, None if frame.task == -1 else frame.task, 0))
 
-    def _leaf_node(self, t: torch.Tensor) -> Any:
-        if t.requires_grad:  # a leaf: its AccumulateGrad node
-            view_node = t.view_as(t).grad_fn
-            return view_node.next_functions[0][0] if view_node is not None else None
-        return None
-
     def _entries(self, node: Any, t: torch.Tensor) -> tuple[list[_Call], list[_Call]]:
-        md = node.metadata
-        entries: tuple[list[_Call], list[_Call]] | None = md.get(self._meta_key)
+        entries: tuple[list[_Call], list[_Call]] | None = node.metadata.get(self._meta_key)
         if entries is None:
-            entries = ([], [])
-            md[self._meta_key] = entries
-            leaf = t.grad_fn is None
-            handle = node.register_prehook(partial(self._dispatch, entries, leaf))
-            if leaf:
-                old = self._leaf_handles.get(t)  # type: ignore[no-untyped-call]
-                if old is not None:
-                    old.remove()
-                self._leaf_handles[t] = handle
+            entries = self._new_entries(node, t)
+        return entries
+
+    def _new_entries(self, node: Any, t: torch.Tensor) -> tuple[list[_Call], list[_Call]]:
+        entries: tuple[list[_Call], list[_Call]] = ([], [])
+        node.metadata[self._meta_key] = entries
+        leaf = t.grad_fn is None
+        handle = node.register_prehook(partial(self._dispatch, entries, leaf))
+        if leaf:
+            old = self._leaf_handles.get(t)  # type: ignore[no-untyped-call]
+            if old is not None:
+                old.remove()
+            self._leaf_handles[t] = handle
         return entries
 
     # -- backward --------------------------------------------------------------
@@ -612,6 +639,14 @@ class Tracker:
             self._exit_forward(st, st.stack.pop(), status)
             n += 1
         return n
+
+
+def _leaf_node(t: torch.Tensor) -> Any:
+    """The AccumulateGrad node of a leaf tensor needing grad, else None."""
+    if t.requires_grad:
+        view_node = t.view_as(t).grad_fn
+        return view_node.next_functions[0][0] if view_node is not None else None
+    return None
 
 
 def _grad_tensors(obj: Any) -> list[torch.Tensor] | None:
