@@ -30,7 +30,7 @@ from modtrace.store.runs import (
     update_rank_progress,
 )
 from modtrace.store.schema import HEAD, events, modules, runs
-from modtrace.store.writer import EVENT_COLUMNS, RankWriter
+from modtrace.store.writer import EVENT_COLUMNS, ROWS_PER_STATEMENT, RankWriter
 
 
 def _siblings(path: Path) -> list[str]:
@@ -360,6 +360,51 @@ def test_a_failed_batch_writes_nothing(any_db: str) -> None:
             assert conn.execute(sa.select(sa.func.count()).select_from(events)).scalar() == 1
             assert conn.execute(sa.select(sa.func.count()).select_from(modules)).scalar() == 1
     finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize("n", [1, ROWS_PER_STATEMENT - 1, ROWS_PER_STATEMENT, ROWS_PER_STATEMENT + 1, 3 * ROWS_PER_STATEMENT + 7])
+def test_batches_of_any_size_are_written_whole_and_in_order(any_db: str, n: int) -> None:
+    # Events go as multi-row statements plus a remainder: every size around
+    # the statement's row count must come back exactly, value for value.
+    store = open_store(any_db, create=True)
+    writer = None
+    try:
+        run_id, _ = create_run(store, "r", {})
+        add_rank(store, run_id, 0, wall_anchor_ns=0)
+        writer = RankWriter(store, run_id, 0)
+        rows = [_event(i, 10 * i + 1, Kind(i % 2), i % 5, Phase(i % 3), Status(i % 4), None if i % 3 == 0 else 100 + i)
+                for i in range(n)]
+        writer.write(rows[: n // 2], modules=[(m, f"Net.m{m}", "Linear", None) for m in range(5)])
+        writer.write(rows[n // 2:], progress=(n, 0))
+        cols = ", ".join(EVENT_COLUMNS)
+        with store.engine.connect() as conn:
+            back = conn.exec_driver_sql(f"SELECT {cols} FROM events WHERE run_id = {run_id} ORDER BY seq").all()
+        assert [tuple(r) for r in back] == rows
+    finally:
+        if writer is not None:
+            writer.close()
+        store.dispose()
+
+
+def test_a_writer_goes_on_after_a_failed_batch(any_db: str) -> None:
+    store = open_store(any_db, create=True)
+    writer = None
+    try:
+        run_id, _ = create_run(store, "r", {})
+        add_rank(store, run_id, 0, wall_anchor_ns=0)
+        writer = RankWriter(store, run_id, 0)
+        first = [_event(i, i, Kind.ENTER, 0) for i in range(100)]
+        writer.write(first, modules=[(0, "Net", "Net", None)])
+        with pytest.raises(IntegrityError):  # seq 99 again, in the multi-row part
+            writer.write([_event(i, i, Kind.EXIT, 0) for i in range(99, 199)])
+        writer.write([_event(i, i, Kind.EXIT, 0) for i in range(100, 200)], progress=(200, 0))
+        with store.engine.connect() as conn:
+            seqs = [r[0] for r in conn.exec_driver_sql(f"SELECT seq FROM events WHERE run_id = {run_id} ORDER BY seq")]
+        assert seqs == list(range(200))
+    finally:
+        if writer is not None:
+            writer.close()
         store.dispose()
 
 
