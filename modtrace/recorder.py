@@ -34,11 +34,13 @@ from modtrace.naming import default_run_name, shared_run_name
 from modtrace.store.engine import Store, open_store
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
+from modtrace.store.writer_process import WriterProcess, WriterProcessError
 from modtrace.tracker import Tracker
 
 DEFAULT_FLUSH_EVERY = 20_000
 FLUSH_INTERVAL_S = 1.0
 _POLL_S = 0.1
+WRITERS = ("auto", "process", "thread")
 
 
 class Terminated(BaseException):
@@ -99,7 +101,10 @@ class Recorder:
         analyze: bool = True,
         meta: Mapping[str, Any] | None = None,
         handle_sigterm: bool = True,
+        writer: str = "auto",
     ) -> None:
+        if writer not in WRITERS:
+            raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
         env_rank, env_world = _dist_rank_world()
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
@@ -112,6 +117,7 @@ class Recorder:
         self.analyze = analyze
         self.meta = dict(meta or {})
         self.handle_sigterm = handle_sigterm
+        self.writer_mode = writer
         self.run_id: int = 0
         self.status: str | None = None
         self._clock = clock
@@ -119,6 +125,7 @@ class Recorder:
         self._written = 0
         self._store: Store | None = None
         self._writer: RankWriter | None = None
+        self._proc: WriterProcess | None = None
         self._tracker: Tracker | None = None
         self._flush_lock = threading.Lock()
         self._wake = threading.Event()
@@ -139,6 +146,13 @@ class Recorder:
     @property
     def step_count(self) -> int:
         return self._tracker.step if self._tracker is not None else 0
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The pid of the writer process while batches go through one, else None
+        (they are written by a thread of this process)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.alive and proc.ready() else None
 
     @property
     def active(self) -> bool:
@@ -183,6 +197,11 @@ class Recorder:
         self._store = store
         self._take_reserve()
         self._writer = RankWriter(store, self.run_id, self.rank)
+        if self.writer_mode != "thread":
+            try:
+                self._proc = WriterProcess(store, self.run_id, self.rank)
+            except Exception:  # no usable interpreter to start: write from this process
+                self._proc = None
         self._tracker = tracker
         self._started = time.monotonic()
         self._flusher = threading.Thread(target=self._flush_loop, name="modtrace-flush", daemon=True)
@@ -208,8 +227,7 @@ class Recorder:
                 self.flush()
             except StoreError as exc:
                 self._write_failed(exc)
-        if self._writer is not None:
-            self._writer.close()
+        self._close_writers()
         if self._flush_error is not None:
             lost = self._dropped + len(self._buf)
             status = "failed"
@@ -301,8 +319,21 @@ class Recorder:
             modules = _drain(tracker.new_modules)
             threads = _drain(tracker.new_threads)
             devices = _drain(tracker.new_devices)
+            progress = (self._written + n, tracker.step)
             try:
-                writer.write(events, modules, threads, devices, progress=(self._written + n, tracker.step))
+                proc = self._usable_proc()
+                if proc is None:
+                    writer.write(events, modules, threads, devices, progress=progress)
+                else:
+                    try:
+                        proc.write(events, modules, threads, devices, progress=progress)
+                    except WriterProcessError:
+                        if proc.alive:
+                            raise  # the database refused the batch
+                        # The writer process died (killed, out of memory): this
+                        # process writes from now on, starting with this batch.
+                        self._proc = None
+                        writer.write(events, modules, threads, devices, progress=progress)
             except Exception as exc:
                 # Keep the rows for another try; the names too.
                 tracker.new_modules[:0] = modules
@@ -312,6 +343,29 @@ class Recorder:
             del buf[:n]
             self._written += n
         return n
+
+    def _usable_proc(self) -> WriterProcess | None:
+        """The writer process when batches should go to it: once it is ready
+        (``writer="auto"``: until then this process writes, so a short
+        recording never waits for it) or always (``writer="process"``)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            if proc.alive and (self.writer_mode == "process" or proc.ready()):
+                return proc
+        except WriterProcessError:  # it could not open the database: write from here
+            pass
+        if not proc.alive:
+            self._proc = None
+        return None
+
+    def _close_writers(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.close()
+        if self._writer is not None:
+            self._writer.close()
 
     def _flush_loop(self) -> None:
         last = time.monotonic()

@@ -33,13 +33,21 @@ from types import FrameType, TracebackType
 from typing import Any, Literal
 
 from modtrace.errors import UsageError
-from modtrace.naming import (  # noqa: F401
-    default_run_name,
-    process_start_time,
-    shared_run_name,
-    world_size_from_env,
+from modtrace.naming import (
+    default_run_name as default_run_name,
 )
-from modtrace.recorder import Terminated  # the one exception SIGTERM becomes while recording
+from modtrace.naming import (
+    process_start_time as process_start_time,
+)
+from modtrace.naming import (
+    shared_run_name as shared_run_name,
+)
+from modtrace.naming import (
+    world_size_from_env as world_size_from_env,
+)
+from modtrace.recorder import (
+    Terminated as Terminated,  # the one exception SIGTERM becomes while recording
+)
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM

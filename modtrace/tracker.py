@@ -393,11 +393,10 @@ class Tracker:
         st: _ThreadState | None = getattr(self._local, "st", None)
         if st is None or not st.stack:
             return
-        frame = st.stack.pop()
-        if frame.module is not mod:
-            frame = self._unwind(st, frame, mod)
-            if frame is None:
-                return
+        popped = st.stack.pop()
+        frame = popped if popped.module is mod else self._unwind(st, popped, mod)
+        if frame is None:
+            return
         frame.module = None
         device_id = frame.device_id
         task = frame.task
@@ -432,7 +431,7 @@ class Tracker:
         if isinstance(output, _Tensor):
             node = output.grad_fn
             if node is not None:
-                entries = node.metadata.get(key)
+                entries = node.metadata.get(key)  # type: ignore[attr-defined]
                 if entries is None:
                     entries = self._new_entries(node, output)
                 entries[1].append(frame)
@@ -467,11 +466,10 @@ class Tracker:
         st: _ThreadState | None = getattr(self._local, "st", None)
         if st is None or not st.stack:
             return
-        frame = st.stack.pop()
-        if frame.module is not mod:
-            frame = self._unwind(st, frame, mod)
-            if frame is None:
-                return
+        popped = st.stack.pop()
+        frame = popped if popped.module is mod else self._unwind(st, popped, mod)
+        if frame is None:
+            return
         exc_type = sys.exc_info()[0]
         early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
         status = _EARLY_STOP if early else _ERROR

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,6 +174,127 @@ def test_unflushed_window_goes_out_in_batches(db_path: object) -> None:
         written_inside = rec.flush()
         assert written_inside >= 0
         assert rows(str(db_path), "SELECT COUNT(*) FROM events") == [(400,)]
+
+
+# -- where batches are written: a writer process, or a thread ------------------
+
+EVENT_SQL = ("SELECT seq, ts_ns, kind, module_id, phase, call_id, step, thread_id, device_id, stream, status,"
+             " graph_task, tie FROM events WHERE run_id = :r ORDER BY seq")
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] in ("Z", "X")  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+def _wait_gone(pid: int, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _pid_gone(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_writer_process_and_a_thread_write_the_same_rows(any_db: str) -> None:
+    recorded = {}
+    for writer in ("process", "thread"):
+        torch.manual_seed(0)
+        model = mlp()
+        with modtrace.Recorder(db=any_db, run=writer, clock=FakeClock(), writer=writer, analyze=False) as rec:
+            train(model, 2)
+            rec.flush()
+            pid = rec.writer_pid
+            train(model, 3)
+        if writer == "process":
+            assert pid is not None and pid != os.getpid()
+            assert _wait_gone(pid, 0.0) or _pid_gone(pid)  # the recording ended: so did its writer
+        else:
+            assert pid is None
+        # graph task ids come from torch's own counter: compare them by order of appearance
+        events = rows(any_db, EVENT_SQL, r=rec.run_id)
+        tasks: dict[object, int] = {}
+        recorded[writer] = [e[:11] + (None if e[11] is None else tasks.setdefault(e[11], len(tasks)),) + e[12:] for e in events]
+        assert rows(any_db, "SELECT event_count, step_count, status FROM run_ranks WHERE run_id = :r", r=rec.run_id) == [
+            (80, 5, "completed")]
+    assert len(recorded["process"]) == 80 and recorded["process"] == recorded["thread"]
+
+
+def test_a_short_recording_does_not_wait_for_the_writer_process(db_path: object) -> None:
+    # writer="auto": batches go through this process until the writer process is ready.
+    started = time.monotonic()
+    with modtrace.Recorder(run="short", analyze=False) as rec:
+        mlp()(torch.randn(1, 8))
+    assert time.monotonic() - started < 5
+    assert rec.status == "completed" and rows(str(db_path), "SELECT COUNT(*) FROM events") == [(8,)]
+
+
+def test_a_killed_writer_process_is_replaced_by_a_thread(db_path: object) -> None:
+    model = mlp()
+    with modtrace.Recorder(run="killed-writer", writer="process", analyze=False) as rec:
+        train(model, 2)
+        rec.flush()
+        pid = rec.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        train(model, 3)
+        rec.flush()
+        assert rec.writer_pid is None
+        train(model, 1)
+    assert rec.status == "completed"
+    seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
+    assert seqs == list(range(6 * 16)) == list(range(rec.events_recorded))
+
+
+PROGRAM = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from torch import nn
+    import modtrace
+    db, how = sys.argv[1:3]
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    with modtrace.Recorder(db=db, run="victim", writer="process", analyze=False) as rec:
+        for step in range(20):
+            model(torch.randn(4, 8)).sum().backward()
+            rec.step()
+        rec.flush()
+        print(rec.writer_pid, rec.events_recorded, flush=True)
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        for step in range(20):
+            model(torch.randn(4, 8)).sum().backward()
+            rec.step()
+        try:
+            os.killpg(0, signal.SIGINT)  # Ctrl-C at a terminal reaches every process of the group
+            signal.pause()
+        except KeyboardInterrupt:
+            print(rec.writer_pid, flush=True)  # the same writer process, still writing
+            raise
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["kill", "group-sigint"])
+def test_the_writer_process_ends_with_the_program(tmp_path: Path, how: str) -> None:
+    db = tmp_path / "victim.db"
+    (tmp_path / "victim.py").write_text(PROGRAM)
+    proc = subprocess.run([sys.executable, str(tmp_path / "victim.py"), str(db), how], capture_output=True, text=True,
+                          timeout=120, start_new_session=True, cwd=tmp_path)
+    pid, flushed, *after = (int(v) for v in proc.stdout.split())
+    assert _wait_gone(pid), "the writer process outlived the program"
+    facts = rows(str(db), "SELECT r.status, k.event_count, (SELECT COUNT(*) FROM events) FROM runs r JOIN run_ranks k ON k.run_id = r.id")
+    if how == "kill":
+        assert proc.returncode == -signal.SIGKILL
+        # everything flushed before the kill is there, and the count agrees with the rows
+        assert facts == [("running", flushed, flushed)]
+    else:
+        # SIGINT reached the writer too; it ignores it and the program ends the recording itself
+        assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
+        assert after == [pid]
+        assert facts == [("interrupted", 2 * flushed, 2 * flushed)]
 
 
 # -- ModuleTracker: torch's own expectations for its tracker hold for ours ------

@@ -31,12 +31,13 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
 def test_disk_full_during_a_flush_marks_the_run_failed_and_keeps_what_was_written(
-    small_disk: Path, capfd: pytest.CaptureFixture[str]
+    small_disk: Path, capfd: pytest.CaptureFixture[str], writer: str
 ) -> None:
     db = small_disk / "full.db"
     model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(50)])
-    with modtrace.Recorder(db=str(db), run="full", flush_every=2_000, analyze=False) as rec:
+    with modtrace.Recorder(db=str(db), run="full", flush_every=2_000, analyze=False, writer=writer) as rec:
         for _ in range(600):
             model(torch.randn(2, 4)).sum().backward()
             rec.step()
