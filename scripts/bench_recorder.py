@@ -7,7 +7,12 @@ Side by side in one process, interleaved repeats, medians:
   backward, one CPU thread: bare; torch.utils.module_tracker.ModuleTracker;
   torch.profiler.profile(CPU, with_stack=True); modtrace.Recorder writing to
   a SQLite file (flushes included: the timed steps end with every event
-  written).
+  written).  Each step ends with ``rec.step()``, as an optimizer step would,
+  so modtrace flushes after every step while the next one runs, as in a
+  training loop.  ``modtrace`` is the recorder in its steady state (batches
+  written by its writer process, started before the clock);
+  ``modtrace_thread`` the same with ``writer="thread"`` (batches written by
+  a thread of the program), for comparison.
 * write path: rows/s through modtrace's store vs raw sqlite3 executemany of
   the same tuples into the same table.
 * bytes per event on disk.
@@ -50,13 +55,28 @@ def build_model() -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def run_steps(model: nn.Module, x: torch.Tensor, steps: int) -> None:
+def run_steps(model: nn.Module, x: torch.Tensor, steps: int, on_step: Any = None) -> None:
     for _ in range(steps):
         model(x).sum().backward()
         model.zero_grad(set_to_none=True)
+        if on_step is not None:
+            on_step()
 
 
-def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: Path, rep: int) -> float:
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of another process (Linux), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: Path, rep: int,
+                writer_cpu: list[float] | None = None) -> float:
     """Seconds per step inside an already-open context, plus the cost of
     getting the data out.
 
@@ -75,17 +95,27 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
         from torch.profiler import ProfilerActivity, profile
 
         ctx = profile(activities=[ProfilerActivity.CPU], with_stack=True)
-    elif name == "modtrace":
-        ctx = modtrace.Recorder(db=str(tmp / "bench.db"), run=f"bench-{rep}", analyze=False)
+    elif name in ("modtrace", "modtrace_thread"):
+        writer = "process" if name == "modtrace" else "thread"
+        ctx = modtrace.Recorder(db=str(tmp / "bench.db"), run=f"bench-{name}-{rep}", analyze=False, writer=writer)
     else:
         raise ValueError(name)
     ctx.__enter__()
     try:
-        run_steps(model, x, 1)  # a first step inside the context, outside the clock
+        on_step = ctx.step if name.startswith("modtrace") else None
+        run_steps(model, x, 1, on_step)  # a first step inside the context, outside the clock
+        pid = None
+        if name.startswith("modtrace"):
+            ctx.flush()  # and its first batch: the writer process is running from here on
+            pid = ctx.writer_pid
+        cpu0 = cpu_seconds(pid)
         t0 = time.perf_counter()
-        run_steps(model, x, steps)
-        if name == "modtrace":
+        run_steps(model, x, steps, on_step)
+        if name.startswith("modtrace"):
             ctx.flush()
+            cpu1 = cpu_seconds(pid)
+            if writer_cpu is not None and cpu0 is not None and cpu1 is not None:
+                writer_cpu.append((cpu1 - cpu0) / steps)
         elif name == "profiler_with_stack":
             ctx.__exit__(None, None, None)
             ctx = None
@@ -101,7 +131,8 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = build_model()
     x = torch.randn(4, 16)
-    configs = ["bare", "module_tracker", "profiler_with_stack", "modtrace"]
+    configs = ["bare", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread"]
+    writer_cpu: list[float] = []
     samples: dict[str, list[float]] = {c: [] for c in configs}
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as d:
@@ -112,7 +143,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
             order = configs[:]
             rng.shuffle(order)
             for c in order:
-                samples[c].append(time_config(c, model, x, steps, tmp, rep))
+                samples[c].append(time_config(c, model, x, steps, tmp, rep, writer_cpu if c == "modtrace" else None))
     med = {c: statistics.median(v) for c, v in samples.items()}
     calls = 1 + 2 * BLOCKS  # module calls per step (each has a forward and a backward)
     added = {c: (med[c] - med["bare"]) / calls for c in configs if c != "bare"}
@@ -121,6 +152,9 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "added_us_per_module_call": {c: round(v * 1e6, 2) for c, v in added.items()},
         "modtrace_vs_module_tracker_added_ratio": round(added["modtrace"] / added["module_tracker"], 3),
         "modtrace_vs_profiler_step_ratio": round(med["modtrace"] / med["profiler_with_stack"], 3),
+        "modtrace_thread_vs_module_tracker_added_ratio": round(added["modtrace_thread"] / added["module_tracker"], 3),
+        # CPU the writer process spent per module call (on another core), beside the step's own time
+        "writer_process_cpu_us_per_module_call": round(statistics.median(writer_cpu) / calls * 1e6, 2) if writer_cpu else None,
         "module_calls_per_step": calls,
         "repeats": repeats,
         "steps_per_repeat": steps,

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,13 @@ def test_readers_answer_while_a_recording_is_written(tmp_path: Path, run_cli) ->
     proc = record(tmp_path, db, "live", "0", str(tmp_path / "live.json"), str(stop))
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "READY\n", proc.stderr
+        deadline = time.monotonic() + 60
+        while True:  # READY comes after 5 steps; their first batch may still be on its way
+            runs = run_cli("runs", "--db", db, "--format", "json")
+            if runs.code == 0 and json.loads(runs.out) and json.loads(runs.out)[0]["events"] > 0:
+                break
+            assert time.monotonic() < deadline, f"nothing flushed within 60 s: {runs}"
+            time.sleep(0.05)
         seen_steps = []
         for _ in range(3):  # each round reads while the recorder keeps flushing
             runs = run_cli("runs", "--db", db, "--format", "json")

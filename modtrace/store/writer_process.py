@@ -46,6 +46,8 @@ class WriterProcess:
     """Spawns the writer process for (run, rank) of ``store``; does not wait for it."""
 
     def __init__(self, store: Store, run_id: int, rank: int) -> None:
+        if os.name != "posix" or not sys.executable:
+            raise OSError("a writer process needs a POSIX system and a known interpreter")
         self.store = store
         self._ready = False
         self._dead = False
@@ -54,7 +56,6 @@ class WriterProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, package_root],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._out: IO[bytes] = self.proc.stdin
