@@ -3,10 +3,13 @@
 ``Recorder`` is a context manager.  Inside it, every module call appends a
 tuple to an in-memory list (the tracker's hot path); a background thread
 moves the list to the store in batches -- after each step boundary, whenever
-``flush_every`` events are waiting, at least once a second -- and the last
-batch is written when the context exits (also from ``atexit`` and on
-SIGTERM).  A process killed with SIGKILL loses at most the unflushed window:
-about ``flush_every`` events or one second of events, whichever is smaller.
+``flush_every`` events are waiting (``EAGER_BATCH`` once a writer process
+takes them), at least once a second -- and the last batch is written when
+the context exits (also from ``atexit`` and on SIGTERM).  Batches are
+written by a writer process (``modtrace.store.writer_process``) once it is
+ready, else by that thread.  A process killed with SIGKILL loses at most the
+window not yet handed over: about ``flush_every`` events or one second of
+events, whichever is smaller.
 """
 
 from __future__ import annotations
@@ -39,7 +42,11 @@ from modtrace.tracker import Tracker
 
 DEFAULT_FLUSH_EVERY = 20_000
 FLUSH_INTERVAL_S = 1.0
-_POLL_S = 0.1
+_POLL_S = 0.02
+# With a writer process, smaller batches go as soon as this many events wait:
+# handing one over costs the program only the pickling, and the final flush,
+# which the program waits for, is then short.
+EAGER_BATCH = 4096
 WRITERS = ("auto", "process", "thread")
 
 
@@ -375,7 +382,9 @@ class Recorder:
             if self._stopping.is_set():
                 break
             now = time.monotonic()
-            if woken or len(self._buf) >= self.flush_every or now - last >= FLUSH_INTERVAL_S:
+            waiting = len(self._buf)
+            if (woken or waiting >= self.flush_every or now - last >= FLUSH_INTERVAL_S
+                    or (waiting >= EAGER_BATCH and self._usable_proc() is not None)):
                 if not self._buf and not woken:
                     last = now
                     continue

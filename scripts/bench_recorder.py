@@ -12,7 +12,9 @@ Side by side in one process, interleaved repeats, medians:
   training loop.  ``modtrace`` is the recorder in its steady state (batches
   written by its writer process, started before the clock);
   ``modtrace_thread`` the same with ``writer="thread"`` (batches written by
-  a thread of the program), for comparison.
+  a thread of the program), and ``modtrace_no_step`` the recorder in a loop
+  with no step boundaries (batches go by size and time; the timed steps end
+  with the last batch written), for comparison.
 * write path: rows/s through modtrace's store vs raw sqlite3 executemany of
   the same tuples into the same table.
 * bytes per event on disk.
@@ -95,14 +97,14 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
         from torch.profiler import ProfilerActivity, profile
 
         ctx = profile(activities=[ProfilerActivity.CPU], with_stack=True)
-    elif name in ("modtrace", "modtrace_thread"):
-        writer = "process" if name == "modtrace" else "thread"
+    elif name in ("modtrace", "modtrace_thread", "modtrace_no_step"):
+        writer = "thread" if name == "modtrace_thread" else "process"
         ctx = modtrace.Recorder(db=str(tmp / "bench.db"), run=f"bench-{name}-{rep}", analyze=False, writer=writer)
     else:
         raise ValueError(name)
     ctx.__enter__()
     try:
-        on_step = ctx.step if name.startswith("modtrace") else None
+        on_step = ctx.step if name in ("modtrace", "modtrace_thread") else None
         run_steps(model, x, 1, on_step)  # a first step inside the context, outside the clock
         pid = None
         if name.startswith("modtrace"):
@@ -131,7 +133,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = build_model()
     x = torch.randn(4, 16)
-    configs = ["bare", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread"]
+    configs = ["bare", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread", "modtrace_no_step"]
     writer_cpu: list[float] = []
     samples: dict[str, list[float]] = {c: [] for c in configs}
     rng = random.Random(0)
@@ -153,6 +155,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "modtrace_vs_module_tracker_added_ratio": round(added["modtrace"] / added["module_tracker"], 3),
         "modtrace_vs_profiler_step_ratio": round(med["modtrace"] / med["profiler_with_stack"], 3),
         "modtrace_thread_vs_module_tracker_added_ratio": round(added["modtrace_thread"] / added["module_tracker"], 3),
+        "modtrace_no_step_vs_module_tracker_added_ratio": round(added["modtrace_no_step"] / added["module_tracker"], 3),
         # CPU the writer process spent per module call (on another core), beside the step's own time
         "writer_process_cpu_us_per_module_call": round(statistics.median(writer_cpu) / calls * 1e6, 2) if writer_cpu else None,
         "module_calls_per_step": calls,
