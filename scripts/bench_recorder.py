@@ -117,7 +117,7 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
             ctx.flush()
             cpu1 = cpu_seconds(pid)
             if writer_cpu is not None and cpu0 is not None and cpu1 is not None:
-                writer_cpu.append((cpu1 - cpu0) / steps)
+                writer_cpu.append(cpu1 - cpu0)
         elif name == "profiler_with_stack":
             ctx.__exit__(None, None, None)
             ctx = None
@@ -157,7 +157,8 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "modtrace_thread_vs_module_tracker_added_ratio": round(added["modtrace_thread"] / added["module_tracker"], 3),
         "modtrace_no_step_vs_module_tracker_added_ratio": round(added["modtrace_no_step"] / added["module_tracker"], 3),
         # CPU the writer process spent per module call (on another core), beside the step's own time
-        "writer_process_cpu_us_per_module_call": round(statistics.median(writer_cpu) / calls * 1e6, 2) if writer_cpu else None,
+        # (summed over every repeat: the kernel counts CPU time in 10 ms ticks)
+        "writer_process_cpu_us_per_module_call": round(sum(writer_cpu) / (len(writer_cpu) * steps * calls) * 1e6, 2) if writer_cpu else None,
         "module_calls_per_step": calls,
         "repeats": repeats,
         "steps_per_repeat": steps,

@@ -112,10 +112,19 @@ class WriterProcess:
             raise WriterProcessError(str(reply[1]))
 
     def close(self, timeout: float = 30.0) -> None:
-        """Tell the child to finish and wait for it (it has nothing pending: writes are acknowledged)."""
+        """Tell the child to finish and wait for it (it has nothing pending:
+        writes are acknowledged).  A child still starting was never sent a
+        batch: it is killed rather than waited for."""
         if self.proc.returncode is not None:
             return
-        if not self._dead:
+        try:
+            starting = not self._dead and not self.ready()
+        except WriterProcessError:
+            starting = False  # it answered with an error and is gone
+        if starting:
+            self._dead = True
+            self.proc.kill()
+        elif not self._dead:
             try:
                 _send(self._out, ("close",))
             except OSError:
