@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,11 +48,28 @@ _POLL_S = 0.02
 # handing one over costs the program only the pickling, and the final flush,
 # which the program waits for, is then short.
 EAGER_BATCH = 4096
+# While the writer process starts (about 0.3 s), batches wait for it rather
+# than being written by the program for a while and then not: the program's
+# timing stays the same from the first step to the last.  Up to this long,
+# and up to flush_every events.
+WRITER_START_WAIT_S = 5.0
 WRITERS = ("auto", "process", "thread")
 
 
 class Terminated(BaseException):
     """Raised in the main thread when SIGTERM arrives during a recording."""
+
+
+@dataclass
+class _Batch:
+    """Events and names taken from the buffers, not yet written."""
+
+    events: list[tuple[Any, ...]]
+    modules: list[tuple[Any, ...]]
+    threads: list[tuple[Any, ...]]
+    devices: list[tuple[Any, ...]]
+    progress: tuple[int, int]  # (event_count, step_count) once this batch is written
+    frame: bytes | None = None  # packed for the writer process
 
 
 @dataclass(frozen=True)
@@ -129,12 +147,15 @@ class Recorder:
         self.status: str | None = None
         self._clock = clock
         self._buf: list[tuple[Any, ...]] = []
+        self._taken = 0  # events moved from _buf into batches
+        self._pending: deque[_Batch] = deque()  # taken, not yet written, oldest first
         self._written = 0
         self._store: Store | None = None
         self._writer: RankWriter | None = None
         self._proc: WriterProcess | None = None
         self._tracker: Tracker | None = None
-        self._flush_lock = threading.Lock()
+        self._take_lock = threading.Lock()  # taking from the buffers (short)
+        self._flush_lock = threading.Lock()  # writing batches, in order
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -148,7 +169,7 @@ class Recorder:
 
     @property
     def events_recorded(self) -> int:
-        return self._written + len(self._buf)
+        return self._taken + len(self._buf)
 
     @property
     def step_count(self) -> int:
@@ -170,9 +191,20 @@ class Recorder:
 
     def step(self) -> None:
         """Mark a step boundary: later events carry the next step number."""
-        if self._tracker is not None:
-            self._tracker.step += 1
-            self._wake.set()
+        tracker = self._tracker
+        if tracker is None:
+            return
+        tracker.step += 1
+        proc = self._proc
+        if proc is not None and proc.is_ready and self._flush_error is None:
+            # Pack the step's events here, between steps, where the time is
+            # no module's; the flusher thread only hands the bytes over.
+            if self._take_lock.acquire(blocking=False):
+                try:
+                    self._take(pack=proc)
+                finally:
+                    self._take_lock.release()
+        self._wake.set()
 
     def start(self) -> Recorder:
         store = open_store(self.db, create=True)
@@ -236,7 +268,7 @@ class Recorder:
                 self._write_failed(exc)
         self._close_writers()
         if self._flush_error is not None:
-            lost = self._dropped + len(self._buf)
+            lost = self._dropped + len(self._buf) + sum(len(b.events) for b in self._pending)
             status = "failed"
             error = f"{self._flush_error}; {lost} event(s) not written" + (f" (the program: {error})" if error else "")
         assert self._store is not None
@@ -314,42 +346,64 @@ class Recorder:
 
     def flush(self) -> int:
         """Write buffered events and names now; returns the number of events written."""
-        tracker, writer = self._tracker, self._writer
-        if tracker is None or writer is None:
+        return self._flush(take=True)
+
+    def _flush(self, take: bool) -> int:
+        """Write the pending batches, after taking the buffer into one (``take``)."""
+        if self._tracker is None or self._writer is None:
             return 0
         with self._flush_lock:
-            buf = self._buf
-            n = len(buf)
-            events = buf[:n]
-            # Events first, then names: every name an event refers to was
-            # registered before the event, so it is in this batch or an earlier one.
-            modules = _drain(tracker.new_modules)
-            threads = _drain(tracker.new_threads)
-            devices = _drain(tracker.new_devices)
-            progress = (self._written + n, tracker.step)
-            try:
-                proc = self._usable_proc()
-                if proc is None:
-                    writer.write(events, modules, threads, devices, progress=progress)
-                else:
-                    try:
-                        proc.write(events, modules, threads, devices, progress=progress)
-                    except WriterProcessError:
-                        if proc.alive:
-                            raise  # the database refused the batch
-                        # The writer process died (killed, out of memory): this
-                        # process writes from now on, starting with this batch.
-                        self._proc = None
-                        writer.write(events, modules, threads, devices, progress=progress)
-            except Exception as exc:
-                # Keep the rows for another try; the names too.
-                tracker.new_modules[:0] = modules
-                tracker.new_threads[:0] = threads
-                tracker.new_devices[:0] = devices
-                raise StoreError(f"writing events to {writer.store.label} failed: {_one_line(exc)}") from exc
-            del buf[:n]
-            self._written += n
+            if take:
+                with self._take_lock:
+                    self._take()
+            n = 0
+            while self._pending:
+                batch = self._pending[0]
+                self._write_batch(batch)
+                self._pending.popleft()
+                self._written += len(batch.events)
+                n += len(batch.events)
         return n
+
+    def _take(self, pack: WriterProcess | None = None) -> None:
+        """Move what is buffered into a pending batch (the caller holds _take_lock)."""
+        tracker = self._tracker
+        assert tracker is not None
+        buf = self._buf
+        n = len(buf)
+        if not n and not (tracker.new_modules or tracker.new_threads or tracker.new_devices):
+            return
+        events = buf[:n]
+        del buf[:n]
+        # Events first, then names: every name an event refers to was
+        # registered before the event, so it is in this batch or an earlier one.
+        batch = _Batch(events, _drain(tracker.new_modules), _drain(tracker.new_threads), _drain(tracker.new_devices),
+                       (self._taken + n, tracker.step))
+        if pack is not None:
+            batch.frame = pack.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress)
+        self._taken += n
+        self._pending.append(batch)
+
+    def _write_batch(self, batch: _Batch) -> None:
+        writer = self._writer
+        assert writer is not None
+        parts = (batch.events, batch.modules, batch.threads, batch.devices)
+        try:
+            proc = self._usable_proc()
+            if proc is None:
+                writer.write(*parts, progress=batch.progress)
+                return
+            try:
+                proc.send(batch.frame if batch.frame is not None else proc.pack(*parts, progress=batch.progress))
+            except WriterProcessError:
+                if proc.alive:
+                    raise  # the database refused the batch
+                # The writer process died (killed, out of memory): this
+                # process writes from now on, starting with this batch.
+                self._proc = None
+                writer.write(*parts, progress=batch.progress)
+        except Exception as exc:  # the batch stays pending for another try
+            raise StoreError(f"writing events to {writer.store.label} failed: {_one_line(exc)}") from exc
 
     def _usable_proc(self) -> WriterProcess | None:
         """The writer process when batches should go to it: once it is ready
@@ -367,6 +421,17 @@ class Recorder:
             self._proc = None
         return None
 
+    def _writer_starting(self, now: float) -> bool:
+        """writer="auto" and its process is still starting (not for longer
+        than WRITER_START_WAIT_S since the recording began)."""
+        proc = self._proc
+        if proc is None or self.writer_mode != "auto" or now - self._started >= WRITER_START_WAIT_S:
+            return False
+        try:
+            return proc.alive and not proc.ready()
+        except WriterProcessError:
+            return False
+
     def _close_writers(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
@@ -383,13 +448,17 @@ class Recorder:
                 break
             now = time.monotonic()
             waiting = len(self._buf)
-            if (woken or waiting >= self.flush_every or now - last >= FLUSH_INTERVAL_S
+            if (woken or self._pending or waiting >= self.flush_every or now - last >= FLUSH_INTERVAL_S
                     or (waiting >= EAGER_BATCH and self._usable_proc() is not None)):
-                if not self._buf and not woken:
+                if waiting < self.flush_every and self._writer_starting(now):
+                    continue
+                if not self._buf and not self._pending and not woken:
                     last = now
                     continue
                 try:
-                    self.flush()
+                    # Batches packed at step boundaries go as they are; the few
+                    # events of the step now running wait for its end.
+                    self._flush(take=not self._pending or waiting >= EAGER_BATCH or now - last >= FLUSH_INTERVAL_S)
                 except StoreError as exc:
                     self._write_failed(exc)
                     return
