@@ -43,10 +43,10 @@ from modtrace.tracker import Tracker
 
 DEFAULT_FLUSH_EVERY = 20_000
 FLUSH_INTERVAL_S = 1.0
-_POLL_S = 0.02
-# With a writer process, smaller batches go as soon as this many events wait:
-# handing one over costs the program only the pickling, and the final flush,
-# which the program waits for, is then short.
+_POLL_S = 0.1
+# With a writer process, smaller batches go as soon as this many events wait
+# (checked every _POLL_S): handing one over costs the program only the
+# pickling, and the final flush, which the program waits for, is then short.
 EAGER_BATCH = 4096
 # While the writer process starts (about 0.3 s), batches wait for it rather
 # than being written by the program for a while and then not: the program's
@@ -148,7 +148,9 @@ class Recorder:
         self._clock = clock
         self._buf: list[tuple[Any, ...]] = []
         self._taken = 0  # events moved from _buf into batches
-        self._pending: deque[_Batch] = deque()  # taken, not yet written, oldest first
+        self._pending: deque[_Batch] = deque()  # taken, not yet handed over, oldest first
+        self._in_flight: deque[_Batch] = deque()  # handed to the writer process, not yet answered
+        self._last_handoff = 0.0
         self._written = 0
         self._store: Store | None = None
         self._writer: RankWriter | None = None
@@ -196,14 +198,22 @@ class Recorder:
             return
         tracker.step += 1
         proc = self._proc
-        if proc is not None and proc.is_ready and self._flush_error is None:
-            # Pack the step's events here, between steps, where the time is
-            # no module's; the flusher thread only hands the bytes over.
-            if self._take_lock.acquire(blocking=False):
-                try:
+        if proc is not None and proc.is_ready and self._flush_error is None and self._flush_lock.acquire(blocking=False):
+            # Hand the step's events to the writer process here, between
+            # steps, where the time is no module's: pack them, write them to
+            # its pipe if it has room, note the answers that came.  Nothing
+            # here waits; the flusher thread stays asleep.
+            try:
+                with self._take_lock:
                     self._take(pack=proc)
-                finally:
-                    self._take_lock.release()
+                self._handoff(proc)
+            except StoreError as exc:
+                self._write_failed(exc)
+            finally:
+                self._flush_lock.release()
+            if not self._pending:
+                self._last_handoff = time.monotonic()
+                return
         self._wake.set()
 
     def start(self) -> Recorder:
@@ -268,7 +278,7 @@ class Recorder:
                 self._write_failed(exc)
         self._close_writers()
         if self._flush_error is not None:
-            lost = self._dropped + len(self._buf) + sum(len(b.events) for b in self._pending)
+            lost = self._dropped + len(self._buf) + sum(len(b.events) for b in (*self._in_flight, *self._pending))
             status = "failed"
             error = f"{self._flush_error}; {lost} event(s) not written" + (f" (the program: {error})" if error else "")
         assert self._store is not None
@@ -349,21 +359,35 @@ class Recorder:
         return self._flush(take=True)
 
     def _flush(self, take: bool) -> int:
-        """Write the pending batches, after taking the buffer into one (``take``)."""
+        """Write the pending batches, after taking the buffer into one
+        (``take``), and wait until all are written."""
         if self._tracker is None or self._writer is None:
             return 0
         with self._flush_lock:
             if take:
                 with self._take_lock:
                     self._take()
-            n = 0
-            while self._pending:
+            before = self._written
+            proc = self._usable_proc()
+            if proc is not None:
+                try:
+                    while self._pending:
+                        batch = self._pending[0]
+                        proc.send(batch.frame if batch.frame is not None else self._pack(proc, batch))
+                        self._in_flight.append(self._pending.popleft())
+                    self._settle(proc.replies(len(self._in_flight)))
+                except WriterProcessError:
+                    self._recover()
+            writer = self._writer
+            while self._pending:  # no writer process, or it is gone
                 batch = self._pending[0]
-                self._write_batch(batch)
+                try:
+                    writer.write(batch.events, batch.modules, batch.threads, batch.devices, progress=batch.progress)
+                except Exception as exc:  # the batch stays pending for another try
+                    raise StoreError(f"writing events to {writer.store.label} failed: {_one_line(exc)}") from exc
                 self._pending.popleft()
                 self._written += len(batch.events)
-                n += len(batch.events)
-        return n
+        return self._written - before
 
     def _take(self, pack: WriterProcess | None = None) -> None:
         """Move what is buffered into a pending batch (the caller holds _take_lock)."""
@@ -371,8 +395,8 @@ class Recorder:
         assert tracker is not None
         buf = self._buf
         n = len(buf)
-        if not n and not (tracker.new_modules or tracker.new_threads or tracker.new_devices):
-            return
+        if not n:
+            return  # names travel with the events that name them
         events = buf[:n]
         del buf[:n]
         # Events first, then names: every name an event refers to was
@@ -380,30 +404,55 @@ class Recorder:
         batch = _Batch(events, _drain(tracker.new_modules), _drain(tracker.new_threads), _drain(tracker.new_devices),
                        (self._taken + n, tracker.step))
         if pack is not None:
-            batch.frame = pack.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress)
+            batch.frame = self._pack(pack, batch)
         self._taken += n
         self._pending.append(batch)
 
-    def _write_batch(self, batch: _Batch) -> None:
-        writer = self._writer
-        assert writer is not None
-        parts = (batch.events, batch.modules, batch.threads, batch.devices)
+    @staticmethod
+    def _pack(proc: WriterProcess, batch: _Batch) -> bytes:
+        return proc.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress)
+
+    def _handoff(self, proc: WriterProcess) -> None:
+        """Pending batches to the writer process as far as its pipe has room,
+        and the answers that have arrived; never waits (holds _flush_lock)."""
         try:
-            proc = self._usable_proc()
-            if proc is None:
-                writer.write(*parts, progress=batch.progress)
-                return
-            try:
-                proc.send(batch.frame if batch.frame is not None else proc.pack(*parts, progress=batch.progress))
-            except WriterProcessError:
-                if proc.alive:
-                    raise  # the database refused the batch
-                # The writer process died (killed, out of memory): this
-                # process writes from now on, starting with this batch.
-                self._proc = None
-                writer.write(*parts, progress=batch.progress)
-        except Exception as exc:  # the batch stays pending for another try
-            raise StoreError(f"writing events to {writer.store.label} failed: {_one_line(exc)}") from exc
+            while self._pending:
+                batch = self._pending[0]
+                if not proc.send_nowait(batch.frame if batch.frame is not None else self._pack(proc, batch)):
+                    break
+                self._in_flight.append(self._pending.popleft())
+            self._settle(proc.replies())
+        except WriterProcessError:
+            self._recover()
+
+    def _settle(self, replies: list[tuple[Any, ...]]) -> None:
+        """Account for the writer process's answers, oldest batch first."""
+        for reply in replies:
+            batch = self._in_flight[0]
+            if reply[0] != "ok":
+                assert self._writer is not None
+                why = reply[1] if reply[0] == "error" else "an earlier batch failed"
+                raise StoreError(f"writing events to {self._writer.store.label} failed: {why}")
+            self._in_flight.popleft()
+            self._written += len(batch.events)
+
+    def _recover(self) -> None:
+        """The writer process is gone (killed, out of memory, or it could not
+        open the database): this process writes from now on.  Batches it was
+        given and did not answer for may be committed: the rank's event count,
+        written in the same transaction as each batch, tells which."""
+        self._proc = None
+        if not self._in_flight:
+            return
+        assert self._store is not None
+        with self._store.engine.connect() as conn:
+            committed = conn.exec_driver_sql(
+                f"SELECT event_count FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}").scalar()
+        committed = int(committed or 0)
+        while self._in_flight and self._in_flight[0].progress[0] <= committed:
+            self._written += len(self._in_flight.popleft().events)
+        self._pending.extendleft(reversed(self._in_flight))
+        self._in_flight.clear()
 
     def _usable_proc(self) -> WriterProcess | None:
         """The writer process when batches should go to it: once it is ready
@@ -448,6 +497,7 @@ class Recorder:
                 break
             now = time.monotonic()
             waiting = len(self._buf)
+            last = max(last, self._last_handoff)  # a step handed its events over
             if (woken or self._pending or waiting >= self.flush_every or now - last >= FLUSH_INTERVAL_S
                     or (waiting >= EAGER_BATCH and self._usable_proc() is not None)):
                 if waiting < self.flush_every and self._writer_starting(now):

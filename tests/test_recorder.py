@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -249,6 +250,53 @@ def test_a_killed_writer_process_is_replaced_by_a_thread(db_path: object) -> Non
     assert rec.status == "completed"
     seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
     assert seqs == list(range(6 * 16)) == list(range(rec.events_recorded))
+
+
+def test_batches_in_flight_when_the_writer_process_dies_are_written_once(db_path: object) -> None:
+    # The writer is stopped (SIGSTOP) while steps hand it batches, then killed:
+    # what it had not committed is written by this process, nothing twice.
+    model = mlp()
+    with modtrace.Recorder(run="in-flight", writer="process", analyze=False) as rec:
+        train(model, 2)
+        rec.flush()
+        pid = rec.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        train(model, 5)  # handed over, not answered
+        assert rec._in_flight and rec._written == 2 * 16
+        os.kill(pid, signal.SIGKILL)
+        train(model, 3)
+    assert rec.status == "completed" and rec.writer_pid is None
+    seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
+    assert seqs == list(range(10 * 16)) == list(range(rec.events_recorded))
+    assert rows(str(db_path), "SELECT event_count, step_count FROM run_ranks") == [(160, 10)]
+
+
+def test_batches_committed_but_unanswered_when_the_writer_process_dies_are_not_written_again(db_path: object) -> None:
+    model = mlp()
+    with modtrace.Recorder(run="committed", writer="process", analyze=False) as rec:
+        train(model, 2)
+        rec.flush()
+        pid = rec.writer_pid
+        assert pid is not None
+        train(model, 3)  # handed over at each step; the last answer is not read yet
+        assert rec._in_flight
+        deadline = time.monotonic() + 30
+        while rows(str(db_path), "SELECT event_count FROM run_ranks") != [(80,)]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        # Committed, and then the answers are lost with the process (as when
+        # it dies between its commit and its answer): swallow them here.
+        proc = rec._proc
+        assert proc is not None
+        assert select.select([proc._in], [], [], 30)[0]
+        time.sleep(0.1)
+        assert os.read(proc._in, 1 << 16)
+        os.kill(pid, signal.SIGKILL)
+        train(model, 1)
+    assert rec.status == "completed" and rec._flush_error is None
+    seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
+    assert seqs == list(range(6 * 16))
 
 
 PROGRAM = textwrap.dedent(

@@ -4,23 +4,29 @@ A recording's hot path only appends tuples; writing them (binding every
 value, the database's own work) costs about 1.5 us per event of CPU.  Done
 by a thread of the recorded program, that work holds the interpreter lock
 while the program runs: a flush after every step then slowed a CPU-bound
-step by more than the write itself (the training thread waits for the lock
-each time its backward pass re-enters Python).  A writer process has its own
-interpreter: the program pays for pickling the batch (about 0.15 us per
-event) and the rest runs beside it.
+step by more than the write itself, and the time landed in whichever module
+was running.  A writer process has its own interpreter: the program packs
+each batch (a pickle, about 0.15 us per event) and writes the bytes to a
+pipe, between steps; the rest runs beside it.
 
-``WriterProcess`` is the program's side, with ``RankWriter``'s interface
-(``write``, ``close``).  The child (``main``, run as ``python -c``) opens the
-store, says it is ready and then writes each batch it is sent with a
-``RankWriter`` and answers ``ok`` or the error.  Frames on its stdin/stdout
-pipes are an 8-byte little-endian length and a pickle.  The child ignores
-SIGINT and SIGTERM (the program decides when recording ends) and exits when
-told to or when its stdin closes -- the program died: what it had been sent
-is written first.
+``WriterProcess`` is the program's side.  Batches go as frames (``pack``)
+either without waiting (``send_nowait``: only when the pipe has room, so the
+caller never blocks) or waiting for room (``send``); the child answers each
+batch, in order, once it is committed (``ok``) or refused (``error``; after
+one, it writes nothing more and answers ``skipped``).  ``replies`` collects
+the answers that have arrived, waiting for them or not.
+
+The child (``main``, run as ``python -c``) opens the store, says ``ready``
+and writes each batch with a ``RankWriter``.  Frames on its stdin/stdout
+pipes are an 8-byte little-endian length and a pickle.  It ignores SIGINT
+and SIGTERM (the program decides when recording ends) and exits when told to
+or when its stdin closes -- the program died: what it had been sent is
+written first.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import select
@@ -28,6 +34,7 @@ import signal
 import struct
 import subprocess
 import sys
+import termios
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -36,10 +43,13 @@ from modtrace.store.engine import Store
 
 _HEADER = struct.Struct("<Q")
 _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from modtrace.store.writer_process import main; main()"
+_F_SETPIPE_SZ = 1031  # Linux
+_F_GETPIPE_SZ = 1032
+PIPE_BYTES = 1 << 20  # room for a few steps' batches, so handing one over never waits
 
 
 class WriterProcessError(Exception):
-    """The writer process failed to write a batch (its message) or is gone."""
+    """The writer process could not start, or is gone."""
 
 
 class WriterProcess:
@@ -51,18 +61,27 @@ class WriterProcess:
         self.store = store
         self._ready = False
         self._dead = False
+        self._rbuf = bytearray()
         target = str(store.path) if store.path is not None else store.engine.url.render_as_string(hide_password=False)
         package_root = str(Path(__file__).resolve().parent.parent.parent)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, package_root],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, bufsize=0,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._out: IO[bytes] = self.proc.stdin
-        self._in: IO[bytes] = self.proc.stdout
+        self._out = self.proc.stdin.fileno()
+        self._in = self.proc.stdout.fileno()
+        try:
+            fcntl.fcntl(self._out, _F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:  # a smaller pipe only means send_nowait declines more often
+            pass
+        try:
+            self._pipe_bytes = fcntl.fcntl(self._out, _F_GETPIPE_SZ)
+        except OSError:
+            self._pipe_bytes = 0
         # The database's address goes through the pipe, not argv: a URL may carry a password.
         try:
-            _send(self._out, ("open", target, run_id, rank))
+            self._write_all(_frame(("open", target, run_id, rank)))
         except OSError:
             self._dead = True
 
@@ -81,29 +100,20 @@ class WriterProcess:
 
     def ready(self, timeout: float | None = 0.0) -> bool:
         """Whether the child has opened the store, waiting up to ``timeout``
-        seconds (None: until it answers)."""
+        seconds (None: until it answers).  Raises WriterProcessError when it
+        could not."""
         if self._ready or self._dead:
             return self._ready
-        if not select.select([self._in], [], [], timeout)[0]:
+        reply = self._next(timeout)
+        if reply is None:
+            if self._dead:
+                raise WriterProcessError(f"the writer process exited (status {self.proc.returncode})")
             return False
-        reply = self._reply()
         if reply[0] != "ready":
-            self._dead = True
-            self._stop()
+            self._gone()
             raise WriterProcessError(str(reply[1]) if len(reply) > 1 else "the writer process could not start")
         self._ready = True
         return True
-
-    def write(
-        self,
-        events: Sequence[tuple[Any, ...]],
-        modules: Sequence[tuple[Any, ...]] = (),
-        threads: Sequence[tuple[Any, ...]] = (),
-        devices: Sequence[tuple[Any, ...]] = (),
-        progress: tuple[int, int] | None = None,
-    ) -> None:
-        """Write one batch in one transaction, in the child; returns once it is committed."""
-        self.send(self.pack(events, modules, threads, devices, progress))
 
     @staticmethod
     def pack(
@@ -113,29 +123,50 @@ class WriterProcess:
         devices: Sequence[tuple[Any, ...]] = (),
         progress: tuple[int, int] | None = None,
     ) -> bytes:
-        """A batch as the frame ``send`` takes (the program's only per-event cost)."""
+        """A batch as a frame (the program's only per-event cost)."""
         return _frame(("write", list(events), list(modules), list(threads), list(devices), progress))
 
+    def send_nowait(self, frame: bytes) -> bool:
+        """Hand a frame over if the pipe has room for all of it now; False
+        (nothing sent) when it has not or the child is not ready."""
+        if not self._ready or self._dead or not self._pipe_bytes:
+            return False
+        try:
+            queued = _FIONREAD.unpack(fcntl.ioctl(self._out, termios.FIONREAD, b"\0" * _FIONREAD.size))[0]
+        except OSError:
+            return False
+        if self._pipe_bytes - queued < len(frame):
+            return False
+        self.send(frame)  # fits: the write returns at once
+        return True
+
     def send(self, frame: bytes) -> None:
-        """Write a packed batch, in the child; returns once it is committed."""
-        if self._dead:
-            raise WriterProcessError("the writer process is gone")
+        """Hand a frame over, waiting for the child to be ready and for room in the pipe."""
         if not self._ready:
             self.ready(timeout=None)
+        if self._dead:
+            raise WriterProcessError("the writer process is gone")
         try:
-            self._out.write(frame)
-            self._out.flush()
+            self._write_all(frame)
         except OSError as exc:
             self._gone()
             raise WriterProcessError(f"the writer process is gone ({exc.strerror or exc})") from None
-        reply = self._reply()
-        if reply[0] != "ok":
-            raise WriterProcessError(str(reply[1]))
+
+    def replies(self, count: int = 0) -> list[tuple[Any, ...]]:
+        """The answers that have arrived, waiting until there are at least
+        ``count``.  Raises WriterProcessError when the child is gone first."""
+        got: list[tuple[Any, ...]] = []
+        while True:
+            reply = self._next(None if len(got) < count else 0.0)
+            if reply is None:
+                if self._dead:
+                    raise WriterProcessError(f"the writer process exited unexpectedly (status {self.proc.returncode})")
+                return got
+            got.append(reply)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Tell the child to finish and wait for it (it has nothing pending:
-        writes are acknowledged).  A child still starting was never sent a
-        batch: it is killed rather than waited for."""
+        """Tell the child to finish and wait for it.  A child still starting
+        was never sent a batch: it is killed rather than waited for."""
         if self.proc.returncode is not None:
             return
         try:
@@ -147,29 +178,52 @@ class WriterProcess:
             self.proc.kill()
         elif not self._dead:
             try:
-                _send(self._out, ("close",))
+                self._write_all(_frame(("close",)))
             except OSError:
                 pass
         self._stop(timeout)
 
-    def _reply(self) -> tuple[Any, ...]:
-        try:
-            reply = _recv(self._in)
-        except (OSError, EOFError, pickle.UnpicklingError):
-            reply = None
-        if reply is None:
-            self._gone()
-            raise WriterProcessError(f"the writer process exited unexpectedly (exit status {self.proc.returncode})")
-        return reply
+    # -- pipes -------------------------------------------------------------------
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._out, view)
+            view = view[n:]
+
+    def _next(self, timeout: float | None) -> tuple[Any, ...] | None:
+        """The next whole reply, waiting up to ``timeout`` (None: for ever);
+        None when none came (or the child is gone: then ``_dead``)."""
+        while True:
+            if len(self._rbuf) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(self._rbuf)
+                if len(self._rbuf) >= _HEADER.size + size:
+                    data = bytes(self._rbuf[_HEADER.size:_HEADER.size + size])
+                    del self._rbuf[:_HEADER.size + size]
+                    reply: tuple[Any, ...] = pickle.loads(data)
+                    return reply
+            if self._dead:
+                return None
+            if timeout is not None and not select.select([self._in], [], [], timeout)[0]:
+                return None
+            try:
+                chunk = os.read(self._in, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._gone()
+                return None
+            self._rbuf += chunk
 
     def _gone(self) -> None:
         self._dead = True
         self._stop(5.0)
 
     def _stop(self, timeout: float = 5.0) -> None:
-        for stream in (self._out, self._in):
+        for stream in (self.proc.stdin, self.proc.stdout):
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except OSError:
                 pass
         try:
@@ -177,6 +231,9 @@ class WriterProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+_FIONREAD = struct.Struct("i")
 
 
 def _frame(message: tuple[Any, ...]) -> bytes:
@@ -221,18 +278,23 @@ def main() -> None:
         _send(out, ("error", _one_line(exc)))
         return
     _send(out, ("ready",))
+    failed = False
     try:
         while True:
             message = _recv(inp)
             if message is None or message[0] == "close":
                 break
             _, events, modules, threads, devices, progress = message
-            try:
-                writer.write(events, modules, threads, devices, progress)
-            except Exception as exc:
-                reply: tuple[Any, ...] = ("error", _one_line(exc))
+            if failed:  # batches after a refused one would leave a gap
+                reply: tuple[Any, ...] = ("skipped",)
             else:
-                reply = ("ok",)
+                try:
+                    writer.write(events, modules, threads, devices, progress)
+                except Exception as exc:
+                    failed = True
+                    reply = ("error", _one_line(exc))
+                else:
+                    reply = ("ok",)
             try:
                 _send(out, reply)
             except OSError:  # the program is gone; keep writing what arrives until stdin closes
