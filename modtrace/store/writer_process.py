@@ -14,7 +14,8 @@ either without waiting (``send_nowait``: only when the pipe has room, so the
 caller never blocks) or waiting for room (``send``); the child answers each
 batch, in order, once it is committed (``ok``) or refused (``error``; after
 one, it writes nothing more and answers ``skipped``).  ``replies`` collects
-the answers that have arrived, waiting for them or not.
+the answers that have arrived, waiting for them or not; before waiting it
+tells the child not to hold batches back (``now``, see ``main``).
 
 The child (``main``, run as ``python -c``) opens the store, says ``ready``
 and writes each batch with a ``RankWriter``.  Frames on its stdin/stdout
@@ -29,12 +30,14 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import random
 import select
 import signal
 import struct
 import subprocess
 import sys
 import termios
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -46,6 +49,7 @@ _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from modtrace.store.write
 _F_SETPIPE_SZ = 1031  # Linux
 _F_GETPIPE_SZ = 1032
 PIPE_BYTES = 1 << 20  # room for a few steps' batches, so handing one over never waits
+_MAX_DITHER_S = 0.5  # a batch waits at most this long before it is written
 
 
 class WriterProcessError(Exception):
@@ -156,6 +160,11 @@ class WriterProcess:
         """The answers that have arrived, waiting until there are at least
         ``count``.  Raises WriterProcessError when the child is gone first."""
         got: list[tuple[Any, ...]] = []
+        if count and not self._dead:
+            try:  # the child may be holding a batch back (see main): not now
+                self._write_all(_frame(("now",)))
+            except OSError:
+                self._gone()
         while True:
             reply = self._next(None if len(got) < count else 0.0)
             if reply is None:
@@ -246,25 +255,56 @@ def _send(stream: IO[bytes], message: tuple[Any, ...]) -> None:
     stream.flush()
 
 
-def _recv(stream: IO[bytes]) -> tuple[Any, ...] | None:
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        return None
-    (size,) = _HEADER.unpack(head)
-    data = stream.read(size)
-    if len(data) < size:
-        return None
-    message: tuple[Any, ...] = pickle.loads(data)
-    return message
+class _Inbox:
+    """The child's end of its stdin: whole frames, with or without waiting."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = bytearray()
+        self.closed = False
+
+    def has_frame(self) -> bool:
+        if len(self.buf) < _HEADER.size:
+            return False
+        size: int = _HEADER.unpack_from(self.buf)[0]
+        return len(self.buf) >= _HEADER.size + size
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until a whole frame (or the end) is here; False on timeout."""
+        while not self.has_frame() and not self.closed:
+            if timeout is not None and not select.select([self.fd], [], [], timeout)[0]:
+                return False
+            chunk = os.read(self.fd, 1 << 20)
+            if not chunk:
+                self.closed = True
+            self.buf += chunk
+        return True
+
+    def next(self) -> tuple[Any, ...] | None:
+        self.wait(None)
+        if not self.has_frame():
+            return None
+        size = _HEADER.unpack_from(self.buf)[0]
+        message: tuple[Any, ...] = pickle.loads(bytes(self.buf[_HEADER.size:_HEADER.size + size]))
+        del self.buf[:_HEADER.size + size]
+        return message
 
 
 def main() -> None:
-    """The child: open the store, then write batches until told to stop or stdin closes."""
+    """The child: open the store, then write batches until told to stop or stdin closes.
+
+    Batches handed over at step boundaries arrive once a step; written at
+    once, this process's work (on a core that may share caches or a physical
+    core with the program's) would always overlap the same first modules of
+    the next step and bias their times.  So each batch waits a random part of
+    the typical interval between batches before it is written: the overlap
+    falls on every part of the step alike.  Any further message (the next
+    batch, the program flushing and waiting) ends the wait at once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    inbox, out = _Inbox(sys.stdin.fileno()), sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames on the protocol pipe
-    first = _recv(inp)
+    first = inbox.next()
     if first is None or first[0] != "open":
         return
     _, target, run_id, rank = first
@@ -278,12 +318,24 @@ def main() -> None:
         _send(out, ("error", _one_line(exc)))
         return
     _send(out, ("ready",))
+    rng = random.Random()
+    interval = 0.0  # typical time between batches (moving average), seconds
+    last_arrival = 0.0
     failed = False
     try:
         while True:
-            message = _recv(inp)
+            message = inbox.next()
             if message is None or message[0] == "close":
                 break
+            if message[0] == "now":  # the program waits: nothing to delay
+                continue
+            now = time.monotonic()
+            if last_arrival:
+                gap = min(now - last_arrival, _MAX_DITHER_S)
+                interval = gap if not interval else 0.8 * interval + 0.2 * gap
+            last_arrival = now
+            if interval and not inbox.has_frame():
+                inbox.wait(rng.uniform(0.0, interval))
             _, events, modules, threads, devices, progress = message
             if failed:  # batches after a refused one would leave a gap
                 reply: tuple[Any, ...] = ("skipped",)
