@@ -33,7 +33,7 @@ from typing import Any
 
 from modtrace._version import __version__
 from modtrace.codes import Status
-from modtrace.errors import StoreError
+from modtrace.errors import StoreError, UsageError
 from modtrace.naming import default_run_name, shared_run_name
 from modtrace.store.engine import Store, open_store
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
@@ -53,7 +53,7 @@ EAGER_BATCH = 4096
 # timing stays the same from the first step to the last.  Up to this long,
 # and up to flush_every events.
 WRITER_START_WAIT_S = 5.0
-WRITERS = ("auto", "process", "thread")
+WRITERS = ("auto", "process", "thread", "inline")
 
 
 class Terminated(BaseException):
@@ -126,10 +126,16 @@ class Recorder:
         analyze: bool = True,
         meta: Mapping[str, Any] | None = None,
         handle_sigterm: bool = True,
-        writer: str = "auto",
+        writer: str | None = None,
     ) -> None:
+        if writer is None:
+            writer = os.environ.get("MODTRACE_WRITER") or "auto"
+            if writer not in WRITERS:
+                raise UsageError(f"MODTRACE_WRITER must be one of {', '.join(WRITERS)}, not {writer!r}")
         if writer not in WRITERS:
             raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
+        if writer == "auto" and _usable_cpus() < 2:
+            writer = "inline"  # a writer process could only take turns with the program
         env_rank, env_world = _dist_rank_world()
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
@@ -197,6 +203,12 @@ class Recorder:
         if tracker is None:
             return
         tracker.step += 1
+        if self.writer_mode == "inline" and self._flush_error is None and self._writer is not None:
+            try:
+                self._flush(take=True)
+            except StoreError as exc:
+                self._write_failed(exc)
+            return
         proc = self._proc
         if proc is not None and proc.is_ready and self._flush_error is None and self._flush_lock.acquire(blocking=False):
             # Hand the step's events to the writer process here, between
@@ -246,7 +258,7 @@ class Recorder:
         self._store = store
         self._take_reserve()
         self._writer = RankWriter(store, self.run_id, self.rank)
-        if self.writer_mode != "thread":
+        if self.writer_mode in ("auto", "process"):
             try:
                 self._proc = WriterProcess(store, self.run_id, self.rank)
             except Exception:  # no usable interpreter to start: write from this process
@@ -555,6 +567,13 @@ class Recorder:
     def _atexit(self) -> None:
         if self.status is None and self._tracker is not None:
             self.finish("interrupted", "process exited inside the recording")
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _checkpoint(store: Store) -> None:

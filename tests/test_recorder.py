@@ -200,9 +200,9 @@ def _wait_gone(pid: int, seconds: float = 30.0) -> bool:
     return False
 
 
-def test_a_writer_process_and_a_thread_write_the_same_rows(any_db: str) -> None:
+def test_every_writer_writes_the_same_rows(any_db: str) -> None:
     recorded = {}
-    for writer in ("process", "thread"):
+    for writer in ("process", "thread", "inline"):
         torch.manual_seed(0)
         model = mlp()
         with modtrace.Recorder(db=any_db, run=writer, clock=FakeClock(), writer=writer, analyze=False) as rec:
@@ -221,7 +221,31 @@ def test_a_writer_process_and_a_thread_write_the_same_rows(any_db: str) -> None:
         recorded[writer] = [e[:11] + (None if e[11] is None else tasks.setdefault(e[11], len(tasks)),) + e[12:] for e in events]
         assert rows(any_db, "SELECT event_count, step_count, status FROM run_ranks WHERE run_id = :r", r=rec.run_id) == [
             (80, 5, "completed")]
-    assert len(recorded["process"]) == 80 and recorded["process"] == recorded["thread"]
+    assert len(recorded["process"]) == 80 and recorded["process"] == recorded["thread"] == recorded["inline"]
+
+
+def test_the_inline_writer_writes_each_step_at_its_boundary(db_path: object) -> None:
+    model = mlp()
+    with modtrace.Recorder(run="inline", writer="inline", analyze=False) as rec:
+        for step in range(1, 4):
+            train(model, 1)  # the optimizer step ends the step: its 16 events are written then
+            assert rows(str(db_path), "SELECT COUNT(*), MAX(step) FROM events") == [(16 * step, step - 1)]
+        assert rec.writer_pid is None
+
+
+def test_the_writer_can_be_chosen_from_the_environment(db_path: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MODTRACE_WRITER", "thread")
+    with modtrace.Recorder(run="env") as rec:
+        assert rec.writer_mode == "thread" and rec._proc is None
+    monkeypatch.setenv("MODTRACE_WRITER", "bogus")
+    with pytest.raises(UsageError, match="MODTRACE_WRITER must be one of auto, process, thread, inline, not 'bogus'"):
+        modtrace.Recorder(run="env2")
+    (tmp_path / "s.py").write_text("print('ran')\n")
+    db = tmp_path / "new.db"
+    proc = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", str(db), str(tmp_path / "s.py")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "MODTRACE_WRITER": "bogus"})
+    assert proc.returncode == 2 and proc.stdout == "" and not db.exists()
+    assert proc.stderr == "modtrace: error: MODTRACE_WRITER must be one of auto, process, thread, inline, not 'bogus'\n"
 
 
 def test_a_recording_shorter_than_the_writers_start_is_written_by_the_program(db_path: object) -> None:
@@ -280,19 +304,20 @@ def test_batches_committed_but_unanswered_when_the_writer_process_dies_are_not_w
         pid = rec.writer_pid
         assert pid is not None
         train(model, 3)  # handed over at each step; the last answer is not read yet
-        assert rec._in_flight
-        deadline = time.monotonic() + 30
-        while rows(str(db_path), "SELECT event_count FROM run_ranks") != [(80,)]:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        # Committed, and then the answers are lost with the process (as when
-        # it dies between its commit and its answer): swallow them here.
-        proc = rec._proc
-        assert proc is not None
-        assert select.select([proc._in], [], [], 30)[0]
-        time.sleep(0.1)
-        assert os.read(proc._in, 1 << 16)
-        os.kill(pid, signal.SIGKILL)
+        with rec._flush_lock:  # the flusher thread must not read the answers either
+            assert rec._in_flight
+            deadline = time.monotonic() + 30
+            while rows(str(db_path), "SELECT event_count FROM run_ranks") != [(80,)]:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            # Committed, and then the answers are lost with the process (as when
+            # it dies between its commit and its answer): swallow them here.
+            proc = rec._proc
+            assert proc is not None
+            assert select.select([proc._in], [], [], 30)[0]
+            time.sleep(0.1)
+            assert os.read(proc._in, 1 << 16)
+            os.kill(pid, signal.SIGKILL)
         train(model, 1)
     assert rec.status == "completed" and rec._flush_error is None
     seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
