@@ -376,6 +376,8 @@ class Recorder:
         if self._tracker is None or self._writer is None:
             return 0
         with self._flush_lock:
+            if self._flush_error is not None:
+                return 0  # recording stopped at a failed write
             if take:
                 with self._take_lock:
                     self._take()
@@ -442,7 +444,11 @@ class Recorder:
         for reply in replies:
             batch = self._in_flight[0]
             if reply[0] != "ok":
+                # Refused: it and every batch after it are not written (the
+                # writer process skips them); they are pending again.
                 assert self._writer is not None
+                self._pending.extendleft(reversed(self._in_flight))
+                self._in_flight.clear()
                 why = reply[1] if reply[0] == "error" else "an earlier batch failed"
                 raise StoreError(f"writing events to {self._writer.store.label} failed: {why}")
             self._in_flight.popleft()
