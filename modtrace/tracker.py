@@ -388,15 +388,10 @@ class Tracker:
         if output is _RAISED:
             self._forward_failed(mod)
             return
-        if _DYNAMO in _sys_modules and _compiling():
+        found = self._pop_call(mod)
+        if found is None:
             return
-        st: _ThreadState | None = getattr(self._local, "st", None)
-        if st is None or not st.stack:
-            return
-        popped = st.stack.pop()
-        frame = popped if popped.module is mod else self._unwind(st, popped, mod)
-        if frame is None:
-            return
+        st, frame = found
         frame.module = None
         device_id = frame.device_id
         task = frame.task
@@ -461,15 +456,10 @@ class Tracker:
     def _forward_failed(self, mod: nn.Module) -> None:
         """The post-hook of a forward that raised: close the call with status
         error (early_stop for checkpoint recomputation stopping itself)."""
-        if _DYNAMO in _sys_modules and _compiling():
+        found = self._pop_call(mod)
+        if found is None:
             return
-        st: _ThreadState | None = getattr(self._local, "st", None)
-        if st is None or not st.stack:
-            return
-        popped = st.stack.pop()
-        frame = popped if popped.module is mod else self._unwind(st, popped, mod)
-        if frame is None:
-            return
+        st, frame = found
         exc_type = sys.exc_info()[0]
         early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
         status = _EARLY_STOP if early else _ERROR
@@ -480,6 +470,18 @@ class Tracker:
         self._exit_forward(st, frame, status)
         frame.module = None
         frame.exit_nodes = None
+
+    def _pop_call(self, mod: nn.Module) -> tuple[_ThreadState, _Call] | None:
+        """``mod``'s open call, taken off this thread's stack; None when it has
+        none here (or while dynamo traces)."""
+        if _DYNAMO in _sys_modules and _compiling():
+            return None
+        st: _ThreadState | None = getattr(self._local, "st", None)
+        if st is None or not st.stack:
+            return None
+        popped = st.stack.pop()
+        frame = popped if popped.module is mod else self._unwind(st, popped, mod)
+        return None if frame is None else (st, frame)
 
     def _unwind(self, st: _ThreadState, frame: _Call, mod: nn.Module) -> _Call | None:
         """``frame`` (just popped) is not ``mod``'s: a forward was interrupted by
