@@ -1,15 +1,17 @@
 """Recording session: a run in the database, a tracker, a buffer and a flusher.
 
 ``Recorder`` is a context manager.  Inside it, every module call appends a
-tuple to an in-memory list (the tracker's hot path); a background thread
-moves the list to the store in batches -- after each step boundary, whenever
-``flush_every`` events are waiting (``EAGER_BATCH`` once a writer process
-takes them), at least once a second -- and the last batch is written when
-the context exits (also from ``atexit`` and on SIGTERM).  Batches are
-written by a writer process (``modtrace.store.writer_process``) once it is
-ready, else by that thread.  A process killed with SIGKILL loses at most the
-window not yet handed over: about ``flush_every`` events or one second of
-events, whichever is smaller.
+tuple to an in-memory list (the tracker's hot path).  The list goes to the
+store in batches: at each step boundary (handed to the writer process by the
+program itself, between steps, without waiting), and from a background
+thread whenever ``flush_every`` events are waiting (``EAGER_BATCH`` once a
+writer process takes them) and at least once a second; the last batch is
+written when the context exits (also from ``atexit`` and on SIGTERM).
+Batches are written by a writer process (``modtrace.store.writer_process``)
+once it is ready, else by a thread of the program (``writer=`` chooses).  A
+process killed with SIGKILL loses at most the window not yet handed over:
+about ``flush_every`` events or one second of events, whichever is smaller
+(up to ``WRITER_START_WAIT_S`` while the writer process starts).
 """
 
 from __future__ import annotations
