@@ -389,7 +389,7 @@ class Recorder:
                 try:
                     while self._pending:
                         batch = self._pending[0]
-                        proc.send(batch.frame if batch.frame is not None else self._pack(proc, batch))
+                        proc.send(self._frame(proc, batch))
                         self._in_flight.append(self._pending.popleft())
                     self._settle(proc.replies(len(self._in_flight)))
                 except WriterProcessError:
@@ -420,13 +420,16 @@ class Recorder:
         batch = _Batch(events, _drain(tracker.new_modules), _drain(tracker.new_threads), _drain(tracker.new_devices),
                        (self._taken + n, tracker.step))
         if pack is not None:
-            batch.frame = self._pack(pack, batch)
+            batch.frame = self._frame(pack, batch)
         self._taken += n
         self._pending.append(batch)
 
     @staticmethod
-    def _pack(proc: WriterProcess, batch: _Batch) -> bytes:
-        return proc.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress)
+    def _frame(proc: WriterProcess, batch: _Batch) -> bytes:
+        """The batch packed for the writer process (packed once)."""
+        if batch.frame is None:
+            batch.frame = proc.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress)
+        return batch.frame
 
     def _handoff(self, proc: WriterProcess) -> None:
         """Pending batches to the writer process as far as its pipe has room,
@@ -434,7 +437,7 @@ class Recorder:
         try:
             while self._pending:
                 batch = self._pending[0]
-                if not proc.send_nowait(batch.frame if batch.frame is not None else self._pack(proc, batch)):
+                if not proc.send_nowait(self._frame(proc, batch)):
                     break
                 self._in_flight.append(self._pending.popleft())
             self._settle(proc.replies())
