@@ -26,3 +26,10 @@ class StoreError(ModtraceError):
 
 class RunNotFound(UsageError):
     """A run reference matches no run."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (a database error's own
+    message, not SQLAlchemy's wrapping), or its type's name."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -35,7 +35,7 @@ from typing import Any
 
 from modtrace._version import __version__
 from modtrace.codes import Status
-from modtrace.errors import StoreError, UsageError
+from modtrace.errors import StoreError, UsageError, one_line
 from modtrace.naming import default_run_name, shared_run_name
 from modtrace.store.engine import Store, open_store
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
@@ -305,7 +305,7 @@ class Recorder:
             if self.analyze and self._flush_error is None:
                 self._materialize()
         except Exception as exc:  # e.g. the disk is still full: what was written stays readable
-            print(f"modtrace: error: could not mark run {self.run_name!r} {status}: {_one_line(exc)}", file=sys.stderr)
+            print(f"modtrace: error: could not mark run {self.run_name!r} {status}: {one_line(exc)}", file=sys.stderr)
         finally:
             self._store.dispose()
             self._release_reserve()
@@ -400,7 +400,7 @@ class Recorder:
                 try:
                     writer.write(batch.events, batch.modules, batch.threads, batch.devices, progress=batch.progress)
                 except Exception as exc:  # the batch stays pending for another try
-                    raise StoreError(f"writing events to {writer.store.label} failed: {_one_line(exc)}") from exc
+                    raise StoreError(f"writing events to {writer.store.label} failed: {one_line(exc)}") from exc
                 self._pending.popleft()
                 self._written += len(batch.events)
         return self._written - before
@@ -546,7 +546,7 @@ class Recorder:
         try:
             materialize(self._store, self.run_id, rank=self.rank, complete=self.status == "completed")
         except Exception as exc:  # the events are safe; analysis can be rerun with `modtrace analyze`
-            print(f"modtrace: warning: analysing run {self.run_name!r} failed: {_one_line(exc)}; "
+            print(f"modtrace: warning: analysing run {self.run_name!r} failed: {one_line(exc)}; "
                   f"rerun `modtrace analyze {self.run_name}`", file=sys.stderr)
 
     # -- process-level safety nets ----------------------------------------------
@@ -608,10 +608,6 @@ def _torch_version() -> str | None:
     torch = sys.modules.get("torch")
     return str(getattr(torch, "__version__", "")) or None
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _summary(exc: BaseException | None) -> str:

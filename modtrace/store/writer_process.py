@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from modtrace.errors import one_line
 from modtrace.store.engine import Store
 
 _HEADER = struct.Struct("<Q")
@@ -65,7 +66,6 @@ class WriterProcess:
         self.store = store
         self._ready = False
         self._dead = False
-        self._rbuf = bytearray()
         target = str(store.path) if store.path is not None else store.engine.url.render_as_string(hide_password=False)
         package_root = str(Path(__file__).resolve().parent.parent.parent)
         self.proc = subprocess.Popen(
@@ -75,6 +75,7 @@ class WriterProcess:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._out = self.proc.stdin.fileno()
         self._in = self.proc.stdout.fileno()
+        self._inbox = _Inbox(self._in)
         try:
             fcntl.fcntl(self._out, _F_SETPIPE_SZ, PIPE_BYTES)
         except OSError:  # a smaller pipe only means send_nowait declines more often
@@ -203,26 +204,14 @@ class WriterProcess:
     def _next(self, timeout: float | None) -> tuple[Any, ...] | None:
         """The next whole reply, waiting up to ``timeout`` (None: for ever);
         None when none came (or the child is gone: then ``_dead``)."""
-        while True:
-            if len(self._rbuf) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(self._rbuf)
-                if len(self._rbuf) >= _HEADER.size + size:
-                    data = bytes(self._rbuf[_HEADER.size:_HEADER.size + size])
-                    del self._rbuf[:_HEADER.size + size]
-                    reply: tuple[Any, ...] = pickle.loads(data)
-                    return reply
-            if self._dead:
-                return None
-            if timeout is not None and not select.select([self._in], [], [], timeout)[0]:
-                return None
-            try:
-                chunk = os.read(self._in, 1 << 16)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self._gone()
-                return None
-            self._rbuf += chunk
+        if self._dead and not self._inbox.has_frame():
+            return None
+        if not self._inbox.wait(timeout):
+            return None
+        reply = self._inbox.next()
+        if reply is None:
+            self._gone()
+        return reply
 
     def _gone(self) -> None:
         self._dead = True
@@ -256,7 +245,8 @@ def _send(stream: IO[bytes], message: tuple[Any, ...]) -> None:
 
 
 class _Inbox:
-    """The child's end of its stdin: whole frames, with or without waiting."""
+    """Frames arriving on a pipe (the child's stdin, the program's end of the
+    child's stdout): whole frames, with or without waiting."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -274,7 +264,10 @@ class _Inbox:
         while not self.has_frame() and not self.closed:
             if timeout is not None and not select.select([self.fd], [], [], timeout)[0]:
                 return False
-            chunk = os.read(self.fd, 1 << 20)
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except OSError:
+                chunk = b""
             if not chunk:
                 self.closed = True
             self.buf += chunk
@@ -315,7 +308,7 @@ def main() -> None:
         store = open_store(target, create=False, check=False)
         writer = RankWriter(store, run_id, rank)
     except Exception as exc:  # the program writes in-process instead
-        _send(out, ("error", _one_line(exc)))
+        _send(out, ("error", one_line(exc)))
         return
     _send(out, ("ready",))
     rng = random.Random()
@@ -344,7 +337,7 @@ def main() -> None:
                     writer.write(events, modules, threads, devices, progress)
                 except Exception as exc:
                     failed = True
-                    reply = ("error", _one_line(exc))
+                    reply = ("error", one_line(exc))
                 else:
                     reply = ("ok",)
             try:
@@ -355,7 +348,3 @@ def main() -> None:
         writer.close()
         store.dispose()
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
