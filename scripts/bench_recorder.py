@@ -4,7 +4,10 @@
 Side by side in one process, interleaved repeats, medians:
 
 * step time of a 200 x (Linear(16,16) + ReLU) Sequential, batch 4, forward +
-  backward, one CPU thread: bare; torch.utils.module_tracker.ModuleTracker;
+  backward, one CPU thread: bare; ``floor``, the least a design of global
+  hooks can cost (empty global forward pre/post hooks that each append a
+  timestamped tuple, plus one autograd-node pre-hook per call that appends
+  one too); torch.utils.module_tracker.ModuleTracker;
   torch.profiler.profile(CPU, with_stack=True); modtrace.Recorder writing to
   a SQLite file (flushes included: the timed steps end with every event
   written).  Each step ends with ``rec.step()``, as an optimizer step would,
@@ -18,6 +21,8 @@ Side by side in one process, interleaved repeats, medians:
 * write path: rows/s through modtrace's store vs raw sqlite3 executemany of
   the same tuples into the same table.
 * bytes per event on disk.
+* fixed costs: entering a Recorder (imports done), and leaving one after 30
+  steps with the default options and with ``analyze=False``.
 
 Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
 """
@@ -77,6 +82,45 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
+class Floor:
+    """The floor of a hook design: global forward pre/post hooks and one
+    autograd-node pre-hook per call, each appending a timestamped tuple and
+    doing nothing else."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> Floor:
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        rows, clock = self.rows, time.perf_counter_ns
+        append = rows.append
+
+        def on_grad(*_: Any) -> None:
+            append((clock(), 1))
+
+        def pre(module: nn.Module, args: Any) -> None:
+            append((clock(), 0, id(module)))
+
+        def post(module: nn.Module, args: Any, out: Any) -> None:
+            append((clock(), 1, id(module)))
+            fn = getattr(out, "grad_fn", None)
+            if fn is not None:
+                fn.register_prehook(on_grad)
+
+        self._handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self.rows.clear()
+
+
 def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: Path, rep: int,
                 writer_cpu: list[float] | None = None) -> float:
     """Seconds per step inside an already-open context, plus the cost of
@@ -89,6 +133,8 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
     """
     if name == "bare":
         ctx: Any = nullcontext()
+    elif name == "floor":
+        ctx = Floor()
     elif name == "module_tracker":
         from torch.utils.module_tracker import ModuleTracker
 
@@ -133,7 +179,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = build_model()
     x = torch.randn(4, 16)
-    configs = ["bare", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread", "modtrace_no_step"]
+    configs = ["bare", "floor", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread", "modtrace_no_step"]
     writer_cpu: list[float] = []
     samples: dict[str, list[float]] = {c: [] for c in configs}
     rng = random.Random(0)
@@ -153,6 +199,8 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "step_ms_median": {c: round(v * 1e3, 3) for c, v in med.items()},
         "added_us_per_module_call": {c: round(v * 1e6, 2) for c, v in added.items()},
         "modtrace_vs_module_tracker_added_ratio": round(added["modtrace"] / added["module_tracker"], 3),
+        "modtrace_vs_floor_added_ratio": round(added["modtrace"] / added["floor"], 3),
+        "module_tracker_vs_floor_added_ratio": round(added["module_tracker"] / added["floor"], 3),
         "modtrace_vs_profiler_step_ratio": round(med["modtrace"] / med["profiler_with_stack"], 3),
         "modtrace_thread_vs_module_tracker_added_ratio": round(added["modtrace_thread"] / added["module_tracker"], 3),
         "modtrace_no_step_vs_module_tracker_added_ratio": round(added["modtrace_no_step"] / added["module_tracker"], 3),
@@ -238,6 +286,39 @@ def bytes_per_event(steps: int) -> dict[str, Any]:
     }
 
 
+def fixed_costs(repeats: int, steps: int = 30) -> dict[str, Any]:
+    """Entering a Recorder, and leaving it after ``steps`` steps (default
+    options, and without the end-of-recording analysis), medians."""
+    torch.set_num_threads(1)
+    model = build_model()
+    x = torch.randn(4, 16)
+    enter: list[float] = []
+    leave: dict[str, list[float]] = {"default": [], "analyze_false": []}
+    events = 0
+    with tempfile.TemporaryDirectory() as d:
+        for rep in range(repeats):
+            for which in (["default", "analyze_false"] if rep % 2 == 0 else ["analyze_false", "default"]):
+                kwargs: dict[str, Any] = {} if which == "default" else {"analyze": False}
+                rec = modtrace.Recorder(db=str(Path(d) / f"fixed-{rep}-{which}.db"), run="fixed", **kwargs)
+                t0 = time.perf_counter()
+                rec.__enter__()
+                enter.append(time.perf_counter() - t0)
+                try:
+                    run_steps(model, x, steps, rec.step)
+                finally:
+                    t0 = time.perf_counter()
+                    rec.__exit__(None, None, None)
+                    leave[which].append(time.perf_counter() - t0)
+                events = rec.events_recorded
+    return {
+        "enter_ms_median": round(statistics.median(enter) * 1e3, 2),
+        "leave_ms_median": {k: round(statistics.median(v) * 1e3, 2) for k, v in leave.items()},
+        "steps": steps,
+        "events": events,
+        "repeats": repeats,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
@@ -248,6 +329,7 @@ def main() -> None:
         "overhead": overhead(args.repeats, args.steps),
         "write_path": write_path(args.write_rows, max(3, args.repeats // 2)),
         "disk": bytes_per_event(50),
+        "fixed_costs": fixed_costs(max(3, args.repeats // 2)),
         "torch": torch.__version__,
     }
     for section, values in summary.items():
