@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Candidates for the analysis I/O, side by side (issue: fast enough to leave on).
+
+Reading a run's events into a polars frame and writing its spans, on a real
+SQLite file (and PostgreSQL with ``--pg URL``), each candidate timed in
+interleaved repeats in one process, medians:
+
+* read events: modtrace's reader today (``store.reader.read_events``: SQLite
+  formats CSV text that polars parses; PostgreSQL a server-side cursor); ADBC
+  (``adbc_driver_sqlite`` / ``adbc_driver_postgresql``), whose cursors give
+  Arrow streams polars takes without a copy.
+* write spans into ``span_rows``: today's one-row ``INSERT`` through
+  ``executemany``; 64-row ``INSERT ... VALUES`` statements (what the event
+  writer does); ADBC bulk ingest of the polars frame (PostgreSQL: COPY
+  underneath); on PostgreSQL also psycopg's binary ``COPY``.
+
+Prints one JSON summary on the last line.
+Usage: scripts/bench_io.py [--events N] [--repeats R] [--pg URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from modtrace.analysis.spans import SPAN_ROW_COLUMNS, SPAN_ROW_SCHEMA  # noqa: E402
+from modtrace.store.engine import Store, open_store  # noqa: E402
+from modtrace.store.reader import read_events  # noqa: E402
+from modtrace.store.runs import add_rank, create_run  # noqa: E402
+from modtrace.store.writer import RankWriter  # noqa: E402
+
+MULTI_ROWS = 64
+
+
+def synthetic_events(n: int) -> list[tuple[Any, ...]]:
+    # seq, ts_ns, kind, module_id, phase, call_id, step, thread_id, device_id, stream, status, graph_task, tie
+    return [
+        (i, 1000 * i, i & 1, (i >> 1) % 400, (i // 802) & 1, i >> 1, i // 1604, 0, 0, None, 0,
+         None if (i // 802) & 1 == 0 else 7, 0)
+        for i in range(n)
+    ]
+
+
+def synthetic_spans(run_id: int, n: int) -> pl.DataFrame:
+    ids = pl.col("span_id")
+    backward = ids // 802 % 2 == 1
+    return (
+        pl.DataFrame({"span_id": pl.int_range(0, n, eager=True).cast(pl.Int64) * 2})
+        .with_columns(
+            pl.lit(run_id).alias("run_id"),
+            pl.lit(0).alias("rank"),
+            pl.when(ids % 400 == 0).then(None).otherwise(ids - ids % 400).alias("parent_span_id"),
+            (ids % 400 != 0).alias("depth"),
+            (ids // 2 % 400).alias("module_id"),
+            backward.alias("phase"),
+            (ids // 2).alias("call_id"),
+            (ids // 1604).alias("step"),
+            pl.lit(0).alias("thread_id"),
+            pl.when(backward).then(7).otherwise(None).alias("graph_task"),
+            (ids * 1000).alias("start_ns"),
+            (ids * 1000 + 900).alias("end_ns"),
+            pl.lit(900).alias("duration_ns"),
+            pl.lit(500).alias("self_ns"),
+            pl.lit(0).alias("device_id"),
+            pl.lit(None).alias("stream"),
+            pl.lit(0).alias("status"),
+            (ids + 1).alias("exit_seq"),
+        )
+        .select(pl.col(c).cast(SPAN_ROW_SCHEMA[c]) for c in SPAN_ROW_COLUMNS)
+    )
+
+
+def prepare(url: str, events: int) -> tuple[Store, int]:
+    store = open_store(url, create=True)
+    run_id, _ = create_run(store, f"io-{random.randrange(1 << 30)}", {})
+    add_rank(store, run_id, 0, 0)
+    writer = RankWriter(store, run_id, 0)
+    rows = synthetic_events(events)
+    for i in range(0, len(rows), 20_000):
+        writer.write(rows[i:i + 20_000])
+    return store, run_id
+
+
+def adbc_connect(store: Store) -> Any:
+    if store.dialect == "sqlite":
+        import adbc_driver_sqlite.dbapi as adbc
+
+        assert store.path is not None
+        return adbc.connect(str(store.path))
+    import adbc_driver_postgresql.dbapi as adbc
+
+    url = store.engine.url.set(drivername="postgresql")
+    return adbc.connect(url.render_as_string(hide_password=False))
+
+
+def read_adbc(store: Store, run_id: int) -> pl.DataFrame:
+    conn = adbc_connect(store)
+    try:
+        cur = conn.cursor()
+        cur.execute(f"SELECT * FROM events WHERE run_id = {int(run_id)} ORDER BY rank, seq")
+        frame = pl.DataFrame(cur.fetch_arrow())
+        cur.close()
+    finally:
+        conn.close()
+    return frame
+
+
+def _clear(store: Store, run_id: int) -> None:
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"DELETE FROM span_rows WHERE run_id = {int(run_id)}")
+
+
+def write_rowwise(store: Store, spans: pl.DataFrame) -> None:
+    mark = "?" if store.dialect == "sqlite" else "%s"
+    sql = f"INSERT INTO span_rows ({', '.join(SPAN_ROW_COLUMNS)}) VALUES ({', '.join(mark for _ in SPAN_ROW_COLUMNS)})"
+    with store.engine.begin() as conn:
+        for start in range(0, spans.height, 50_000):
+            conn.exec_driver_sql(sql, spans.slice(start, 50_000).rows())
+
+
+def write_multirow(store: Store, spans: pl.DataFrame) -> None:
+    mark = "?" if store.dialect == "sqlite" else "%s"
+    one = "(" + ", ".join(mark for _ in SPAN_ROW_COLUMNS) + ")"
+    head = f"INSERT INTO span_rows ({', '.join(SPAN_ROW_COLUMNS)}) VALUES "
+    full = head + ", ".join([one] * MULTI_ROWS)
+    rows = spans.rows()
+    whole = len(rows) - len(rows) % MULTI_ROWS
+    flat = [tuple(v for r in rows[i:i + MULTI_ROWS] for v in r) for i in range(0, whole, MULTI_ROWS)]
+    with store.engine.begin() as conn:
+        if flat:
+            conn.exec_driver_sql(full, flat)
+        if whole < len(rows):
+            tail = rows[whole:]
+            conn.exec_driver_sql(head + ", ".join([one] * len(tail)), tuple(v for r in tail for v in r))
+
+
+def write_adbc(store: Store, spans: pl.DataFrame) -> None:
+    conn = adbc_connect(store)
+    try:
+        cur = conn.cursor()
+        cur.adbc_ingest("span_rows", spans, mode="append")
+        cur.close()
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def write_copy(store: Store, spans: pl.DataFrame) -> None:
+    raw = store.engine.raw_connection()
+    try:
+        driver: Any = raw.driver_connection
+        with driver.cursor() as cur, cur.copy(f"COPY span_rows ({', '.join(SPAN_ROW_COLUMNS)}) FROM STDIN") as copy:
+            for row in spans.iter_rows():
+                copy.write_row(row)
+        driver.commit()
+    finally:
+        raw.close()
+
+
+def measure(store: Store, run_id: int, events: int, spans_n: int, repeats: int) -> dict[str, Any]:
+    spans = synthetic_spans(run_id, spans_n)
+    readers: dict[str, Callable[[], pl.DataFrame]] = {
+        "modtrace_reader": lambda: read_events(store, run_id),
+        "adbc": lambda: read_adbc(store, run_id),
+    }
+    writers: dict[str, Callable[[Store, pl.DataFrame], None]] = {
+        "rowwise_executemany": write_rowwise,
+        "multirow_64": write_multirow,
+        "adbc_ingest": write_adbc,
+    }
+    if store.dialect == "postgresql":
+        writers["psycopg_copy"] = write_copy
+    reads: dict[str, list[float]] = {k: [] for k in readers}
+    writes: dict[str, list[float]] = {k: [] for k in writers}
+    rng = random.Random(0)
+    for _ in range(repeats):
+        for name in rng.sample(list(readers), len(readers)):
+            t0 = time.perf_counter()
+            frame = readers[name]()
+            reads[name].append(time.perf_counter() - t0)
+            assert frame.height == events, (name, frame.height)
+        for name in rng.sample(list(writers), len(writers)):
+            _clear(store, run_id)
+            t0 = time.perf_counter()
+            writers[name](store, spans)
+            writes[name].append(time.perf_counter() - t0)
+            with store.engine.connect() as conn:
+                count = conn.exec_driver_sql(f"SELECT COUNT(*) FROM span_rows WHERE run_id = {run_id}").scalar()
+            assert count == spans_n, (name, count)
+    _clear(store, run_id)
+    return {
+        "read_events_s": {k: round(statistics.median(v), 3) for k, v in reads.items()},
+        "write_spans_us_per_span": {k: round(statistics.median(v) / spans_n * 1e6, 3) for k, v in writes.items()},
+        "events": events,
+        "spans": spans_n,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pg", default=None, help="a PostgreSQL URL (a scratch schema is fine) to measure there too")
+    args = ap.parse_args()
+    summary: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as d:
+        store, run_id = prepare(str(Path(d) / "io.db"), args.events)
+        try:
+            summary["sqlite"] = measure(store, run_id, args.events, args.events // 2, args.repeats)
+        finally:
+            store.dispose()
+    if args.pg:
+        store, run_id = prepare(args.pg, args.events)
+        try:
+            summary["postgresql"] = measure(store, run_id, args.events, args.events // 2, args.repeats)
+        finally:
+            with store.engine.begin() as conn:
+                conn.exec_driver_sql(f"DELETE FROM runs WHERE id = {run_id}")
+            store.dispose()
+    for section, values in summary.items():
+        print(f"{section}: {values}", file=sys.stderr)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
