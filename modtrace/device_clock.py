@@ -1,0 +1,221 @@
+"""Device time of module calls: timing events on device streams, resolved late.
+
+Host timestamps in module hooks say when Python *launched* work; on CUDA the
+kernels run later.  So each enter and exit on a CUDA device also records a
+timing event on the device's current stream (``DeviceTimer.mark``, on the
+hot path: take an event from a pool, record it, remember ``(seq, event)``)
+and reads the device's allocated-memory counter (host side, no sync).
+
+Nothing waits for the device while the program runs.  ``DeviceTimer.poll``
+(at step boundaries and from the flusher) asks each stream's oldest pending
+events whether they completed -- a stream runs its work in order, so it
+stops at the first that has not -- turns each completed one into
+nanoseconds and gives the event back to its pool.  ``DeviceTimer.drain``, at
+the end of the recording, waits once per stream for its last pending event
+and resolves everything.
+
+Times are on the rank's host clock: a *reference* event is recorded on a
+device the first time it is seen, with the host time of that moment
+(``ref_host_ns``, nanoseconds since the rank started recording), and an
+event's device time is ``ref_host_ns + elapsed(reference, event)``.  When the
+device is idle as the reference is recorded (as at the start of a
+recording) it runs at once, so ``device_ts_ns - ts_ns`` of an event is how
+far the device lagged behind the launch; otherwise every time on that device
+is early by the same constant, and durations are unaffected.
+
+``DeviceClock`` is the one boundary with the hardware: ``CudaClock`` is a few
+lines over ``torch.cuda.Event``; tests use a clock whose events complete late
+and out of order (``tests/device_clock.py``).  torch is imported only by
+``CudaClock``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+
+class DeviceClock(Protocol):
+    """Timing events on the streams of accelerator devices.
+
+    ``stream`` is the clock's stream object (``torch.cuda.Stream`` for CUDA);
+    an event, once recorded on a device, is recorded on that device only.
+    """
+
+    def new_event(self) -> Any:
+        """A new timing event (called only when a device's pool is empty)."""
+
+    def record(self, event: Any, stream: Any) -> None:
+        """Enqueue ``event`` on ``stream``: it completes when the stream reaches it."""
+
+    def query(self, event: Any) -> bool:
+        """Whether the stream has reached ``event``; never waits."""
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Device milliseconds from ``start`` to ``end``, both completed, same device."""
+
+    def wait(self, event: Any) -> None:
+        """Block the calling host thread until ``event`` completes (only at the end)."""
+
+    def memory_allocated(self, device: int) -> int:
+        """Bytes allocated by tensors on ``device`` now: a host-side counter, no sync."""
+
+
+class CudaClock:
+    """``DeviceClock`` over ``torch.cuda.Event(enable_timing=True)``."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event: Callable[..., Any] = torch.cuda.Event
+        # torch.cuda.memory_allocated builds and flattens the whole stats dict
+        # on every call; the nested dict from the C call holds the same counter.
+        self._stats: Callable[[int], Any] = getattr(torch._C, "_cuda_memoryStats", None) or (
+            torch.cuda.memory.memory_stats_as_nested_dict
+        )
+
+    def new_event(self) -> Any:
+        return self._event(enable_timing=True)
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def query(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end))
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def memory_allocated(self, device: int) -> int:
+        return int(self._stats(device)["allocated_bytes"]["all"]["current"])
+
+
+class DeviceRow(NamedTuple):
+    """What one enter or exit event gets once its device event resolved
+    (``device_ts_ns`` is None when the device could not time it)."""
+
+    seq: int
+    device_ts_ns: int | None
+    mem_bytes: int | None
+
+
+class _Reference:
+    __slots__ = ("event", "host_ns", "done")
+
+    def __init__(self, event: Any, host_ns: int) -> None:
+        self.event = event
+        self.host_ns = host_ns
+        self.done = False
+
+
+class DeviceTimer:
+    """Pending device events of one rank's recording, and their resolution.
+
+    ``mark`` may be called from any thread (the program's, autograd's device
+    threads); ``poll`` and ``drain`` from one thread at a time (a lock makes
+    sure).  ``host_clock`` returns the rank's host nanoseconds (the
+    tracker's ``now``), read only when a device is first seen.
+    """
+
+    def __init__(self, clock: DeviceClock, host_clock: Callable[[], int], *, memory: bool = True) -> None:
+        self.clock = clock
+        self._host_clock = host_clock
+        self.memory = memory
+        self._pools: dict[int, list[Any]] = {}  # device -> free events
+        self._refs: dict[int, _Reference] = {}
+        # (device, stream handle) -> deque of (seq, event, mem), oldest first
+        self._queues: dict[tuple[int, int], deque[tuple[int, Any, int | None]]] = {}
+        self._queue_list: list[tuple[int, deque[tuple[int, Any, int | None]]]] = []  # (device, queue)
+        self._lock = threading.Lock()  # new devices and streams (rare)
+        self._resolve_lock = threading.Lock()
+        self.events_allocated = 0
+        self.closed = False
+
+    # -- hot path ----------------------------------------------------------------
+
+    def mark(self, seq: int, device: int, stream: Any, handle: int) -> None:
+        """Record event ``seq``'s device event on ``stream`` (handle ``handle``) of ``device``."""
+        try:
+            q = self._queues[(device, handle)]
+            ev = self._pools[device].pop()
+        except (KeyError, IndexError):
+            q, ev = self._slow_mark(device, stream, handle)
+        self.clock.record(ev, stream)
+        q.append((seq, ev, self.clock.memory_allocated(device) if self.memory else None))
+
+    def _slow_mark(self, device: int, stream: Any, handle: int) -> tuple[deque[tuple[int, Any, int | None]], Any]:
+        """A new stream or device, or an empty pool."""
+        with self._lock:
+            if device not in self._refs:
+                self._pools[device] = []
+                ref = self._new_event()
+                # Recorded on the same stream just before the first event, so
+                # that event is never earlier than the reference.
+                self._refs[device] = _Reference(ref, self._host_clock())
+                self.clock.record(ref, stream)
+            q = self._queues.get((device, handle))
+            if q is None:
+                q = self._queues[(device, handle)] = deque()
+                self._queue_list = [*self._queue_list, (device, q)]
+        try:
+            ev = self._pools[device].pop()
+        except IndexError:
+            ev = self._new_event()
+        return q, ev
+
+    def _new_event(self) -> Any:
+        self.events_allocated += 1
+        return self.clock.new_event()
+
+    # -- resolution --------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        return sum(len(q) for _, q in self._queue_list)
+
+    def poll(self) -> list[DeviceRow]:
+        """The events that completed, oldest first per stream; never waits."""
+        with self._resolve_lock:
+            return self._resolve(wait=False)
+
+    def drain(self) -> list[DeviceRow]:
+        """Everything still pending, waiting once per stream for its last event.
+        The tracker stops before this: a later mark would stay pending."""
+        with self._resolve_lock:
+            self.closed = True
+            return self._resolve(wait=True)
+
+    def _resolve(self, wait: bool) -> list[DeviceRow]:
+        clock = self.clock
+        rows: list[DeviceRow] = []
+        for device, q in self._queue_list:
+            if not q:
+                continue
+            ref = self._refs[device]
+            if wait:
+                clock.wait(q[-1][1])  # the stream runs in order: the rest are done too
+                if not ref.done and not clock.query(ref.event):
+                    clock.wait(ref.event)  # recorded on another stream of the device
+                ref.done = True
+            elif not ref.done:
+                if not clock.query(ref.event):
+                    continue  # nothing on this device can be timed yet
+                ref.done = True
+            pool = self._pools[device]
+            while q:
+                seq, ev, mem = q[0]
+                if not wait and not clock.query(ev):
+                    break
+                q.popleft()
+                try:
+                    ts: int | None = ref.host_ns + round(clock.elapsed_ms(ref.event, ev) * 1e6)
+                except RuntimeError:  # e.g. recorded inside a CUDA graph capture
+                    ts = None
+                rows.append(DeviceRow(seq, ts, mem))
+                pool.append(ev)
+        return rows
