@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 
 class DeviceClock(Protocol):
@@ -95,13 +95,10 @@ class CudaClock:
         return int(self._stats(device)["allocated_bytes"]["all"]["current"])
 
 
-class DeviceRow(NamedTuple):
-    """What one enter or exit event gets once its device event resolved
-    (``device_ts_ns`` is None when the device could not time it)."""
-
-    seq: int
-    device_ts_ns: int | None
-    mem_bytes: int | None
+# What one enter or exit event gets once its device event resolved:
+# (seq, device_ts_ns, mem_bytes); device_ts_ns is None when the device could
+# not time it, mem_bytes when memory is not read.
+DeviceRow = tuple[int, int | None, int | None]
 
 
 class _Reference:
@@ -192,30 +189,46 @@ class DeviceTimer:
 
     def _resolve(self, wait: bool) -> list[DeviceRow]:
         clock = self.clock
+        query, elapsed = clock.query, clock.elapsed_ms
         rows: list[DeviceRow] = []
         for device, q in self._queue_list:
-            if not q:
+            n = len(q)  # marks appended meanwhile wait for the next poll
+            if not n:
                 continue
             ref = self._refs[device]
             if wait:
-                clock.wait(q[-1][1])  # the stream runs in order: the rest are done too
-                if not ref.done and not clock.query(ref.event):
+                clock.wait(q[n - 1][1])
+                if not ref.done and not query(ref.event):
                     clock.wait(ref.event)  # recorded on another stream of the device
                 ref.done = True
-            elif not ref.done:
-                if not clock.query(ref.event):
-                    continue  # nothing on this device can be timed yet
-                ref.done = True
-            pool = self._pools[device]
-            while q:
-                seq, ev, mem = q[0]
-                if not wait and not clock.query(ev):
-                    break
-                q.popleft()
+            else:
+                if not ref.done:
+                    if not query(ref.event):
+                        continue  # nothing on this device can be timed yet
+                    ref.done = True
+                n = _completed(q, n, query)
+            pool, ref_event, ref_ns = self._pools[device], ref.event, ref.host_ns
+            for _ in range(n):
+                seq, ev, mem = q.popleft()
                 try:
-                    ts: int | None = ref.host_ns + round(clock.elapsed_ms(ref.event, ev) * 1e6)
+                    rows.append((seq, ref_ns + round(elapsed(ref_event, ev) * 1e6), mem))
                 except RuntimeError:  # e.g. recorded inside a CUDA graph capture
-                    ts = None
-                rows.append(DeviceRow(seq, ts, mem))
+                    rows.append((seq, None, mem))
                 pool.append(ev)
         return rows
+
+
+def _completed(q: deque[tuple[int, Any, int | None]], n: int, query: Callable[[Any], bool]) -> int:
+    """How many of the first ``n`` events of a stream's queue completed.  A
+    stream reaches its events in order, so completion is a prefix: found by
+    bisection, about log2(n) queries."""
+    if query(q[n - 1][1]):
+        return n
+    lo, hi = 0, n - 1  # q[hi] has not completed; q[:lo] have
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if query(q[mid][1]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -34,7 +34,7 @@ def test_rows_get_the_device_times_of_their_stream() -> None:
     clock.launch(A, 250)
     mark(t, 2, A)
     clock.advance(10_000_000)
-    assert t.poll() == [DeviceRow(0, 1_000, 512), DeviceRow(1, 3_001_000, 4096), DeviceRow(2, 3_001_250, 4096)]
+    assert t.poll() == [(0, 1_000, 512), (1, 3_001_000, 4096), (2, 3_001_250, 4096)]
     assert t.pending == 0 and clock.waits == 0
 
 
@@ -46,12 +46,12 @@ def test_pending_events_resolve_later_and_polling_never_waits() -> None:
     for seq in range(1, 100):
         mark(t, seq, A)
         clock.launch(A, 1_000)
-    assert t.poll() == [DeviceRow(0, 0, 0)]
-    assert clock.queries == 3  # the reference, seq 0, seq 1 still running: in order, not all 100
+    assert t.poll() == [(0, 0, 0)]
+    assert clock.queries <= 2 + 7  # the reference, the newest, a bisection of 99: not one per pending event
     clock.advance(5_000)
-    assert t.poll() == [DeviceRow(1, 5_000, 0)]
+    assert t.poll() == [(1, 5_000, 0)]
     clock.advance(2_500)
-    assert t.poll() == [DeviceRow(2, 6_000, 0), DeviceRow(3, 7_000, 0)]
+    assert t.poll() == [(2, 6_000, 0), (3, 7_000, 0)]
     assert t.pending == 96 and clock.waits == 0
 
 
@@ -64,7 +64,7 @@ def test_a_late_reference_shifts_every_time_alike() -> None:
     mark(t, 1, A)
     assert t.poll() == []  # not even the reference has run
     clock.advance(6_000)
-    assert t.poll() == [DeviceRow(0, 100, 0), DeviceRow(1, 400, 0)]  # durations hold
+    assert t.poll() == [(0, 100, 0), (1, 400, 0)]  # durations hold
 
 
 def test_streams_complete_out_of_order() -> None:
@@ -77,10 +77,10 @@ def test_streams_complete_out_of_order() -> None:
     clock.launch(B, 100)
     mark(t, 3, B)
     clock.advance(500)
-    assert sorted(t.poll()) == [DeviceRow(0, 0, 0), DeviceRow(2, 0, 0), DeviceRow(3, 100, 0)]
+    assert sorted(t.poll()) == [(0, 0, 0), (2, 0, 0), (3, 100, 0)]
     assert t.pending == 1
     clock.advance(1_000_000)
-    assert t.poll() == [DeviceRow(1, 1_000_000, 0)]
+    assert t.poll() == [(1, 1_000_000, 0)]
 
 
 def test_drain_waits_once_per_stream_and_loses_nothing() -> None:
@@ -93,9 +93,9 @@ def test_drain_waits_once_per_stream_and_loses_nothing() -> None:
         expected[seq] = 7 + clock.busy_until[s]
         clock.launch(s, 10 * (seq + 1))
     rows = t.poll()
-    assert sorted(r.seq for r in rows) == [0, 1]  # the first on each stream; the rest are running
+    assert sorted(r[0] for r in rows) == [0, 1]  # the first on each stream; the rest are running
     rows += t.drain()
-    assert {r.seq: r.device_ts_ns for r in rows} == expected
+    assert {r[0]: r[1] for r in rows} == expected
     assert len(rows) == 100 and t.pending == 0
     assert clock.waits == 2  # one per stream
 
@@ -115,7 +115,7 @@ def test_events_come_from_a_pool_not_one_per_call() -> None:
         clock.advance(64 * 100 // (2 if step == 0 else 1))  # the device lags half a step behind
         rows += t.poll()
     rows += t.drain()
-    assert {r.seq: r.device_ts_ns for r in rows} == expected  # no event reused while pending
+    assert {r[0]: r[1] for r in rows} == expected  # no event reused while pending
     assert len(rows) == 1280
     assert t.events_allocated == len(clock.events) <= 1 + 64 + 32  # the reference, and at most two steps' worth
     assert max(ev.records for ev in clock.events) >= 19
@@ -137,11 +137,11 @@ def test_each_device_has_its_own_pool_and_reference() -> None:
         clock.launch(s, 10)
         mark(t, seq, s)
     clock.advance(10_000)
-    rows = {r.seq: r for r in t.poll()}
-    assert rows[0] == DeviceRow(0, 10, 100)
-    assert rows[1] == DeviceRow(1, 20, 200)  # its reference ran at once, on an idle device
-    assert rows[2] == DeviceRow(2, 20 + 50 + 10, 200)
-    assert rows[3] == DeviceRow(3, 10 + 1_000 + 10, 100)
+    rows = {r[0]: r for r in t.poll()}
+    assert rows[0] == (0, 10, 100)
+    assert rows[1] == (1, 20, 200)  # its reference ran at once, on an idle device
+    assert rows[2] == (2, 20 + 50 + 10, 200)
+    assert rows[3] == (3, 10 + 1_000 + 10, 100)
     assert len(rows) == 40
 
 
@@ -150,7 +150,7 @@ def test_memory_read_at_each_mark_or_not_at_all() -> None:
     t = timer(clock, memory=False)
     mark(t, 0, A)
     clock.advance(1)
-    assert t.poll() == [DeviceRow(0, 1_000, None)]
+    assert t.poll() == [(0, 1_000, None)]
     assert clock.memory_reads == 0
 
 
@@ -162,7 +162,7 @@ def test_an_event_the_device_cannot_time_gets_no_time() -> None:
     clock.launch(A, 5)
     mark(t, 1, A)
     clock.advance(10)
-    assert t.poll() == [DeviceRow(0, None, 0), DeviceRow(1, 5, 0)]
+    assert t.poll() == [(0, None, 0), (1, 5, 0)]
     assert t.pending == 0
 
 
@@ -192,7 +192,7 @@ def test_marks_from_many_threads_while_polling_resolve_once_each() -> None:
     done.set()
     poller.join()
     rows.extend(t.drain())
-    assert sorted(r.seq for r in rows) == list(range(n * threads))
+    assert sorted(r[0] for r in rows) == list(range(n * threads))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -210,11 +210,11 @@ def test_cuda_clock_times_a_matmul_and_counts_its_memory() -> None:
         rows += t.poll()
     rows += t.drain()
     assert t.pending == 0 and t.events_allocated <= 1 + 6
-    by_seq = {r.seq: r for r in rows}
+    by_seq = {r[0]: r for r in rows}
     assert sorted(by_seq) == list(range(6))
     for step in range(3):
         enter, exit_ = by_seq[2 * step], by_seq[2 * step + 1]
-        assert enter.device_ts_ns is not None and exit_.device_ts_ns is not None
-        assert exit_.device_ts_ns - enter.device_ts_ns > 0
-        assert enter.mem_bytes is not None and exit_.mem_bytes is not None
-        assert exit_.mem_bytes - enter.mem_bytes == 4096 * 4096 * 4
+        assert enter[1] is not None and exit_[1] is not None
+        assert exit_[1] - enter[1] > 0
+        assert enter[2] is not None and exit_[2] is not None
+        assert exit_[2] - enter[2] == 4096 * 4096 * 4

@@ -78,7 +78,7 @@ def test_spans_of_a_real_recording_get_the_device_clocks_times() -> None:
     resolved += timer.drain()
     assert device.waits == 1
 
-    assert sorted(r.seq for r in resolved) == [r[0] for r in rows]  # every event, once
+    assert sorted(r[0] for r in resolved) == [r[0] for r in rows]  # every event, once
     modules = pl.DataFrame([(0, *m) for m in tracker.new_modules],
                            schema=["rank", "module_id", "fqn", "module_type", "parent_module_id"], orient="row")
     devices = pl.DataFrame([(0, *d) for d in tracker.new_devices], schema=["rank", "device_id", "name"], orient="row")

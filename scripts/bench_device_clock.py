@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Host cost of device timing per event, on the CPU (issue 16, phase 1).
+
+What one enter or exit costs the program with device time on, apart from the
+CUDA calls themselves (which need a GPU: scripts/gpu_check.py point (d)):
+
+* ``mark_null``: ``DeviceTimer.mark`` over a clock whose record, query and
+  memory calls do nothing -- modtrace's own code on the hot path;
+* ``mark_fake``: the same over the test device clock (tests/device_clock.py),
+  which does a little bookkeeping per record;
+* ``poll_null``: ``DeviceTimer.poll`` per event resolved (at step boundaries,
+  off the modules' time);
+* ``tracker_plain`` / ``tracker_wrapper`` / ``tracker_marked``: a Tracker
+  recording forward + backward of 200 x (Linear(16,16) + ReLU), step time
+  per event, appending to a list; through a wrapper that appends and calls
+  a no-op (the control); through the same wrapper marking with the null
+  clock (the phase-2 hook).  ``added_vs_plain`` and ``added_vs_wrapper``
+  are medians of paired differences: on a shared machine the control shows
+  how much of the first is the noise of any extra call in the hook.
+
+Interleaved samples (chunk by chunk, step by step), medians, one process.  Prints a JSON summary on the last
+line.  Usage: scripts/bench_device_clock.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from modtrace.device_clock import DeviceTimer  # noqa: E402
+from modtrace.tracker import Tracker  # noqa: E402
+from tests.device_clock import FakeDeviceClock, FakeStream  # noqa: E402
+
+N = 20_000
+STEP = 500  # marks between polls
+
+
+class NullClock:
+    def new_event(self) -> object:
+        return object()
+
+    def record(self, event: Any, stream: Any) -> None:
+        pass
+
+    def query(self, event: Any) -> bool:
+        return True
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return 0.0
+
+    def wait(self, event: Any) -> None:
+        pass
+
+    def memory_allocated(self, device: int) -> int:
+        return 0
+
+
+def mark_chunks(clocks: dict[str, Any], chunks: int) -> dict[str, list[float]]:
+    """ns per mark and per event polled, one sample per chunk of STEP marks,
+    the clocks taking turns chunk by chunk."""
+    timers = {name: DeviceTimer(clock, lambda: 0) for name, clock in clocks.items()}
+    out: dict[str, list[float]] = {f"mark_{n}": [] for n in clocks} | {f"poll_{n}": [] for n in clocks}
+    stream = FakeStream(0, 1)
+    seq = 0
+    for _ in range(chunks):
+        for name, t in timers.items():
+            mark = t.mark
+            t0 = time.perf_counter_ns()
+            for s in range(seq, seq + STEP):
+                mark(s, 0, stream, 1)
+            t1 = time.perf_counter_ns()
+            clock = clocks[name]
+            if isinstance(clock, FakeDeviceClock):
+                clock.advance(1)
+            n = len(t.poll())
+            t2 = time.perf_counter_ns()
+            out[f"mark_{name}"].append((t1 - t0) / STEP)
+            out[f"poll_{name}"].append((t2 - t1) / max(n, 1))
+        seq += STEP
+    return out
+
+
+def tracker_steps(steps: int) -> dict[str, list[float]]:
+    """ns per event of a Tracker over forward + backward steps, appending to a
+    list or appending and marking, the two taking turns step by step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(200) for m in (nn.Linear(16, 16), nn.ReLU())])
+    x = torch.randn(4, 16)
+    rows: list[tuple[Any, ...]] = []
+    timer = DeviceTimer(NullClock(), lambda: 0)
+    stream = FakeStream(0, 1)
+    mark, add = timer.mark, rows.append
+
+    def marked(ev: tuple[Any, ...]) -> None:
+        add(ev)
+        mark(ev[0], 0, stream, 1)
+
+    def noop(seq: int, device: int, stream: Any, handle: int) -> None:
+        pass
+
+    def wrapped(ev: tuple[Any, ...]) -> None:  # the control: the same wrapper, calling nothing
+        add(ev)
+        noop(ev[0], 0, stream, 1)
+
+    tracker = Tracker(add)
+    out: dict[str, list[float]] = {"tracker_plain": [], "tracker_wrapper": [], "tracker_marked": []}
+    tracker.start()
+    try:
+        model(x).sum().backward()  # names the modules
+        turns = [("tracker_plain", add), ("tracker_wrapper", wrapped), ("tracker_marked", marked)]
+        for i in range(steps):
+            for name, append in turns[i % 3:] + turns[:i % 3]:  # none always goes first
+                tracker._append = append
+                rows.clear()
+                t0 = time.perf_counter_ns()
+                model(x).sum().backward()
+                out[name].append((time.perf_counter_ns() - t0) / len(rows))
+                timer.poll()
+    finally:
+        tracker.stop()
+    timer.drain()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=40, help="interleaved samples of each")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    samples = mark_chunks({"null": NullClock(), "fake": FakeDeviceClock()}, args.repeats)
+    samples.pop("poll_fake")
+    samples |= tracker_steps(args.repeats)
+    med = {k: round(statistics.median(v), 1) for k, v in samples.items()}
+    for name, base in (("added_vs_plain", "tracker_plain"), ("added_vs_wrapper", "tracker_wrapper")):
+        med[name] = round(statistics.median(
+            m - p for m, p in zip(samples["tracker_marked"], samples[base], strict=True)), 1)
+    for k, v in med.items():
+        print(f"{k:16s} {v:8.1f} ns")
+    print(json.dumps({"unit": "ns per event", "repeats": args.repeats, **med}))
+
+
+if __name__ == "__main__":
+    main()
