@@ -47,8 +47,10 @@ class DeviceClock(Protocol):
     def new_event(self) -> Any:
         """A new timing event (called only when a device's pool is empty)."""
 
-    def record(self, event: Any, stream: Any) -> None:
-        """Enqueue ``event`` on ``stream``: it completes when the stream reaches it."""
+    def record(self, event: Any, stream: Any) -> bool:
+        """Enqueue ``event`` on ``stream``: it completes when the stream reaches
+        it.  False (nothing enqueued) when the stream cannot take a timing
+        event now: it is being captured into a CUDA graph."""
 
     def query(self, event: Any) -> bool:
         """Whether the stream has reached ``event``; never waits."""
@@ -70,6 +72,7 @@ class CudaClock:
         import torch
 
         self._event: Callable[..., Any] = torch.cuda.Event
+        self._capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing
         # torch.cuda.memory_allocated builds and flattens the whole stats dict
         # on every call; the nested dict from the C call holds the same counter.
         self._stats: Callable[[int], Any] = getattr(torch._C, "_cuda_memoryStats", None) or (
@@ -79,8 +82,13 @@ class CudaClock:
     def new_event(self) -> Any:
         return self._event(enable_timing=True)
 
-    def record(self, event: Any, stream: Any) -> None:
+    def record(self, event: Any, stream: Any) -> bool:
+        # A timing event recorded into a capture would invalidate the
+        # program's CUDA graph; the kernels run at replay, untimed by us.
+        if self._capturing():
+            return False
         event.record(stream)
+        return True
 
     def query(self, event: Any) -> bool:
         return bool(event.query())
@@ -141,20 +149,30 @@ class DeviceTimer:
             q = self._queues[(device, handle)]
             ev = self._pools[device].pop()
         except (KeyError, IndexError):
-            q, ev = self._slow_mark(device, stream, handle)
-        self.clock.record(ev, stream)
-        q.append((seq, ev, self.clock.memory_allocated(device) if self.memory else None))
+            got = self._slow_mark(device, stream, handle)
+            if got is None:
+                return  # the device's reference cannot be recorded now
+            q, ev = got
+        if self.clock.record(ev, stream):
+            q.append((seq, ev, self.clock.memory_allocated(device) if self.memory else None))
+        else:
+            self._pools[device].append(ev)
 
-    def _slow_mark(self, device: int, stream: Any, handle: int) -> tuple[deque[tuple[int, Any, int | None]], Any]:
-        """A new stream or device, or an empty pool."""
+    def _slow_mark(self, device: int, stream: Any, handle: int) -> tuple[deque[tuple[int, Any, int | None]], Any] | None:
+        """A new stream or device, or an empty pool; None when the device is
+        new and its stream cannot take the reference now."""
         with self._lock:
             if device not in self._refs:
-                self._pools[device] = []
-                ref = self._new_event()
+                self._pools.setdefault(device, [])
+                pool = self._pools[device]
+                ref = pool.pop() if pool else self._new_event()
                 # Recorded on the same stream just before the first event, so
                 # that event is never earlier than the reference.
-                self._refs[device] = _Reference(ref, self._host_clock())
-                self.clock.record(ref, stream)
+                host_ns = self._host_clock()
+                if not self.clock.record(ref, stream):
+                    pool.append(ref)
+                    return None
+                self._refs[device] = _Reference(ref, host_ns)
             q = self._queues.get((device, handle))
             if q is None:
                 q = self._queues[(device, handle)] = deque()

@@ -248,6 +248,7 @@ def cuda_call_costs(dev: torch.device) -> dict[str, float]:
         "current_stream": _per_call_us(lambda: torch.cuda.current_stream(dev)),
         "event_record": _per_call_us(lambda: ev.record(stream)),
         "event_query": _per_call_us(ev.query),
+        "is_current_stream_capturing": _per_call_us(torch.cuda.is_current_stream_capturing),
         "memory_allocated": _per_call_us(lambda: torch.cuda.memory_allocated(dev)),
         "memory_nested_stats": _per_call_us(lambda: clock.memory_allocated(dev.index)),
         "timer_mark": _per_call_us(lambda: timer.mark(next(seq), dev.index, stream, handle)),

@@ -40,6 +40,7 @@ class FakeDeviceClock:
     now_ns: int = 0
     memory: dict[int, int] = field(default_factory=dict)  # device -> bytes allocated
     broken: set[int] = field(default_factory=set)  # event numbers whose timing fails
+    capturing: bool = False  # the current stream is being captured into a CUDA graph
     busy_until: dict[FakeStream, int] = field(default_factory=dict)
     events: list[FakeEvent] = field(default_factory=list)
     queries: int = 0
@@ -64,12 +65,15 @@ class FakeDeviceClock:
         self.events.append(ev)
         return ev
 
-    def record(self, event: FakeEvent, stream: FakeStream) -> None:
+    def record(self, event: FakeEvent, stream: FakeStream) -> bool:
+        if self.capturing:
+            return False
         if event.device is not None and event.device != stream.device:
             raise RuntimeError(f"event of device {event.device} recorded on a stream of device {stream.device}")
         event.device = stream.device
         event.ts_ns = self.busy_until[stream] = self._tail(stream)
         event.records += 1
+        return True
 
     def query(self, event: FakeEvent) -> bool:
         self.queries += 1

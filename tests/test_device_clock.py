@@ -218,3 +218,43 @@ def test_cuda_clock_times_a_matmul_and_counts_its_memory() -> None:
         assert exit_[1] - enter[1] > 0
         assert enter[2] is not None and exit_[2] is not None
         assert exit_[2] - enter[2] == 4096 * 4096 * 4
+
+
+def test_calls_during_a_cuda_graph_capture_get_no_device_event() -> None:
+    clock = FakeDeviceClock(capturing=True)
+    t = timer(clock, host_ns=0)
+    mark(t, 0, A)  # not even the reference can go on a capturing stream
+    mark(t, 1, A)
+    clock.capturing = False
+    mark(t, 2, A)
+    clock.launch(A, 40)
+    mark(t, 3, A)
+    clock.capturing = True
+    for seq in range(4, 10):
+        mark(t, seq, A)
+    clock.advance(100)
+    assert t.poll() == [(2, 0, 0), (3, 40, 0)]
+    assert t.pending == 0
+    # the reference, two events, one taken by a refused record and given back
+    assert t.events_allocated == len(clock.events) == 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_clock_leaves_a_graph_capture_alone() -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    t = DeviceTimer(CudaClock(), lambda: 0)
+    x = torch.randn(256, 256, device=dev)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        x @ x  # warm, as torch's docs ask before capturing
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        stream = torch.cuda.current_stream(dev)
+        t.mark(0, dev.index, stream, stream.cuda_stream)
+        y = x @ x
+    graph.replay()
+    torch.cuda.synchronize()
+    assert t.drain() == [] and t.pending == 0
+    assert torch.allclose(y, x @ x)
