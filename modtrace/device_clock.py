@@ -144,7 +144,9 @@ class DeviceTimer:
     # -- hot path ----------------------------------------------------------------
 
     def mark(self, seq: int, device: int, stream: Any, handle: int) -> None:
-        """Record event ``seq``'s device event on ``stream`` (handle ``handle``) of ``device``."""
+        """Record event ``seq``'s device event on ``stream`` (``handle``, the
+        tracker's stream column) of ``device`` (the CUDA device index, not
+        the run's device id), and read that device's allocated memory."""
         try:
             q = self._queues[(device, handle)]
             ev = self._pools[device].pop()
