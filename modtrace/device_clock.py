@@ -16,8 +16,9 @@ and resolves everything.
 
 Times are on the rank's host clock: a *reference* event is recorded on a
 device the first time it is seen, with the host time of that moment
-(``ref_host_ns``, nanoseconds since the rank started recording), and an
-event's device time is ``ref_host_ns + elapsed(reference, event)``.  When the
+(nanoseconds since the rank started recording), and an event's device time
+is that plus the device's elapsed time since the reference (measured from
+the newest event already resolved, see ``_Anchor``).  When the
 device is idle as the reference is recorded (as at the start of a
 recording) it runs at once, so ``device_ts_ns - ts_ns`` of an event is how
 far the device lagged behind the launch; otherwise every time on that device
@@ -109,13 +110,19 @@ class CudaClock:
 DeviceRow = tuple[int, int | None, int | None]
 
 
-class _Reference:
-    __slots__ = ("event", "host_ns", "done")
+class _Anchor:
+    """A completed event of a device and its time on the rank's clock: first
+    the reference, then the newest event resolved.  CUDA reports elapsed
+    time as a float32 of milliseconds, finer than a microsecond only below
+    about 8 s; measuring each event from a recent anchor, not from the start,
+    keeps that precision for a run of any length."""
 
-    def __init__(self, event: Any, host_ns: int) -> None:
+    __slots__ = ("event", "ns", "done")
+
+    def __init__(self, event: Any, ns: int) -> None:
         self.event = event
-        self.host_ns = host_ns
-        self.done = False
+        self.ns = ns
+        self.done = False  # known to have completed
 
 
 class DeviceTimer:
@@ -132,14 +139,13 @@ class DeviceTimer:
         self._host_clock = host_clock
         self.memory = memory
         self._pools: dict[int, list[Any]] = {}  # device -> free events
-        self._refs: dict[int, _Reference] = {}
+        self._refs: dict[int, _Anchor] = {}  # device -> its anchor
         # (device, stream handle) -> deque of (seq, event, mem), oldest first
         self._queues: dict[tuple[int, int], deque[tuple[int, Any, int | None]]] = {}
         self._queue_list: list[tuple[int, deque[tuple[int, Any, int | None]]]] = []  # (device, queue)
         self._lock = threading.Lock()  # new devices and streams (rare)
         self._resolve_lock = threading.Lock()
         self.events_allocated = 0
-        self.closed = False
 
     # -- hot path ----------------------------------------------------------------
 
@@ -174,7 +180,7 @@ class DeviceTimer:
                 if not self.clock.record(ref, stream):
                     pool.append(ref)
                     return None
-                self._refs[device] = _Reference(ref, host_ns)
+                self._refs[device] = _Anchor(ref, host_ns)
             q = self._queues.get((device, handle))
             if q is None:
                 q = self._queues[(device, handle)] = deque()
@@ -204,7 +210,6 @@ class DeviceTimer:
         """Everything still pending, waiting once per stream for its last event.
         The tracker stops before this: a later mark would stay pending."""
         with self._resolve_lock:
-            self.closed = True
             return self._resolve(wait=True)
 
     def _resolve(self, wait: bool) -> list[DeviceRow]:
@@ -227,14 +232,23 @@ class DeviceTimer:
                         continue  # nothing on this device can be timed yet
                     ref.done = True
                 n = _completed(q, n, query)
-            pool, ref_event, ref_ns = self._pools[device], ref.event, ref.host_ns
-            for _ in range(n):
+            if not n:
+                continue
+            pool, anchor, anchor_ns = self._pools[device], ref.event, ref.ns
+            for i in range(n):
                 seq, ev, mem = q.popleft()
                 try:
-                    rows.append((seq, ref_ns + round(elapsed(ref_event, ev) * 1e6), mem))
-                except RuntimeError:  # e.g. recorded inside a CUDA graph capture
+                    ts = anchor_ns + round(elapsed(anchor, ev) * 1e6)
+                except RuntimeError:  # the device could not time it
                     rows.append((seq, None, mem))
-                pool.append(ev)
+                    pool.append(ev)
+                    continue
+                rows.append((seq, ts, mem))
+                if i == n - 1:  # the newest resolved event becomes the anchor
+                    pool.append(ref.event)
+                    ref.event, ref.ns = ev, ts
+                else:
+                    pool.append(ev)
         return rows
 
 
