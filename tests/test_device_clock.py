@@ -260,7 +260,7 @@ def test_cuda_clock_leaves_a_graph_capture_alone() -> None:
     assert torch.allclose(y, x @ x)
 
 
-def test_times_stay_exact_in_a_long_run() -> None:
+def test_times_stay_precise_in_a_long_run() -> None:
     # float32 milliseconds measured from the start would be off by up to
     # 0.2 ms after an hour (a 1 us call would last 0 or 430 us); measured from
     # the newest resolved event (a second back here) they are off by tens of ns.

@@ -60,80 +60,127 @@ def device_times(spans: pl.DataFrame, device_events: pl.DataFrame) -> pl.DataFra
     if device_events.height == 0 or spans.height == 0:
         return spans.with_columns(pl.lit(None, pl.Int64).alias(c) for c in DEVICE_SPAN_COLUMNS)
     dev = device_events.select(pl.col(c).cast(t) for c, t in DEVICE_EVENT_SCHEMA.items())
-    key = [pl.col(c).cast(DEVICE_EVENT_SCHEMA[c]) for c in _KEY]
     s = spans.select(
-        *key, pl.col("span_id").cast(pl.Int64), pl.col("parent_span_id").cast(pl.Int64), pl.col("depth").cast(pl.Int32),
+        *(pl.col(c).cast(DEVICE_EVENT_SCHEMA[c]) for c in _KEY),
+        pl.col("span_id").cast(pl.Int64), pl.col("parent_span_id").cast(pl.Int64), pl.col("depth").cast(pl.Int32),
         pl.col("device_id").cast(pl.Int32), pl.col("stream").cast(pl.Int64), pl.col("exit_seq").cast(pl.Int64),
     ).with_row_index("_row")
-    s = (
-        s.join(dev.rename({"seq": "span_id", "device_ts_ns": "device_start_ns", "mem_bytes": "_mem_enter"}),
-               on=[*_KEY, "span_id"], how="left", maintain_order="left")
-        .join(dev.rename({"seq": "exit_seq", "device_ts_ns": "device_end_ns", "mem_bytes": "_mem_exit"}),
-              on=[*_KEY, "exit_seq"], how="left", maintain_order="left")
-        .with_columns((pl.col("device_end_ns") - pl.col("device_start_ns")).alias("device_duration_ns"))
+    # Span and event ids are per (run, rank): one rank at a time.
+    if _one_rank(s) and _one_rank(dev) and s.row(0)[1:3] == dev.row(0)[:2]:
+        out = _rank_device_times(s, dev)
+    else:
+        by_rank = dev.partition_by(*_KEY, as_dict=True)
+        parts = [_rank_device_times(part, by_rank.get(key)) for key, part in
+                 s.partition_by(*_KEY, as_dict=True).items()]
+        out = pl.concat(parts).sort("_row")
+    return pl.concat([spans.drop(DEVICE_SPAN_COLUMNS, strict=False), out.drop("_row")], how="horizontal")
+
+
+def _one_rank(frame: pl.DataFrame) -> bool:
+    return bool(frame.select(*((pl.col(c).min() == pl.col(c).max()) & (pl.col(c).null_count() == 0) for c in _KEY))
+                .row(0) == (True, True))
+
+
+def _rank_device_times(s: pl.DataFrame, dev: pl.DataFrame | None) -> pl.DataFrame:
+    """One rank's spans (``_row`` kept) -> ``_row`` and ``DEVICE_SPAN_COLUMNS``.
+
+    Ids are looked up by binary search in sorted columns (``_lookup``), not
+    joined: a fraction of the time on a million spans.
+    """
+    if dev is None:
+        return s.select("_row", *(pl.lit(None, pl.Int64).alias(c) for c in DEVICE_SPAN_COLUMNS))
+    if not dev["seq"].is_sorted():
+        dev = dev.sort("seq")
+    if not s["span_id"].is_sorted():
+        s = s.sort("span_id")
+    seq, ts, mem = dev["seq"], dev["device_ts_ns"], dev["mem_bytes"]
+    start, mem_enter = _lookup(s["span_id"], seq, ts, mem)
+    end, mem_exit = _lookup(s["exit_seq"], seq, ts, mem)
+    s = s.with_columns(
+        start.alias("device_start_ns"), end.alias("device_end_ns"), (end - start).alias("device_duration_ns"),
+        mem_enter.alias("_mem_enter"), mem_exit.alias("_mem_exit"),
     )
-    out = s.join(_child_device_ns(s), on=[*_KEY, "span_id"], how="left", maintain_order="left").join(
-        _subtree_mem_max(s), on=[*_KEY, "span_id", "device_id"], how="left", maintain_order="left"
-    )
-    out = out.sort("_row").select(
+    child = _child_device_ns(s)
+    child_ns, unknown = _lookup(s["span_id"], child["span_id"], child["_child_ns"], child["_unknown_child"])
+    mem_max = _subtree_mem_max(s)
+    (span_mem_max,) = _lookup(s["span_id"], mem_max["span_id"], mem_max["_mem_max"])
+    return s.select(
+        "_row",
         "device_start_ns",
         "device_end_ns",
         "device_duration_ns",
-        pl.when(pl.col("_unknown_child").fill_null(False))
-        .then(None)
-        .otherwise(pl.col("device_duration_ns") - pl.col("_child_ns").fill_null(0))
+        pl.when(unknown.fill_null(False)).then(None).otherwise(pl.col("device_duration_ns") - child_ns.fill_null(0))
         .alias("device_self_ns"),
         (pl.col("_mem_exit") - pl.col("_mem_enter")).alias("mem_delta_bytes"),
-        pl.col("_mem_max").alias("mem_max_bytes"),
-    )
-    return pl.concat([spans.drop(DEVICE_SPAN_COLUMNS, strict=False), out], how="horizontal")
+        span_mem_max.alias("mem_max_bytes"),
+    ).sort("_row")
+
+
+def _lookup(keys: pl.Series, sorted_keys: pl.Series, *values: pl.Series) -> list[pl.Series]:
+    """``values`` at the rows where ``sorted_keys`` (ascending, unique) equals
+    each of ``keys``; null where a key is null or absent."""
+    if len(sorted_keys) == 0:
+        return [pl.repeat(None, len(keys), dtype=v.dtype, eager=True) for v in values]
+    idx = sorted_keys.search_sorted(keys.fill_null(0)).clip(0, len(sorted_keys) - 1)
+    hit = (sorted_keys.gather(idx) == keys).fill_null(False)
+    return [pl.select(pl.when(hit).then(v.gather(idx))).to_series() for v in values]
 
 
 def _child_device_ns(s: pl.DataFrame) -> pl.DataFrame:
-    """Per parent: its same-device, same-stream children's summed device
-    durations (``_child_ns``) and whether any of them is unknown."""
-    parents = s.select(*_KEY, "span_id", pl.col("device_id").alias("_pdev"), pl.col("stream").alias("_pstream"))
+    """Per parent (sorted by span_id): its same-device, same-stream
+    children's summed device durations (``_child_ns``) and whether any of
+    them is unknown (``_unknown_child``).  ``s`` is sorted by span_id."""
+    children = s.filter(pl.col("parent_span_id").is_not_null())
+    pdev, pstream = _lookup(children["parent_span_id"], s["span_id"], s["device_id"], s["stream"])
     return (
-        s.filter(pl.col("parent_span_id").is_not_null())
-        .select(*_KEY, pl.col("parent_span_id").alias("span_id"), "device_id", "stream", "device_duration_ns")
-        .join(parents, on=[*_KEY, "span_id"], how="inner")
-        .filter((pl.col("device_id") == pl.col("_pdev")) & (pl.col("stream") == pl.col("_pstream")))
-        .group_by(*_KEY, "span_id")
+        children.select("parent_span_id", "device_duration_ns")
+        .filter(((children["device_id"] == pdev) & (children["stream"] == pstream)).fill_null(False))
+        .group_by("parent_span_id")
         .agg(
             pl.col("device_duration_ns").sum().alias("_child_ns"),
             pl.col("device_duration_ns").is_null().any().alias("_unknown_child"),
         )
+        .rename({"parent_span_id": "span_id"})
+        .sort("span_id")
     )
 
 
+_DEVICE_BITS = 16  # a (span, device) pair packed into one Int64 key: span_id << 16 | device_id
+
+
 def _subtree_mem_max(s: pl.DataFrame) -> pl.DataFrame:
-    """(span, device) -> the most allocated on that device at the events of
-    the span and its descendants, deepest level first."""
-    own = pl.concat(
-        [
-            s.select(*_KEY, "span_id", "depth", "device_id", pl.col(c).alias("_mem_max"))
-            for c in ("_mem_enter", "_mem_exit")
-        ]
-    ).filter(pl.col("_mem_max").is_not_null() & pl.col("device_id").is_not_null())
-    schema = {**dict(own.select(*_KEY, "span_id", "device_id", "_mem_max").schema)}
+    """Per span (sorted by span_id): the most allocated on its device at the
+    events of the span and its descendants.  Levels are done deepest first,
+    each handing its maxima per (span, device) to the parents; ``s`` is
+    sorted by span_id."""
+    schema = {"span_id": pl.Int64(), "_mem_max": pl.Int64()}
+    if s["device_id"].max() is not None and int(s["device_id"].max()) >= 1 << _DEVICE_BITS:  # type: ignore[arg-type]
+        raise ValueError(f"device ids must be below {1 << _DEVICE_BITS}")
+    own = s.select(
+        (pl.col("span_id") * (1 << _DEVICE_BITS) + pl.col("device_id")).alias("_k"),
+        "depth",
+        pl.max_horizontal("_mem_enter", "_mem_exit").alias("_mem_max"),
+    ).filter(pl.col("_mem_max").is_not_null() & pl.col("_k").is_not_null())
     if own.height == 0:
         return pl.DataFrame(schema=schema)
-    parent_of = s.select(*_KEY, "span_id", "parent_span_id", "depth").filter(pl.col("parent_span_id").is_not_null())
     own_by_depth = own.partition_by("depth", as_dict=True, include_key=False)
-    parent_by_depth = parent_of.partition_by("depth", as_dict=True, include_key=False)
-    top = int(s["depth"].max() or 0)  # type: ignore[arg-type]
     done: list[pl.DataFrame] = []
-    carry = pl.DataFrame(schema=schema)  # contributions to spans of the level being done
-    for depth in range(top, -1, -1):
+    carry = own.clear().drop("depth")  # maxima handed to spans of the level being done
+    span_ids, parents = s["span_id"], s["parent_span_id"]
+    low = (1 << _DEVICE_BITS) - 1
+    for depth in range(int(s["depth"].max() or 0), -1, -1):  # type: ignore[arg-type]
         level = own_by_depth.get((depth,))
-        parts = [carry] if level is None else [level, carry]
-        cur = pl.concat(parts, how="vertical_relaxed").group_by(*_KEY, "span_id", "device_id").agg(pl.col("_mem_max").max())
+        cur = carry if level is None else pl.concat([level, carry])
+        if carry.height:
+            cur = cur.group_by("_k").agg(pl.col("_mem_max").max())
         done.append(cur)
-        links = parent_by_depth.get((depth,))
-        if links is None or depth == 0:
-            carry = pl.DataFrame(schema=schema)
-            continue
-        carry = cur.join(links, on=[*_KEY, "span_id"], how="inner").select(
-            *_KEY, pl.col("parent_span_id").alias("span_id"), "device_id", "_mem_max"
+        (parent,) = _lookup(cur["_k"] // (1 << _DEVICE_BITS), span_ids, parents)
+        carry = cur.select((parent * (1 << _DEVICE_BITS) + (pl.col("_k") & low)).alias("_k"), "_mem_max").filter(
+            pl.col("_k").is_not_null()
         )
-    return pl.concat(done, how="vertical_relaxed")
+    # Each span's own device.
+    every = pl.concat(done)
+    span = every["_k"] // (1 << _DEVICE_BITS)
+    (span_device,) = _lookup(span, span_ids, s["device_id"])
+    own_device = ((every["_k"] & low) == span_device.cast(pl.Int64)).fill_null(False)
+    return every.select(span.alias("span_id"), "_mem_max").filter(own_device).sort("span_id")
