@@ -92,3 +92,11 @@ def test_memory_of_a_deep_chain_reaches_the_root() -> None:
     out = device_times(spans, events_frame(events))
     assert out["mem_max_bytes"].to_list() == [1 << 30] * depth
     assert out["device_self_ns"].to_list() == [2] * (depth - 1) + [1000 - depth + 1 - (depth - 1)]
+
+
+def test_rows_in_any_order_come_back_in_that_order() -> None:
+    shuffled = [SPANS[i] for i in (7, 2, 9, 0, 4, 1, 8, 3, 6, 5)]
+    events = events_frame(EVENTS).reverse()
+    out = device_times(spans_frame(shuffled), events)
+    assert out["span_id"].to_list() == [r[0] for r in shuffled]
+    assert by_span(out) == EXPECTED
