@@ -138,6 +138,8 @@ class DeviceTimer:
         self.clock = clock
         self._host_clock = host_clock
         self.memory = memory
+        self._record = clock.record  # bound once: mark is on the hot path
+        self._memory = clock.memory_allocated if memory else None
         self._pools: dict[int, list[Any]] = {}  # device -> free events
         self._refs: dict[int, _Anchor] = {}  # device -> its anchor
         # (device, stream handle) -> deque of (seq, event, mem), oldest first
@@ -161,8 +163,9 @@ class DeviceTimer:
             if got is None:
                 return  # the device's reference cannot be recorded now
             q, ev = got
-        if self.clock.record(ev, stream):
-            q.append((seq, ev, self.clock.memory_allocated(device) if self.memory else None))
+        if self._record(ev, stream):
+            memory = self._memory
+            q.append((seq, ev, None if memory is None else memory(device)))
         else:
             self._pools[device].append(ev)
 

@@ -5,7 +5,9 @@ What one enter or exit costs the program with device time on, apart from the
 CUDA calls themselves (which need a GPU: scripts/gpu_check.py point (d)):
 
 * ``mark_null``: ``DeviceTimer.mark`` over a clock whose record, query and
-  memory calls do nothing -- modtrace's own code on the hot path;
+  memory calls do nothing -- modtrace's own code on the hot path; beside
+  ``call_noop``, a call of a no-op function with the same arguments (the
+  least any hook call costs; the ratio travels between machines);
 * ``mark_fake``: the same over the test device clock (tests/device_clock.py),
   which does a little bookkeeping per record;
 * ``poll_null``: ``DeviceTimer.poll`` per event resolved (at step boundaries,
@@ -71,9 +73,18 @@ def mark_chunks(clocks: dict[str, Any], chunks: int) -> dict[str, list[float]]:
     the clocks taking turns chunk by chunk."""
     timers = {name: DeviceTimer(clock, lambda: 0) for name, clock in clocks.items()}
     out: dict[str, list[float]] = {f"mark_{n}": [] for n in clocks} | {f"poll_{n}": [] for n in clocks}
+    out["call_noop"] = []
     stream = FakeStream(0, 1)
     seq = 0
+
+    def noop(seq: int, device: int, stream: Any, handle: int) -> None:
+        pass
+
     for _ in range(chunks):
+        t0 = time.perf_counter_ns()
+        for s in range(seq, seq + STEP):
+            noop(s, 0, stream, 1)
+        out["call_noop"].append((time.perf_counter_ns() - t0) / STEP)
         for name, t in timers.items():
             mark = t.mark
             t0 = time.perf_counter_ns()
@@ -142,12 +153,13 @@ def main() -> None:
     samples.pop("poll_fake")
     samples |= tracker_steps(args.repeats)
     med = {k: round(statistics.median(v), 1) for k, v in samples.items()}
+    med["mark_null_over_call_noop"] = round(med["mark_null"] / med["call_noop"], 2)
     for name, base in (("added_vs_plain", "tracker_plain"), ("added_vs_wrapper", "tracker_wrapper")):
         med[name] = round(statistics.median(
             m - p for m, p in zip(samples["tracker_marked"], samples[base], strict=True)), 1)
     for k, v in med.items():
-        print(f"{k:16s} {v:8.1f} ns")
-    print(json.dumps({"unit": "ns per event", "repeats": args.repeats, **med}))
+        print(f"{k:24s} {v:8.1f}")
+    print(json.dumps({"unit": "ns per event (the _over_ figure: a ratio)", "repeats": args.repeats, **med}))
 
 
 if __name__ == "__main__":
