@@ -11,7 +11,8 @@ summary on its last line:
 (b) ``side_stream``: a module run under ``torch.cuda.stream(s)`` carries s's
     handle in event_log.stream, and device times on it;
 (c) ``memory_delta``: a module that allocates a known tensor shows exactly
-    that many bytes in spans.mem_delta_bytes;
+    that many bytes in spans.mem_delta_bytes, and torch's peak memory
+    statistics are not reset by the recording;
 (d) ``host_cost``: the added host time per module call with device time on,
     off, and with torch's ModuleTracker (interleaved repeats, medians), and
     the per-call cost of the CUDA calls themselves;
@@ -213,14 +214,18 @@ def check_c(db: Path, dev: torch.device) -> dict[str, Any]:
     nbytes = 64 << 20
     mod = Alloc(nbytes)
     x = torch.ones(8, device=dev)
+    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)  # a peak before the recording
+    del big
+    peak_before = torch.cuda.max_memory_allocated(dev)
     with recording(db, "c") as rec:
         for _ in range(3):
             mod(x)
             rec.step()
     spans = query(db, "SELECT mem_delta_bytes, mem_max_bytes FROM spans WHERE run_id = ? AND fqn = 'Alloc' "
                   "ORDER BY span_id", run_id(db, "c"))
-    ok = len(spans) == 3 and all(delta == nbytes for delta, _ in spans)
-    return {"ok": ok, "expected_bytes": nbytes, "spans": spans}
+    peak_kept = torch.cuda.max_memory_allocated(dev) >= peak_before  # torch's peak statistics never reset
+    ok = len(spans) == 3 and all(delta == nbytes for delta, _ in spans) and peak_kept
+    return {"ok": ok, "expected_bytes": nbytes, "spans": spans, "peak_stats_kept": peak_kept}
 
 
 def _per_call_us(fn: Callable[[], Any], n: int = 20_000) -> float:
