@@ -7,12 +7,13 @@ hot path: take an event from a pool, record it, remember ``(seq, event)``)
 and reads the device's allocated-memory counter (host side, no sync).
 
 Nothing waits for the device while the program runs.  ``DeviceTimer.poll``
-(at step boundaries and from the flusher) asks each stream's oldest pending
-events whether they completed -- a stream runs its work in order, so it
-stops at the first that has not -- turns each completed one into
+(at step boundaries and from the flusher) asks each stream which of its
+pending events completed -- a stream runs its work in order, so they are
+the oldest ones, found by bisection -- turns each completed one into
 nanoseconds and gives the event back to its pool.  ``DeviceTimer.drain``, at
 the end of the recording, waits once per stream for its last pending event
-and resolves everything.
+and resolves everything.  Calls made while a CUDA graph is being captured
+get no event (it would break the capture; their kernels run at replay).
 
 Times are on the rank's host clock: a *reference* event is recorded on a
 device the first time it is seen, with the host time of that moment
@@ -141,7 +142,7 @@ class DeviceTimer:
         self._record = clock.record  # bound once: mark is on the hot path
         self._memory = clock.memory_allocated if memory else None
         self._pools: dict[int, list[Any]] = {}  # device -> free events
-        self._refs: dict[int, _Anchor] = {}  # device -> its anchor
+        self._anchors: dict[int, _Anchor] = {}  # device -> its anchor
         # (device, stream handle) -> deque of (seq, event, mem), oldest first
         self._queues: dict[tuple[int, int], deque[tuple[int, Any, int | None]]] = {}
         self._queue_list: list[tuple[int, deque[tuple[int, Any, int | None]]]] = []  # (device, queue)
@@ -173,7 +174,7 @@ class DeviceTimer:
         """A new stream or device, or an empty pool; None when the device is
         new and its stream cannot take the reference now."""
         with self._lock:
-            if device not in self._refs:
+            if device not in self._anchors:
                 self._pools.setdefault(device, [])
                 pool = self._pools[device]
                 ref = pool.pop() if pool else self._new_event()
@@ -183,7 +184,7 @@ class DeviceTimer:
                 if not self.clock.record(ref, stream):
                     pool.append(ref)
                     return None
-                self._refs[device] = _Anchor(ref, host_ns)
+                self._anchors[device] = _Anchor(ref, host_ns)
             q = self._queues.get((device, handle))
             if q is None:
                 q = self._queues[(device, handle)] = deque()
@@ -223,7 +224,7 @@ class DeviceTimer:
             n = len(q)  # marks appended meanwhile wait for the next poll
             if not n:
                 continue
-            ref = self._refs[device]
+            ref = self._anchors[device]
             if wait:
                 clock.wait(q[n - 1][1])
                 if not ref.done and not query(ref.event):
