@@ -14,7 +14,11 @@ from typing import Any
 import torch
 
 from modtrace.codes import Kind
+from modtrace.contracts import EVENT_ROW
 from modtrace.tracker import Tracker
+
+_KIND = EVENT_ROW.index("kind")
+_MODULE_ID = EVENT_ROW.index("module_id")
 
 
 class _Parents:
@@ -28,7 +32,7 @@ class _Parents:
         self.names: set[str] = {"Global"}
 
     def append(self, event: tuple[Any, ...]) -> None:
-        kind, module_id = event[2], event[3]
+        kind, module_id = event[_KIND], event[_MODULE_ID]
         counts = self.counts
         assert self.tracker is not None
         if kind == Kind.ENTER:

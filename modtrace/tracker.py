@@ -2,8 +2,8 @@
 
 ``Tracker`` installs global forward hooks (every ``nn.Module`` call in the
 process), a global optimizer step hook, and autograd node pre-hooks for the
-backward pass.  Each hook builds one tuple in ``modtrace.store.writer``'s
-``EVENT_COLUMNS`` order and hands it to ``append`` -- a ``list.append`` for the
+backward pass.  Each hook builds one tuple in ``modtrace.contracts.EVENT_ROW``
+order (a test checks the tuples against it) and hands it to ``append`` -- a ``list.append`` for the
 recorder, a small state machine for ``ModuleTracker``.  Nothing here formats
 strings, touches a database or builds a hierarchy; that happens later.
 

@@ -89,9 +89,11 @@ from statistics import NormalDist
 
 import polars as pl
 
-from modtrace.analysis.events import PHASE_ENUM, lookup_key
+from modtrace import contracts
+from modtrace.analysis.events import lookup_key
+from modtrace.contracts import CALL_FRAME
 
-PHASES: tuple[str, ...] = tuple(PHASE_ENUM.categories.to_list())  # index = phase code (codes.Phase)
+PHASES: tuple[str, ...] = contracts.PHASES  # index = phase code (codes.Phase)
 VERDICTS: tuple[str, ...] = ("regression", "improvement", "inherited", "unchanged")
 STRUCTURE_KINDS: tuple[str, ...] = (
     "module_removed", "module_added", "phase_removed", "phase_added",
@@ -102,19 +104,7 @@ SHARE_METRICS: tuple[str, ...] = ("self_share", "incl_share")
 PPB = 1_000_000_000  # shares are computed in parts per billion
 
 # One closed span, as a diff reads it: codes, no names.
-CALL_SCHEMA: dict[str, pl.DataType] = {
-    "rank": pl.Int32(),
-    "span_id": pl.Int64(),
-    "step": pl.Int32(),
-    "thread_id": pl.Int32(),
-    "module_id": pl.Int32(),
-    "depth": pl.Int32(),
-    "phase": pl.Int8(),  # modtrace.codes.Phase
-    "duration_ns": pl.Int64(),
-    "self_ns": pl.Int64(),
-    "device_id": pl.Int32(),
-    "stream": pl.Int64(),
-}
+CALL_SCHEMA: dict[str, pl.DataType] = CALL_FRAME.polars()
 
 # Per-step samples: ``key`` names (fqn, phase) in both runs (``module_keys``).
 SAMPLE_SCHEMA: dict[str, pl.DataType] = {

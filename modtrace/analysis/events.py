@@ -2,7 +2,7 @@
 
 An *event frame* holds one run's rows of the ``events`` table, with the
 store's integer codes (``modtrace.codes``), in these columns and dtypes
-(``EVENT_SCHEMA``)::
+(``EVENT_SCHEMA``, from ``modtrace.contracts.EVENT_FRAME``)::
 
     run_id Int32, rank Int32, seq Int64, ts_ns Int64, kind Int8,
     module_id Int32, phase Int8, call_id Int64, step Int32, thread_id Int32,
@@ -21,44 +21,17 @@ from __future__ import annotations
 
 import polars as pl
 
-from modtrace.codes import Kind, Phase, Status
+from modtrace.codes import Kind, Phase
+from modtrace.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME, PHASES, STATUSES
 
-EVENT_SCHEMA: dict[str, pl.DataType] = {
-    "run_id": pl.Int32(),
-    "rank": pl.Int32(),
-    "seq": pl.Int64(),
-    "ts_ns": pl.Int64(),
-    "kind": pl.Int8(),
-    "module_id": pl.Int32(),
-    "phase": pl.Int8(),
-    "call_id": pl.Int64(),
-    "step": pl.Int32(),
-    "thread_id": pl.Int32(),
-    "device_id": pl.Int32(),
-    "stream": pl.Int64(),
-    "status": pl.Int8(),
-    "graph_task": pl.Int64(),
-    "tie": pl.Int8(),
-}
-
-MODULE_SCHEMA: dict[str, pl.DataType] = {
-    "rank": pl.Int32(),
-    "module_id": pl.Int32(),
-    "fqn": pl.String(),
-    "module_type": pl.String(),
-    "parent_module_id": pl.Int32(),
-}
-
-DEVICE_SCHEMA: dict[str, pl.DataType] = {
-    "rank": pl.Int32(),
-    "device_id": pl.Int32(),
-    "name": pl.String(),
-}
+EVENT_SCHEMA: dict[str, pl.DataType] = EVENT_FRAME.polars()
+MODULE_SCHEMA: dict[str, pl.DataType] = MODULE_FRAME.polars()
+DEVICE_SCHEMA: dict[str, pl.DataType] = DEVICE_FRAME.polars()
 
 # Readable values of the codes, as polars Enums whose physical index is the
 # code itself, so a frame can carry names at the cost of integers.
-PHASE_ENUM = pl.Enum([p.name.lower() for p in Phase])
-STATUS_ENUM = pl.Enum([s.name.lower() for s in Status])
+PHASE_ENUM = pl.Enum(list(PHASES))
+STATUS_ENUM = pl.Enum(list(STATUSES))
 
 ENTER = int(Kind.ENTER)
 EXIT = int(Kind.EXIT)

@@ -7,7 +7,7 @@ The issues frame (``ISSUE_COLUMNS``) has::
     fqn String, phase Enum(forward|backward|recompute), call_id Int64,
     step Int32, thread_id Int32, message String
 
-Kinds (``KINDS``, with their severity):
+Kinds (``modtrace.contracts.ISSUE_KINDS``, with their severity):
 
 - ``no_enter`` error: an exit with no open enter of its call (warning when
   the recorder itself marked the exit ``no_enter``);
@@ -33,42 +33,21 @@ import polars as pl
 from modtrace.analysis.events import EXIT, MODULE_SCHEMA, PHASE_ENUM, conform, decode
 from modtrace.analysis.spans import Pairing
 from modtrace.codes import Status
-
-ISSUE_COLUMNS: tuple[str, ...] = (
-    "run_id", "rank", "seq", "kind", "severity", "fqn", "phase", "call_id", "step", "thread_id", "message",
+from modtrace.contracts import (
+    CLOSED_AT_END_OF_BACKWARD,
+    EARLY_STOP,
+    ERROR_EXIT,
+    ISSUE_FRAME,
+    ISSUE_KINDS,
 )
 
-ISSUE_SCHEMA: dict[str, pl.DataType] = {
-    "run_id": pl.Int32(),
-    "rank": pl.Int32(),
-    "seq": pl.Int64(),
-    "kind": pl.String(),
-    "severity": pl.String(),
-    "fqn": pl.String(),
-    "phase": PHASE_ENUM,
-    "call_id": pl.Int64(),
-    "step": pl.Int32(),
-    "thread_id": pl.Int32(),
-    "message": pl.String(),
-}
-
-KINDS: dict[str, str] = {
-    "no_enter": "error",
-    "unclosed": "error",
-    "crossed": "error",
-    "reentered": "error",
-    "duplicate_enter": "error",
-    "duplicate_exit": "error",
-    "error_exit": "info",
-    "early_stop": "info",
-    "closed_at_end_of_backward": "info",
-}
-SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
+ISSUE_COLUMNS: tuple[str, ...] = ISSUE_FRAME.names
+ISSUE_SCHEMA: dict[str, pl.DataType] = ISSUE_FRAME.polars()
 
 _STATUS_KINDS: dict[int, str] = {
-    int(Status.ERROR): "error_exit",
-    int(Status.EARLY_STOP): "early_stop",
-    int(Status.CLOSED_AT_END_OF_BACKWARD): "closed_at_end_of_backward",
+    int(Status.ERROR): ERROR_EXIT,
+    int(Status.EARLY_STOP): EARLY_STOP,
+    int(Status.CLOSED_AT_END_OF_BACKWARD): CLOSED_AT_END_OF_BACKWARD,
 }
 
 
@@ -88,7 +67,7 @@ def _message(row: dict[str, object], fqn_of: dict[tuple[int, int], str], complet
     phase = _phase_name(row["phase"])  # type: ignore[arg-type]
     seq, step = row["seq"], row["step"]
     other, other_exit = row["other"], row["other_exit"]
-    severity = KINDS[kind]
+    severity = ISSUE_KINDS[kind]
     if kind == "unclosed":
         msg = f"{fqn} {phase} call entered at seq {seq} (step {step}) was never exited"
         if not complete:

@@ -45,12 +45,9 @@ from modtrace.analysis.events import (
     normalize_events,
 )
 from modtrace.analysis.stack import walk_stack
+from modtrace.contracts import SPAN_FRAME, SPAN_ROW
 
-SPAN_COLUMNS: tuple[str, ...] = (
-    "run_id", "rank", "span_id", "parent_span_id", "depth", "module_id", "fqn", "module_type",
-    "phase", "call_id", "step", "thread_id", "graph_task", "start_ns", "end_ns", "duration_ns",
-    "self_ns", "device_id", "device", "stream", "status", "exit_seq",
-)
+SPAN_COLUMNS: tuple[str, ...] = SPAN_FRAME.names
 
 # Columns of the pairs frame: a span before lookups and timings.
 _PAIR_COLUMNS: tuple[str, ...] = (
@@ -295,19 +292,8 @@ def _walk_dirty(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 # Columns of the stored form of a span (table span_rows): codes, no names.
-SPAN_ROW_COLUMNS: tuple[str, ...] = (
-    "run_id", "rank", "span_id", "parent_span_id", "depth", "module_id", "phase", "call_id", "step",
-    "thread_id", "graph_task", "start_ns", "end_ns", "duration_ns", "self_ns", "device_id", "stream",
-    "status", "exit_seq",
-)
-
-SPAN_ROW_SCHEMA: dict[str, pl.DataType] = {
-    "run_id": pl.Int32(), "rank": pl.Int32(), "span_id": pl.Int64(), "parent_span_id": pl.Int64(),
-    "depth": pl.Int32(), "module_id": pl.Int32(), "phase": pl.Int8(), "call_id": pl.Int64(),
-    "step": pl.Int32(), "thread_id": pl.Int32(), "graph_task": pl.Int64(), "start_ns": pl.Int64(),
-    "end_ns": pl.Int64(), "duration_ns": pl.Int64(), "self_ns": pl.Int64(), "device_id": pl.Int32(),
-    "stream": pl.Int64(), "status": pl.Int8(), "exit_seq": pl.Int64(),
-}
+SPAN_ROW_COLUMNS: tuple[str, ...] = SPAN_ROW.names
+SPAN_ROW_SCHEMA: dict[str, pl.DataType] = SPAN_ROW.polars()
 
 
 def _span_keys(spans: pl.DataFrame) -> tuple[list[str], pl.Expr, pl.Expr]:

@@ -13,14 +13,18 @@ from dataclasses import dataclass, field
 
 from modtrace.codes import Kind, Phase, Status
 
-# Structural issue kinds this walk reports (status-based kinds are found in
-# nesting.py from the exit rows themselves).
-NO_ENTER = "no_enter"
-UNCLOSED = "unclosed"
-CROSSED = "crossed"
-REENTERED = "reentered"
-DUPLICATE_ENTER = "duplicate_enter"
-DUPLICATE_EXIT = "duplicate_exit"
+# The structural issue kinds this walk reports (status-based kinds are found
+# in nesting.py from the exit rows themselves).
+from modtrace.contracts import (
+    CROSSED,
+    DUPLICATE_ENTER,
+    DUPLICATE_EXIT,
+    NO_ENTER,
+    REENTERED,
+    UNCLOSED,
+)
+
+__all__ = ["CROSSED", "DUPLICATE_ENTER", "DUPLICATE_EXIT", "NO_ENTER", "REENTERED", "UNCLOSED", "walk_stack"]
 
 # (seq, kind, module_id, phase, call_id, status) of one row, in hierarchy order.
 Row = tuple[int, int, int, int, int, int]

@@ -7,13 +7,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from modtrace.cli._options import db_option, format_option
+from modtrace.contracts import PHASES
 
 if TYPE_CHECKING:
     from modtrace.analysis.diff import RunCalls
     from modtrace.store.engine import Store
     from modtrace.store.samples import Window
-
-PHASE_CHOICES = ("forward", "backward", "recompute")
 
 
 def _split_ref(store: Store, ref: str) -> tuple[Any, int | None]:
@@ -112,7 +111,7 @@ def _load_both(
 @click.argument("cand", metavar="CAND")
 @db_option
 @click.option("--cand-db", metavar="DB", default=None, help="Database of CAND when it is not BASE's.")
-@click.option("--phase", "phases", multiple=True, type=click.Choice(PHASE_CHOICES),
+@click.option("--phase", "phases", multiple=True, type=click.Choice(PHASES),
               help="Compare only this phase (repeatable; default: all).")
 @click.option("--rank", type=click.IntRange(min=0), default=None,
               help="Restrict both runs to this rank (RUN:RANK sets one side's rank).")
@@ -157,7 +156,7 @@ def diff(
         alpha=alpha,
         skip_steps=skip_steps,
         absolute=absolute,
-        phases=tuple(p for p in PHASE_CHOICES if p in phases) if phases else None,
+        phases=tuple(p for p in PHASES if p in phases) if phases else None,
     )
     (base_calls, base_info), (cand_calls, cand_info) = _load_both(
         (db, base, rank), (cand_db if cand_db is not None else db, cand, rank)

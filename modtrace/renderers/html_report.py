@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from modtrace.contracts import PHASES
 from modtrace.errors import UsageError
 
-PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
 STATUSES: tuple[str, ...] = ("ok", "error", "early_stop", "closed_at_end_of_backward", "no_enter", "unclosed")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 

@@ -27,7 +27,8 @@ from typing import Any, ClassVar, TextIO
 
 import polars as pl
 
-PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
+from modtrace.contracts import PHASES
+
 CHUNK_ROWS = 50_000
 
 Progress = Callable[[int], None]

@@ -1,7 +1,7 @@
 """Reads of a run's rows as polars frames, with explicit dtypes.
 
 Events come back in the analysis input contract
-(``modtrace.analysis.events.EVENT_SCHEMA``), by rank and seq, fetched in
+(``modtrace.contracts.EVENT_FRAME``), by rank and seq, fetched in
 chunks, so memory holds the frame and one chunk in transit at most: on
 PostgreSQL as rows of a server-side cursor, on SQLite as one CSV text per
 chunk that SQLite formats and polars parses (about twice as fast as a
@@ -16,10 +16,14 @@ from typing import Any
 
 import polars as pl
 
-from modtrace.analysis.events import DEVICE_SCHEMA, EVENT_SCHEMA, MODULE_SCHEMA, empty_events
+from modtrace.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME
 from modtrace.store.engine import Store
 
 CHUNK_ROWS = 200_000
+
+EVENT_SCHEMA = EVENT_FRAME.polars()
+MODULE_SCHEMA = MODULE_FRAME.polars()
+DEVICE_SCHEMA = DEVICE_FRAME.polars()
 
 # Columns fetched per event; run_id and rank are constant per query and added after.
 _FETCHED = [c for c in EVENT_SCHEMA if c not in ("run_id", "rank")]
@@ -152,7 +156,7 @@ def read_events(
         ranks = read_ranks(store, run_id)
     parts = [chunk for rank in ranks for chunk in iter_event_chunks(store, run_id, rank, chunk_rows=chunk_rows)]
     if not parts:
-        return empty_events()
+        return pl.DataFrame(schema=EVENT_SCHEMA)
     return pl.concat(parts, rechunk=True)
 
 

@@ -1,7 +1,7 @@
 """Bulk read of a run's closed calls, for ``modtrace diff``.
 
 ``read_closed_calls`` returns the few span columns a diff needs
-(``modtrace.analysis.diff.CALL_SCHEMA``) for every closed span of a run, or
+(``modtrace.contracts.CALL_FRAME``) for every closed span of a run, or
 of one rank, unordered.  It is the diff's only read of ``span_rows``, so it
 is built for speed: a run of a million events has half a million spans.
 
@@ -41,6 +41,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
+from modtrace.contracts import CALL_FRAME
 from modtrace.store.engine import Store
 from modtrace.store.reader import driver_cursor
 
@@ -105,11 +106,11 @@ def parse_closed_calls(windows: list[Window]) -> pl.DataFrame:
     """``fetch_closed_calls``'s text -> calls frame (``CALL_SCHEMA``)."""
     import polars as pl
 
-    from modtrace.analysis.diff import CALL_SCHEMA
+    call_schema = CALL_FRAME.polars()
 
     parts = [_parse_csv(r, data) if isinstance(data, bytes) else _parse_columns(r, data) for r, data in windows]
     if not parts:
-        return pl.DataFrame(schema=CALL_SCHEMA)
+        return pl.DataFrame(schema=call_schema)
     return pl.concat(parts, rechunk=True)
 
 
@@ -177,7 +178,7 @@ def _split(text: str, name: str) -> pl.Series:
 def _parse_columns(rank: int, texts: tuple[str, ...]) -> pl.DataFrame:
     import polars as pl
 
-    from modtrace.analysis.diff import CALL_SCHEMA
+    call_schema = CALL_FRAME.polars()
 
     span_id, step_thread, module_depth_phase, duration, self_ns, device, stream = texts
     frame = pl.DataFrame([
@@ -198,14 +199,14 @@ def _parse_columns(rank: int, texts: tuple[str, ...]) -> pl.DataFrame:
         "self_ns",
         "device_id",
         "stream",
-    ).cast(CALL_SCHEMA)  # type: ignore[arg-type]
+    ).cast(call_schema)  # type: ignore[arg-type]
 
 
 def _parse_csv(rank: int, data: bytes) -> pl.DataFrame:
     import polars as pl
 
-    from modtrace.analysis.diff import CALL_SCHEMA
+    call_schema = CALL_FRAME.polars()
 
-    schema = {c: CALL_SCHEMA[c] for c in _PG_COLUMNS}
+    schema = {c: call_schema[c] for c in _PG_COLUMNS}
     frame = pl.read_csv(data, has_header=False, new_columns=list(_PG_COLUMNS), schema=schema)
-    return frame.select(pl.lit(rank, dtype=pl.Int32).alias("rank"), *_PG_COLUMNS).select(list(CALL_SCHEMA))
+    return frame.select(pl.lit(rank, dtype=pl.Int32).alias("rank"), *_PG_COLUMNS).select(list(call_schema))

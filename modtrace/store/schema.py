@@ -30,6 +30,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from modtrace.contracts import RUN_STATUSES, SEVERITIES
+
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
 REVISIONS: tuple[str, ...] = ("0001", "0002")
@@ -39,6 +41,8 @@ HEAD = REVISIONS[-1]
 VERSION_TABLE = "alembic_version"
 
 metadata = MetaData()
+
+_RUN_STATUSES = ", ".join(repr(s) for s in RUN_STATUSES)
 
 runs = Table(
     "runs",
@@ -59,7 +63,7 @@ runs = Table(
     Column("modtrace_version", String(32), nullable=True, comment="modtrace version that recorded the run."),
     Column("tags", Text, nullable=False, server_default="{}", comment="User tags as a JSON object of strings."),
     Column("error", Text, nullable=True, comment="Summary of the exception or signal that ended a failed or interrupted run."),
-    CheckConstraint("status IN ('running', 'completed', 'failed', 'interrupted')", name="ck_runs_status"),
+    CheckConstraint(f"status IN ({_RUN_STATUSES})", name="ck_runs_status"),
     UniqueConstraint("name", name="uq_runs_name"),
     comment="One row per recorded run (one training or inference job, possibly many ranks).",
 )
@@ -79,7 +83,7 @@ run_ranks = Table(
     Column("step_count", Integer, nullable=False, server_default="0", comment="Steps completed so far by this rank."),
     PrimaryKeyConstraint("run_id", "rank", name="pk_run_ranks"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_run_ranks_run"),
-    CheckConstraint("status IN ('running', 'completed', 'failed', 'interrupted')", name="ck_run_ranks_status"),
+    CheckConstraint(f"status IN ({_RUN_STATUSES})", name="ck_run_ranks_status"),
     comment="One row per rank of a run: its process, clock anchor and progress.",
 )
 
@@ -191,7 +195,7 @@ nesting_issues = Table(
     Column("message", Text, nullable=False, comment="What happened, naming the module, phase, step and the events involved."),
     PrimaryKeyConstraint("run_id", "rank", "seq", "kind", name="pk_nesting_issues"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_nesting_issues_run"),
-    CheckConstraint("severity IN ('error', 'warning', 'info')", name="ck_nesting_issues_severity"),
+    CheckConstraint(f"severity IN ({', '.join(repr(s) for s in SEVERITIES)})", name="ck_nesting_issues_severity"),
     comment="Nesting problems found by modtrace analyze: events that do not form a proper hierarchy, and unusual closes.",
 )
 

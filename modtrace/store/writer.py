@@ -21,16 +21,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from modtrace.contracts import DEVICE_ROW, EVENT_ROW, MODULE_ROW, THREAD_ROW
 from modtrace.store.engine import Store
 
-# Order of the values in an event tuple, as the recorder builds it.
-EVENT_COLUMNS: tuple[str, ...] = (
-    "seq", "ts_ns", "kind", "module_id", "phase", "call_id", "step",
-    "thread_id", "device_id", "stream", "status", "graph_task", "tie",
-)
-MODULE_COLUMNS: tuple[str, ...] = ("module_id", "fqn", "module_type", "parent_module_id")
-THREAD_COLUMNS: tuple[str, ...] = ("thread_id", "ident", "name")
-DEVICE_COLUMNS: tuple[str, ...] = ("device_id", "name")
+# Order of the values in the tuples the tracker builds (modtrace.contracts).
+EVENT_COLUMNS: tuple[str, ...] = EVENT_ROW.names
+MODULE_COLUMNS: tuple[str, ...] = MODULE_ROW.names
+THREAD_COLUMNS: tuple[str, ...] = THREAD_ROW.names
+DEVICE_COLUMNS: tuple[str, ...] = DEVICE_ROW.names
 
 # Rows per multi-row statement: 64 x 13 = 832 bound values, under the 999
 # that SQLite builds before 3.32 allow.

@@ -1,0 +1,165 @@
+"""Every row and frame contract of modtrace, and the lists of code names.
+
+One definition each, imported by everything that builds, writes, reads or
+analyses rows: the tracker's event tuples, the store's tables and readers,
+the analysis frames, the renderers' phase and status lists.  A test ties the
+tracker, the writer, the schema and the analysis to what is written here.
+
+A ``Contract`` is an ordered list of (column, dtype name).  The dtype names
+are polars' (``Int32``, ``String``...) plus ``Phase`` and ``Status`` (the
+code names as a polars Enum); ``Contract.polars()`` turns them into a polars
+schema.  This module imports nothing heavy, so the recording path can use it
+without polars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+from modtrace.codes import Kind, Phase, Status
+
+if TYPE_CHECKING:
+    import polars as pl
+
+# Code names, in code order (index = the stored integer).
+KINDS: tuple[str, ...] = tuple(k.name.lower() for k in Kind)
+PHASES: tuple[str, ...] = tuple(p.name.lower() for p in Phase)
+STATUSES: tuple[str, ...] = tuple(s.name.lower() for s in Status)
+
+# runs.status and run_ranks.status.
+RUN_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "interrupted")
+
+# Nesting issue kinds, with their default severity (see analysis/nesting.py for
+# when each is reported, and when an error becomes a warning).
+NO_ENTER = "no_enter"
+UNCLOSED = "unclosed"
+CROSSED = "crossed"
+REENTERED = "reentered"
+DUPLICATE_ENTER = "duplicate_enter"
+DUPLICATE_EXIT = "duplicate_exit"
+ERROR_EXIT = "error_exit"
+EARLY_STOP = "early_stop"
+CLOSED_AT_END_OF_BACKWARD = "closed_at_end_of_backward"
+ISSUE_KINDS: dict[str, str] = {
+    NO_ENTER: "error",
+    UNCLOSED: "error",
+    CROSSED: "error",
+    REENTERED: "error",
+    DUPLICATE_ENTER: "error",
+    DUPLICATE_EXIT: "error",
+    ERROR_EXIT: "info",
+    EARLY_STOP: "info",
+    CLOSED_AT_END_OF_BACKWARD: "info",
+}
+# Kinds found by walking a stack; the others come from an exit's status.
+STRUCTURAL_ISSUE_KINDS: tuple[str, ...] = (NO_ENTER, UNCLOSED, CROSSED, REENTERED, DUPLICATE_ENTER, DUPLICATE_EXIT)
+SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """An ordered row or frame contract: column names and their dtype names."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.columns)
+
+    def index(self, column: str) -> int:
+        return self.names.index(column)
+
+    def dtype(self, column: str) -> str:
+        return dict(self.columns)[column]
+
+    def polars(self) -> dict[str, pl.DataType]:
+        """The contract as a polars schema (a new dict each call)."""
+        return dict(_polars_schema(self))
+
+    def select(self, *names: str, name: str | None = None) -> Contract:
+        """The sub-contract of ``names``, in this contract's order."""
+        return Contract(name or self.name, tuple(c for c in self.columns if c[0] in names))
+
+    def prefixed(self, name: str, *columns: tuple[str, str]) -> Contract:
+        """This contract with ``columns`` before its own."""
+        return Contract(name, (*columns, *self.columns))
+
+
+def _dtype(name: str) -> pl.DataType:
+    import polars as pl
+
+    if name == "Phase":
+        return pl.Enum(list(PHASES))
+    if name == "Status":
+        return pl.Enum(list(STATUSES))
+    dtype: pl.DataType = getattr(pl, name)()
+    return dtype
+
+
+@cache
+def _polars_schema(contract: Contract) -> tuple[tuple[str, pl.DataType], ...]:
+    return tuple((c, _dtype(d)) for c, d in contract.columns)
+
+
+_RUN_RANK = (("run_id", "Int32"), ("rank", "Int32"))
+
+# One event as the tracker appends it and the writer inserts it (the events
+# table adds run_id and rank).  Codes: kind (codes.Kind), phase (codes.Phase),
+# status (codes.Status).
+EVENT_ROW = Contract("event row", (
+    ("seq", "Int64"), ("ts_ns", "Int64"), ("kind", "Int8"), ("module_id", "Int32"), ("phase", "Int8"),
+    ("call_id", "Int64"), ("step", "Int32"), ("thread_id", "Int32"), ("device_id", "Int32"),
+    ("stream", "Int64"), ("status", "Int8"), ("graph_task", "Int64"), ("tie", "Int8"),
+))
+# The analysis input: a run's events, one row per stored event.
+EVENT_FRAME = EVENT_ROW.prefixed("event frame", *_RUN_RANK)
+
+# Lookup rows as the tracker collects them (the tables add run_id and rank),
+# and the per-rank lookup frames the analysis takes.
+MODULE_ROW = Contract("module row", (
+    ("module_id", "Int32"), ("fqn", "String"), ("module_type", "String"), ("parent_module_id", "Int32"),
+))
+THREAD_ROW = Contract("thread row", (("thread_id", "Int32"), ("ident", "Int64"), ("name", "String")))
+DEVICE_ROW = Contract("device row", (("device_id", "Int32"), ("name", "String")))
+MODULE_FRAME = MODULE_ROW.prefixed("module frame", ("rank", "Int32"))
+THREAD_FRAME = THREAD_ROW.prefixed("thread frame", ("rank", "Int32"))
+DEVICE_FRAME = DEVICE_ROW.prefixed("device frame", ("rank", "Int32"))
+
+# The stored form of a span (table span_rows): codes, no names.
+SPAN_ROW = Contract("span row", (
+    *_RUN_RANK, ("span_id", "Int64"), ("parent_span_id", "Int64"), ("depth", "Int32"), ("module_id", "Int32"),
+    ("phase", "Int8"), ("call_id", "Int64"), ("step", "Int32"), ("thread_id", "Int32"), ("graph_task", "Int64"),
+    ("start_ns", "Int64"), ("end_ns", "Int64"), ("duration_ns", "Int64"), ("self_ns", "Int64"),
+    ("device_id", "Int32"), ("stream", "Int64"), ("status", "Int8"), ("exit_seq", "Int64"),
+))
+# The spans frame: span rows with names, phase and status as Enums.
+SPAN_FRAME = Contract("spans frame", (
+    *_RUN_RANK, ("span_id", "Int64"), ("parent_span_id", "Int64"), ("depth", "Int32"), ("module_id", "Int32"),
+    ("fqn", "Categorical"), ("module_type", "Categorical"), ("phase", "Phase"), ("call_id", "Int64"),
+    ("step", "Int32"), ("thread_id", "Int32"), ("graph_task", "Int64"), ("start_ns", "Int64"), ("end_ns", "Int64"),
+    ("duration_ns", "Int64"), ("self_ns", "Int64"), ("device_id", "Int32"), ("device", "Categorical"),
+    ("stream", "Int64"), ("status", "Status"), ("exit_seq", "Int64"),
+))
+
+# The issues frame (one row per nesting issue); stored in nesting_issues with
+# phase as its name (String).
+ISSUE_FRAME = Contract("issues frame", (
+    *_RUN_RANK, ("seq", "Int64"), ("kind", "String"), ("severity", "String"), ("fqn", "String"),
+    ("phase", "Phase"), ("call_id", "Int64"), ("step", "Int32"), ("thread_id", "Int32"), ("message", "String"),
+))
+ISSUE_ROW = Contract("issue row", tuple((c, "String" if c == "phase" else d) for c, d in ISSUE_FRAME.columns))
+
+# One closed call as diff compares it (codes), read from span_rows or a spans frame.
+CALL_FRAME = Contract("call frame", (
+    ("rank", "Int32"), ("span_id", "Int64"), ("step", "Int32"), ("thread_id", "Int32"), ("module_id", "Int32"),
+    ("depth", "Int32"), ("phase", "Int8"), ("duration_ns", "Int64"), ("self_ns", "Int64"),
+    ("device_id", "Int32"), ("stream", "Int64"),
+))
+
+CONTRACTS: tuple[Contract, ...] = (
+    EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
+    SPAN_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, CALL_FRAME,
+)
