@@ -539,7 +539,7 @@ class Recorder:
 
     def _materialize(self) -> None:
         try:
-            from modtrace.analysis import materialize
+            from modtrace.materialize import materialize
         except ImportError:  # analysis layer not installed in this build
             return
         assert self._store is not None

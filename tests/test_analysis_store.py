@@ -7,9 +7,10 @@ import random
 import polars as pl
 from analysis_streams import devices, frame, model, to_rows, training_step
 
-from modtrace.analysis import analyze_events, materialize
+from modtrace.analysis import analyze_events
 from modtrace.analysis.events import EVENT_SCHEMA
-from modtrace.store.analysis_store import read_analysis
+from modtrace.materialize import materialize
+from modtrace.materialize import stored as read_analysis
 from modtrace.store.engine import open_store
 from modtrace.store.reader import read_events, read_modules
 from modtrace.store.runs import add_rank, create_run, finish_rank
@@ -74,7 +75,7 @@ def test_materialize_is_idempotent_per_run_and_per_rank(any_db: str) -> None:
     assert only_rank1.spans.equals(first.spans.filter(pl.col("rank") == 1))
     assert count == first.spans.height
     assert stored is not None
-    spans, issues = stored
+    spans, issues = stored.spans, stored.issues
     mods = model(blocks=2, per_block=2)
     direct = analyze_events(pl.concat([written[0], written[1]]), pl.concat([mods.frame(0), mods.frame(1)]), pl.concat([devices(0), devices(1)]))
     assert spans.sort("rank", "span_id").equals(direct.spans.sort("rank", "span_id"))

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import modtrace
-from modtrace.store.analysis_store import read_analysis
+from modtrace.materialize import stored as read_analysis
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
@@ -71,7 +71,7 @@ def test_recording_materialises_spans_and_issues(any_db: str) -> None:
     try:
         stored = read_analysis(store, 1)
         assert stored is not None
-        spans, issues = stored
+        spans, issues = stored.spans, stored.issues
         with store.engine.connect() as conn:
             view = conn.exec_driver_sql(
                 "SELECT fqn, phase, status, depth, duration_ns, self_ns FROM spans WHERE step = 0 ORDER BY span_id"
@@ -229,7 +229,7 @@ def test_healthy_models_have_no_error_or_warning_issues(db_path: Path, scenario:
     finally:
         store.dispose()
     assert stored is not None
-    spans, issues = stored
+    spans, issues = stored.spans, stored.issues
     bad = issues.filter(pl.col("severity") != "info")
     assert bad.height == 0, bad["message"].to_list()
     assert spans.height > 0 and spans["end_ns"].null_count() == 0

@@ -142,7 +142,7 @@ def _stored(db: str, run_id: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any
 
 
 def test_streamed_materialize_stores_what_the_one_piece_one_does(any_db: str) -> None:
-    from modtrace.analysis.materialize import materialize
+    from modtrace.materialize import materialize, materialize_streamed
     from modtrace.store.engine import open_store
 
     run_id = _record(any_db, "small")
@@ -151,7 +151,7 @@ def test_streamed_materialize_stores_what_the_one_piece_one_does(any_db: str) ->
         whole = materialize(store, run_id)
         expected = _stored(any_db, run_id)
         assert whole.spans.height == len(expected[0]) > 100
-        n, issues = stream.materialize_streamed(store, run_id, chunk_rows=17)
+        n, issues = materialize_streamed(store, run_id, chunk_rows=17)
         assert n == whole.spans.height
         assert issues.sort("rank", "seq", "kind").equals(whole.issues.sort("rank", "seq", "kind"))
         assert _stored(any_db, run_id) == expected  # replaced, not appended: the same rows
@@ -160,7 +160,8 @@ def test_streamed_materialize_stores_what_the_one_piece_one_does(any_db: str) ->
 
 
 def test_materialize_streams_a_run_above_the_threshold(db_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli) -> None:  # type: ignore[no-untyped-def]
-    from modtrace.analysis.materialize import materialize
+    import modtrace.materialize as materialize_mod
+    from modtrace.materialize import materialize
     from modtrace.store.engine import open_store
 
     run_id = _record(str(db_path), "big")
@@ -170,8 +171,8 @@ def test_materialize_streams_a_run_above_the_threshold(db_path: Path, monkeypatc
         expected = _stored(str(db_path), run_id)
         # Above the threshold (the tuning constant, lowered so a small run crosses it) the
         # spans go to the store in rounds and are not held: the frame comes back empty.
-        monkeypatch.setattr(stream, "STREAM_ABOVE", 50)
-        monkeypatch.setattr(stream, "CHUNK_ROWS", 64)
+        monkeypatch.setattr(materialize_mod, "STREAM_ABOVE", 50)
+        monkeypatch.setattr(materialize_mod, "CHUNK_ROWS", 64)
         result = materialize(store, run_id)
         assert result.spans.height == 0 and tuple(result.spans.columns) == SPAN_COLUMNS
     finally:

@@ -8,8 +8,12 @@ The data flow, one module per step::
     nesting.collect_issues    rows + pairs -> nesting issues frame
     aggregate.*               spans -> per-step samples, module tree
 
-Nothing here prints, plots or opens a database; ``materialize`` is the one
-entry point that does I/O, through ``modtrace.store``.
+    stream.analyze_rounds     event chunks -> spans and issues, round by round
+    diff.diff_runs            two runs' calls -> what changed
+
+Nothing here prints, plots, opens a database or imports ``modtrace.store``:
+``modtrace.materialize`` reads the frames from the store and writes the
+results back, and ``modtrace.api`` is the public way in.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from dataclasses import dataclass
 import polars as pl
 
 from modtrace.analysis.events import normalize_events
-from modtrace.analysis.materialize import materialize
 from modtrace.analysis.nesting import ISSUE_COLUMNS, collect_issues
 from modtrace.analysis.spans import SPAN_COLUMNS, build_spans, pair_events, rebuild_spans
 
@@ -29,7 +32,6 @@ __all__ = [
     "Analysis",
     "analyze_events",
     "check_nesting",
-    "materialize",
     "rebuild_spans",
 ]
 

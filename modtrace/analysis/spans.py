@@ -365,6 +365,11 @@ def name_spans(rows: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame)
     ).select(SPAN_COLUMNS)
 
 
+def empty_spans() -> pl.DataFrame:
+    """A spans frame with no rows."""
+    return pl.DataFrame(schema=SPAN_FRAME.polars())
+
+
 def build_spans(
     pairs: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame, child_ns: pl.Series | None = None
 ) -> pl.DataFrame:

@@ -2,7 +2,7 @@
 
 ``analyze_events`` holds a whole run in memory: fine for millions of
 events, not for a long multi-rank recording.  Here one rank's events arrive
-as chunks in seq order (``store.reader.iter_event_chunks``: a server-side
+as chunks in seq order (read by ``modtrace.materialize``: a server-side
 cursor on PostgreSQL), and each *round* analyses what is safe to analyse so
 far with the same pure steps (normalise, pair, time, check):
 
@@ -23,31 +23,22 @@ nest (healthy or cut short by a crash).  In a corrupted stream, a call
 repeated (``duplicate_enter`` / ``duplicate_exit``) across a cut is reported
 as a ``no_enter`` or not at all, and a ``crossed`` exit whose inner calls
 stay open may be reported once per round: the one-piece analysis
-(``materialize.compute``) names those exactly.
+(``analyze_events``) names those exactly.
 
-``materialize_streamed`` writes the rounds into ``span_rows`` and
-``nesting_issues`` in one transaction; ``materialize.materialize`` uses it
-for runs above ``STREAM_ABOVE`` events on a rank.
+Pure: chunks in, rounds out.  ``modtrace.materialize`` reads the chunks from
+the store and writes the rounds back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import polars as pl
 
 from modtrace.analysis.events import EVENT_SCHEMA, conform, empty_events, normalize_events
-from modtrace.analysis.nesting import ISSUE_COLUMNS, collect_issues, empty_issues
-from modtrace.analysis.spans import SPAN_ROW_COLUMNS, SPAN_ROW_SCHEMA, pair_events, time_spans
-
-if TYPE_CHECKING:
-    from modtrace.store.engine import Store
-
-# A rank with more events than this is analysed in rounds by ``materialize``.
-STREAM_ABOVE = 2_000_000
-CHUNK_ROWS = 200_000
+from modtrace.analysis.nesting import collect_issues
+from modtrace.analysis.spans import pair_events, time_spans
 
 _NO_END = 1 << 62
 
@@ -184,63 +175,4 @@ def analyze_rounds(
         yield Round(closed, issues.filter(pl.col("kind") != "unclosed"))
 
 
-# --- I/O: the one part that touches the store ----------------------------------------------
-
-
-def event_total(store: Store, run_id: int, rank: int | None = None) -> int:
-    """The largest number of events one rank of the run (or ``rank``) has written."""
-    from modtrace.store.reader import _mark, driver_cursor
-
-    m = _mark(store)
-    sql = f"SELECT max(event_count) FROM run_ranks WHERE run_id = {m}"
-    params: tuple[int, ...] = (run_id,)
-    if rank is not None:
-        sql += f" AND rank = {m}"
-        params = (run_id, rank)
-    with driver_cursor(store, "modtrace_total") as cur:
-        cur.execute(sql, params)
-        row = cur.fetchone()
-    return int(row[0] or 0) if row else 0
-
-
-def materialize_streamed(
-    store: Store, run_id: int, *, rank: int | None = None, complete: bool | None = None,
-    chunk_rows: int = CHUNK_ROWS,
-) -> tuple[int, pl.DataFrame]:
-    """Rebuild and store run ``run_id``'s spans and issues (only ``rank``'s when given) in rounds.
-
-    Returns (number of spans stored, issues frame).  The run's (rank's)
-    stored rows are replaced in one transaction, as ``materialize`` does.
-    """
-    from modtrace.analysis.events import PHASE_ENUM
-    from modtrace.analysis.nesting import ISSUE_SCHEMA
-    from modtrace.store.analysis_store import _insert
-    from modtrace.store.reader import iter_event_chunks, read_modules, read_ranks, read_run_status
-
-    ranks = read_ranks(store, run_id) if rank is None else [rank]
-    if complete is None:
-        complete = read_run_status(store, run_id, rank) == "completed"
-    where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
-    n_spans = 0
-    found: list[pl.DataFrame] = []
-    with store.engine.begin() as conn:
-        conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
-        conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
-        for r in ranks:
-            modules = read_modules(store, run_id, ranks=[r])
-            chunks = iter_event_chunks(store, run_id, r, chunk_rows=chunk_rows)
-            for part in analyze_rounds(chunks, modules, complete=complete):
-                _insert(conn, store, "span_rows", SPAN_ROW_COLUMNS, part.spans.select(SPAN_ROW_COLUMNS))
-                issues = part.issues.with_columns(pl.col("phase").cast(pl.String)).select(ISSUE_COLUMNS)
-                _insert(conn, store, "nesting_issues", ISSUE_COLUMNS, issues)
-                n_spans += part.spans.height
-                if part.issues.height:
-                    found.append(part.issues)
-    if not found:
-        return n_spans, empty_issues()
-    schema = {**ISSUE_SCHEMA, "phase": PHASE_ENUM}
-    return n_spans, pl.concat(found).cast(schema).sort("rank", "seq", "kind")  # type: ignore[arg-type]
-
-
-__all__ = ["CHUNK_ROWS", "STREAM_ABOVE", "Round", "analyze_rounds", "event_total", "materialize_streamed",
-           "safe_cut", "SPAN_ROW_SCHEMA"]
+__all__ = ["Round", "analyze_rounds", "safe_cut"]

@@ -20,13 +20,9 @@ if TYPE_CHECKING:
 
 
 def _load(store: Store, run_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    from modtrace.analysis.materialize import compute
-    from modtrace.store.analysis_store import read_analysis
+    from modtrace.materialize import load
 
-    stored = read_analysis(store, run_id)
-    if stored is not None:
-        return stored
-    result = compute(store, run_id)
+    result = load(store, run_id)
     return result.spans, result.issues
 
 
@@ -43,7 +39,7 @@ def analyze(run: str, db: str | None) -> None:
 
     RUN is a run name, a numeric id, @ (the newest run) or @~N.
     """
-    from modtrace.analysis import materialize
+    from modtrace.materialize import materialize
     from modtrace.store.engine import open_store
     from modtrace.store.runs import resolve_run
 

@@ -81,7 +81,7 @@ def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -
             read_modules(store, run_id, ranks=ranks),
             read_devices(store, run_id, ranks=ranks),
         )
-    from modtrace.analysis.materialize import compute
+    from modtrace.materialize import compute
 
     spans = compute(store, run_id, rank=rank).spans
     return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))

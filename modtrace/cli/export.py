@@ -63,7 +63,7 @@ def load_run(store: Store, ref: str, *, quiet: bool = False) -> RunData:
     A run that was never analysed (recorded with analysis off, or killed) is
     analysed on the fly, without writing to the database.
     """
-    from modtrace.store.analysis_store import read_analysis
+    from modtrace.materialize import stored as read_analysis
     from modtrace.store.runs import resolve_run, run_details
 
     run = resolve_run(store, ref)
@@ -71,7 +71,7 @@ def load_run(store: Store, ref: str, *, quiet: bool = False) -> RunData:
     with progress_spinner(f"reading run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
         stored = read_analysis(store, run.id)
     if stored is None:
-        from modtrace.analysis.materialize import compute
+        from modtrace.materialize import compute
 
         if not quiet and info.get("events"):
             click.echo(f"modtrace: run {run.name!r} has no stored analysis; analysing its events now "
@@ -80,7 +80,7 @@ def load_run(store: Store, ref: str, *, quiet: bool = False) -> RunData:
             result = compute(store, run.id)
         spans, issues = result.spans, result.issues
     else:
-        spans, issues = stored
+        spans, issues = stored.spans, stored.issues
     anchors, names = _read_anchors_and_threads(store, run.id)
     return RunData(info=info, spans=spans, issues=issues, anchors=anchors, thread_names=names)
 

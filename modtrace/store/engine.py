@@ -13,17 +13,18 @@ import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from modtrace.errors import StoreError, UsageError
-from modtrace.store.schema import HEAD, REVISIONS, VERSION_TABLE
+from modtrace.store.base import Store, check_revision, read_revision
+
+__all__ = ["Store", "check_revision", "open_store", "read_revision", "resolve_db"]
 
 DEFAULT_DB = "modtrace.db"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -39,27 +40,6 @@ def resolve_db(db: str | None) -> str:
 
 def _is_url(db: str) -> bool:
     return "://" in db
-
-
-@dataclass
-class Store:
-    """An open, version-checked database."""
-
-    engine: Engine
-    label: str  # what to call the database in messages (path, or URL without password)
-    path: Path | None  # the SQLite file, when there is one
-    created: bool = False  # this open created the schema
-
-    @property
-    def dialect(self) -> str:
-        return self.engine.dialect.name
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.dialect == "sqlite"
-
-    def dispose(self) -> None:
-        self.engine.dispose()
 
 
 def _sqlite_engine(path: Path, *, readonly: bool = False, immutable: bool = False) -> Engine:
@@ -105,32 +85,6 @@ def _describe(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
         return url
-
-
-def read_revision(engine: Engine) -> tuple[str | None, bool]:
-    """(alembic revision or None, whether the database has any other table)."""
-    from sqlalchemy import inspect
-
-    with engine.connect() as conn:
-        names = set(inspect(conn).get_table_names())
-        if VERSION_TABLE not in names:
-            return None, bool(names)
-        rev = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
-        return rev, True
-
-
-def check_revision(rev: str | None, label: str) -> None:
-    if rev == HEAD:
-        return
-    if rev in REVISIONS:
-        raise StoreError(
-            f"{label} uses schema revision {rev}, older than this modtrace's {HEAD}; "
-            f"run `modtrace db upgrade --db {label}`"
-        )
-    raise StoreError(
-        f"{label} uses schema revision {rev}, newer than this modtrace knows (head {HEAD}); "
-        "upgrade modtrace"
-    )
 
 
 def _check_sqlite_file(path: Path, *, create: bool) -> bool:

@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from modtrace.errors import StoreError
-from modtrace.store.engine import Store, check_revision, read_revision
+from modtrace.store.base import SchemaTooOld, Store, check_revision, read_revision
 from modtrace.store.schema import HEAD, metadata
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -86,6 +86,5 @@ def check_known(rev: str, label: str) -> None:
     """Raise for a revision newer than this modtrace (an older one is fine to upgrade)."""
     try:
         check_revision(rev, label)
-    except StoreError as exc:
-        if "newer" in str(exc):
-            raise
+    except SchemaTooOld:
+        pass

@@ -51,13 +51,14 @@ def driver_cursor(store: Store, name: str | None = None) -> Iterator[Any]:
         raw.close()
 
 
-def _mark(store: Store) -> str:
+def mark(store: Store) -> str:
+    """The driver's bound-parameter mark."""
     return "?" if store.engine.dialect.paramstyle == "qmark" else "%s"
 
 
 def read_ranks(store: Store, run_id: int) -> list[int]:
     """Ranks that wrote events or lookups for the run, ascending."""
-    m = _mark(store)
+    m = mark(store)
     with driver_cursor(store, "modtrace_ranks") as cur:
         cur.execute(
             f"SELECT rank FROM run_ranks WHERE run_id = {m} UNION SELECT DISTINCT rank FROM modules WHERE run_id = {m}",
@@ -139,7 +140,7 @@ def iter_event_chunks(
         if store.dialect == "sqlite":
             chunks = _sqlite_event_chunks(cur, run_id, rank, chunk_rows)
         else:
-            chunks = _cursor_event_chunks(cur, run_id, rank, chunk_rows, _mark(store))
+            chunks = _cursor_event_chunks(cur, run_id, rank, chunk_rows, mark(store))
         for frame in chunks:
             yield frame.select(
                 pl.lit(run_id, dtype=pl.Int32).alias("run_id"),
@@ -175,7 +176,7 @@ def _rank_filter(store: Store, ranks: list[int] | None) -> str:
 
 def read_modules(store: Store, run_id: int, *, ranks: list[int] | None = None) -> pl.DataFrame:
     """The run's module frame (``MODULE_SCHEMA``)."""
-    m = _mark(store)
+    m = mark(store)
     sql = (
         "SELECT rank, module_id, fqn, module_type, parent_module_id FROM modules "
         f"WHERE run_id = {m}{_rank_filter(store, ranks)} ORDER BY rank, module_id"
@@ -185,14 +186,28 @@ def read_modules(store: Store, run_id: int, *, ranks: list[int] | None = None) -
 
 def read_devices(store: Store, run_id: int, *, ranks: list[int] | None = None) -> pl.DataFrame:
     """The run's device frame (``DEVICE_SCHEMA``)."""
-    m = _mark(store)
+    m = mark(store)
     sql = f"SELECT rank, device_id, name FROM devices WHERE run_id = {m}{_rank_filter(store, ranks)} ORDER BY rank, device_id"
     return _read_table(store, sql, (run_id,), DEVICE_SCHEMA)
 
 
+def max_rank_events(store: Store, run_id: int, rank: int | None = None) -> int:
+    """The largest number of events one rank of the run (or ``rank``) has written."""
+    m = mark(store)
+    sql = f"SELECT max(event_count) FROM run_ranks WHERE run_id = {m}"
+    params: tuple[int, ...] = (run_id,)
+    if rank is not None:
+        sql += f" AND rank = {m}"
+        params = (run_id, rank)
+    with driver_cursor(store, "modtrace_total") as cur:
+        cur.execute(sql, params)
+        row = cur.fetchone()
+    return int(row[0] or 0) if row else 0
+
+
 def read_run_status(store: Store, run_id: int, rank: int | None = None) -> str:
     """The run's status (or one rank's): running | completed | failed | interrupted."""
-    m = _mark(store)
+    m = mark(store)
     with driver_cursor(store, "modtrace_status") as cur:
         if rank is None:
             cur.execute(f"SELECT status FROM runs WHERE id = {m}", (run_id,))

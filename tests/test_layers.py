@@ -1,0 +1,197 @@
+"""The package's layers import only downwards, and no import cycle exists.
+
+Every ``import`` in ``modtrace/`` is read from the source (inside functions
+too); imports under ``if TYPE_CHECKING:`` count for the layer rules but not
+for cycles (they never run).  The layers are drawn in docs/development.md.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "modtrace"
+
+# Layer of each module (longest matching prefix wins) and what each layer may import.
+LAYERS: dict[str, str] = {
+    "modtrace._version": "base",
+    "modtrace.codes": "base",
+    "modtrace.contracts": "base",
+    "modtrace.errors": "base",
+    "modtrace.tracker": "tracker",
+    "modtrace.module_tracker": "tracker",
+    "modtrace.store": "store",
+    "modtrace.analysis": "analysis",
+    "modtrace.renderers": "renderers",
+    "modtrace.materialize": "join",
+    "modtrace.api": "api",
+    "modtrace.naming": "recorder",
+    "modtrace.progress": "recorder",
+    "modtrace.recorder": "recorder",
+    "modtrace.runner": "recorder",
+    "modtrace.cli": "cli",
+    "modtrace.__main__": "cli",
+    "modtrace": "package",
+}
+ALLOWED: dict[str, set[str]] = {
+    "base": {"base"},
+    "tracker": {"base", "tracker"},
+    "store": {"base", "store"},
+    "analysis": {"base", "analysis"},
+    "renderers": {"base", "renderers"},
+    "join": {"base", "store", "analysis", "join"},
+    "api": {"base", "store", "analysis", "join", "api"},
+    "recorder": {"base", "tracker", "store", "join", "recorder"},
+    "cli": {"base", "renderers", "api", "recorder", "cli", "store", "analysis", "join"},
+    "package": {"base", "tracker", "recorder", "api", "package"},
+}
+# Type-only imports a layer may make beyond ALLOWED: renderers name the analysis
+# results they render in annotations.
+TYPE_ONLY: dict[str, set[str]] = {"renderers": {"analysis"}}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str
+    target: str
+    line: int
+    type_only: bool
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _exists(module: str) -> bool:
+    base = PACKAGE.parent.joinpath(*module.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports_of(path: Path) -> list[Import]:
+    source = _module_name(path)
+    package = source if path.name == "__init__.py" else source.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, type_only: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, type_only)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "modtrace":
+                    found.append(Import(source, alias.name, node.lineno, type_only))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if module.split(".")[0] == "modtrace":
+                for alias in node.names:
+                    sub = f"{module}.{alias.name}"
+                    found.append(Import(source, sub if _exists(sub) else module, node.lineno, type_only))
+        for child in ast.iter_child_nodes(node):
+            visit(child, type_only)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return found
+
+
+def _all_imports() -> list[Import]:
+    return [imp for path in sorted(PACKAGE.rglob("*.py")) for imp in _imports_of(path)]
+
+
+def layer_of(module: str) -> str:
+    best = max((prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")), key=len)
+    return LAYERS[best]
+
+
+def test_the_walk_sees_imports_inside_functions_and_type_checking_blocks() -> None:
+    imports = _all_imports()
+    assert len({i.source for i in imports}) > 30
+    # the recorder imports the join layer inside a method; the CLI imports lazily inside commands
+    assert any(i.source == "modtrace.recorder" and i.target == "modtrace.materialize" for i in imports)
+    assert any(i.type_only for i in imports)
+    for module in {i.source for i in imports} | {i.target for i in imports}:
+        assert _exists(module), module
+        layer_of(module)
+
+
+def test_layers_import_only_downwards() -> None:
+    wrong = []
+    for imp in _all_imports():
+        src, dst = layer_of(imp.source), layer_of(imp.target)
+        allowed = ALLOWED[src] | (TYPE_ONLY.get(src, set()) if imp.type_only else set())
+        if dst not in allowed:
+            wrong.append(f"{imp.source}:{imp.line} ({src}) imports {imp.target} ({dst})")
+    assert not wrong, "\n".join(wrong)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges.get(v, ()):
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def test_no_import_cycle_anywhere() -> None:
+    edges: dict[str, set[str]] = {}
+    for imp in _all_imports():
+        if not imp.type_only and imp.target != imp.source:
+            edges.setdefault(imp.source, set()).add(imp.target)
+    assert _cycles(edges) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("module,layer", [
+    ("modtrace.store.migrate", "store"), ("modtrace.analysis.stream", "analysis"), ("modtrace.cli._options", "cli"),
+    ("modtrace.contracts", "base"), ("modtrace", "package"), ("modtrace.materialize", "join"),
+])
+def test_modules_are_placed_in_their_layer(module: str, layer: str) -> None:
+    assert layer_of(module) == layer
