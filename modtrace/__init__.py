@@ -1,7 +1,8 @@
 """modtrace: record the nn.Module hierarchy of PyTorch programs and analyse it offline.
 
-``modtrace.Recorder`` records into a database; ``modtrace.ModuleTracker`` is a
-drop-in replacement for ``torch.utils.module_tracker.ModuleTracker``.  Both are
+``modtrace.Recorder`` records into a database; ``modtrace.open(db)`` reads
+it back as polars frames (``modtrace.api``); ``modtrace.ModuleTracker`` is a
+drop-in replacement for ``torch.utils.module_tracker.ModuleTracker``.  All are
 imported lazily so that ``import modtrace`` (and the CLI) does not import torch.
 """
 
@@ -12,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 from modtrace._version import __version__
 
 if TYPE_CHECKING:
+    from modtrace.api import open
     from modtrace.module_tracker import ModuleTracker
     from modtrace.recorder import Recorder
 
-__all__ = ["ModuleTracker", "Recorder", "__version__"]
+__all__ = ["ModuleTracker", "Recorder", "__version__", "open"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +29,8 @@ def __getattr__(name: str) -> Any:
         from modtrace.module_tracker import ModuleTracker
 
         return ModuleTracker
+    if name == "open":
+        from modtrace.api import open
+
+        return open
     raise AttributeError(f"module 'modtrace' has no attribute {name!r}")

@@ -28,6 +28,10 @@ class RunNotFound(UsageError):
     """A run reference matches no run."""
 
 
+class RunNameTaken(UsageError):
+    """A new run was given the name of a run that exists."""
+
+
 def one_line(exc: BaseException) -> str:
     """The first line of an exception's message (a database error's own
     message, not SQLAlchemy's wrapping), or its type's name."""

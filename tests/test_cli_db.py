@@ -200,7 +200,7 @@ def newer_modtrace(monkeypatch: pytest.MonkeyPatch) -> str:
     """Make this modtrace believe it knows one more revision than the database
     has, so a database at the real head is 'older'.  Only the version check
     sees the extra revision; the CLI path around it is the real one."""
-    import modtrace.store.engine as engine_mod
+    import modtrace.store.base as engine_mod
     import modtrace.store.schema as schema_mod
 
     future = "9999"

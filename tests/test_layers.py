@@ -45,7 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "join": {"base", "store", "analysis", "join"},
     "api": {"base", "store", "analysis", "join", "api"},
     "recorder": {"base", "tracker", "store", "join", "recorder"},
-    "cli": {"base", "renderers", "api", "recorder", "cli", "store", "analysis", "join"},
+    "cli": {"base", "renderers", "api", "recorder", "cli"},
     "package": {"base", "tracker", "recorder", "api", "package"},
 }
 # Type-only imports a layer may make beyond ALLOWED: renderers name the analysis
@@ -195,3 +195,22 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 ])
 def test_modules_are_placed_in_their_layer(module: str, layer: str) -> None:
     assert layer_of(module) == layer
+
+
+def test_the_cli_issues_no_sql() -> None:
+    """The CLI reaches the database only through modtrace.api: no SQLAlchemy, no driver, no SQL text."""
+    wrong = []
+    for path in sorted((PACKAGE / "cli").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            wrong += [f"{path.name}:{node.lineno} imports {n}" for n in names
+                      if n.split(".")[0] in ("sqlalchemy", "sqlite3", "psycopg")]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if any(word in node.value for word in ("SELECT ", "INSERT ", "DELETE ", "UPDATE ")):
+                    wrong.append(f"{path.name}:{node.lineno} has SQL text {node.value[:40]!r}")
+    assert not wrong, "\n".join(wrong)

@@ -12,22 +12,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from modtrace.cli._options import db_option, format_option
+from modtrace.contracts import SEVERITIES
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from modtrace.store.engine import Store
-
-
-def _load(store: Store, run_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    from modtrace.materialize import load
-
-    result = load(store, run_id)
-    return result.spans, result.issues
-
 
 def _counts(issues: pl.DataFrame) -> str:
-    n = {s: int((issues["severity"] == s).sum()) for s in ("error", "warning", "info")}
+    n = {s: int((issues["severity"] == s).sum()) for s in SEVERITIES}
     return f"{n['error']} error(s), {n['warning']} warning(s), {n['info']} info"
 
 
@@ -39,21 +31,13 @@ def analyze(run: str, db: str | None) -> None:
 
     RUN is a run name, a numeric id, @ (the newest run) or @~N.
     """
-    from modtrace.materialize import materialize
-    from modtrace.store.engine import open_store
-    from modtrace.store.runs import resolve_run
+    import modtrace.api
 
-    store = open_store(db)
-    try:
-        ref = resolve_run(store, run)
-        result = materialize(store, ref.id)
-        with store.engine.connect() as conn:  # a large run's spans were streamed to the store, not returned
-            n_spans = conn.exec_driver_sql(f"SELECT count(*) FROM span_rows WHERE run_id = {int(ref.id)}").scalar()
-    finally:
-        store.dispose()
+    with modtrace.api.open(db) as database:
+        done = database.analyze(run)
     click.echo(
-        f"run {ref.name} (id {ref.id}): {n_spans} spans, "
-        f"{result.issues.height} nesting issue(s): {_counts(result.issues)}"
+        f"run {done.run.name} (id {done.run.id}): {done.spans} spans, "
+        f"{done.issues.height} nesting issue(s): {_counts(done.issues)}"
     )
 
 
@@ -89,35 +73,14 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     % step is a node's total inclusive time over the summed wall time of the
     selected steps.  Backward and recompute calls form their own subtrees.
     """
-    import polars as pl
-
-    from modtrace.analysis.aggregate import filter_tree, module_tree
-    from modtrace.errors import UsageError
+    import modtrace.api
     from modtrace.renderers.tree import TREE_RENDERERS
-    from modtrace.store.engine import open_store
-    from modtrace.store.runs import resolve_run
 
     step = _step_arg(step_opt)
-    store = open_store(db)
-    try:
-        ref = resolve_run(store, run)
-        spans, _ = _load(store, ref.id)
-    finally:
-        store.dispose()
-    if rank is not None:
-        if rank not in set(spans["rank"].unique().to_list()):
-            raise UsageError(f"run {ref.name} has no spans on rank {rank}")
-        spans = spans.filter(pl.col("rank") == rank)
-    if step is not None:
-        spans = spans.filter(pl.col("step") == step)
-        if spans.height == 0:
-            raise UsageError(f"run {ref.name} has no spans in step {step}")
-    nodes = filter_tree(
-        module_tree(spans),
-        phases=None if phase == "all" else {phase},
-        max_depth=max_depth,
-        min_percent=min_percent,
-    )
+    with modtrace.api.open(db) as database:
+        ref = database.run(run)
+        nodes = database.tree(ref, phase=None if phase == "all" else phase, step=step, rank=rank,
+                              max_depth=max_depth, min_percent=min_percent)
     if fmt == "table" and nodes.height == 0:
         click.echo(f"run {ref.name}: no module calls to show")
         return
@@ -140,16 +103,12 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
     """
     import polars as pl
 
+    import modtrace.api
     from modtrace.renderers import get_renderer
-    from modtrace.store.engine import open_store
-    from modtrace.store.runs import resolve_run
 
-    store = open_store(db)
-    try:
-        ref = resolve_run(store, run)
-        _, issues = _load(store, ref.id)
-    finally:
-        store.dispose()
+    with modtrace.api.open(db) as database:
+        ref = database.run(run)
+        issues = database.issues(ref)
     columns = ["severity", "kind", "rank", "seq", "step", "phase", "fqn", "message"]
     if fmt == "json":
         out = issues.with_columns(pl.col("phase").cast(pl.String)).select(columns).rows()

@@ -16,49 +16,36 @@ def db() -> None:
 @db_option
 def upgrade(db: str | None) -> None:
     """Create the database, or upgrade its schema to this modtrace's head."""
-    from modtrace.store.engine import open_store
-    from modtrace.store.migrate import upgrade as do_upgrade
+    import modtrace.api
 
-    store = open_store(db, create=True, check=False)
-    try:
-        before, after = do_upgrade(store)
-    finally:
-        store.dispose()
-    if store.created:
-        click.echo(f"{store.label}: created at {after}")
-    elif before == after:
-        click.echo(f"{store.label}: already at head ({after})")
+    done = modtrace.api.upgrade(db)
+    if done.created:
+        click.echo(f"{done.label}: created at {done.after}")
+    elif done.before == done.after:
+        click.echo(f"{done.label}: already at head ({done.after})")
     else:
-        click.echo(f"{store.label}: upgraded {before or 'empty'} -> {after}")
+        click.echo(f"{done.label}: upgraded {done.before or 'empty'} -> {done.after}")
 
 
 @db.command()
 @db_option
 def current(db: str | None) -> None:
     """Print the database's schema revision and this modtrace's head."""
-    from modtrace.store.engine import open_store, read_revision
-    from modtrace.store.schema import HEAD, REVISIONS
+    import modtrace.api
 
-    store = open_store(db, check=False)
-    try:
-        rev, _ = read_revision(store.engine)
-    finally:
-        store.dispose()
-    if rev == HEAD:
-        state = "head"
-    elif rev in REVISIONS:
-        state = "behind head; run `modtrace db upgrade`"
-    else:
-        state = "newer than this modtrace; upgrade modtrace"
-    click.echo(f"{rev} ({state}; this modtrace's head is {HEAD})")
+    found = modtrace.api.current_revision(db)
+    state = {
+        "head": "head",
+        "behind": "behind head; run `modtrace db upgrade`",
+        "newer": "newer than this modtrace; upgrade modtrace",
+    }[found.state]
+    click.echo(f"{found.revision} ({state}; this modtrace's head is {found.head})")
 
 
 @db.command()
 @db_option
 def check(db: str | None) -> None:
     """Exit 0 when the database is at head; otherwise say what to do and exit 1."""
-    from modtrace.store.engine import open_store
+    import modtrace.api
 
-    store = open_store(db)
-    store.dispose()
-    click.echo(f"{store.label}: schema is at head")
+    click.echo(f"{modtrace.api.check_schema(db)}: schema is at head")

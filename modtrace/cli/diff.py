@@ -10,81 +10,15 @@ from modtrace.cli._options import db_option, format_option
 from modtrace.contracts import PHASES
 
 if TYPE_CHECKING:
-    from modtrace.analysis.diff import RunCalls
-    from modtrace.store.engine import Store
-    from modtrace.store.samples import Window
-
-
-def _split_ref(store: Store, ref: str) -> tuple[Any, int | None]:
-    """RUN or RUN:RANK -> (run, rank or None); a run whose name contains ':' still resolves whole."""
-    from modtrace.errors import RunNotFound
-    from modtrace.store.runs import resolve_run
-
-    try:
-        return resolve_run(store, ref), None
-    except RunNotFound:
-        head, sep, tail = ref.rpartition(":")
-        if not sep or not head or not tail.isdigit():
-            raise
-    return resolve_run(store, head), int(tail)
+    from modtrace.api import RunCalls
 
 
 def _load(db: str | None, ref: str, rank: int | None) -> tuple[RunCalls, dict[str, Any]]:
-    """Open DB, resolve RUN[:RANK] and return its closed calls (one rank's when asked) and its description.
+    """Open DB and read one side of the diff: RUN[:RANK]'s closed calls and its description."""
+    import modtrace.api
 
-    The run's spans are fetched first, before this thread imports polars:
-    the database works (without the GIL) while ``diff`` imports the rest.
-    A run never analysed is analysed in memory, nothing written.
-    """
-    from modtrace.errors import UsageError
-    from modtrace.store.engine import open_store
-    from modtrace.store.samples import fetch_closed_calls
-
-    store = open_store(db)
-    try:
-        run, ref_rank = _split_ref(store, ref)
-        if ref_rank is not None:
-            rank = ref_rank
-        if rank is not None:
-            ranks = _ranks(store, run.id)
-            if rank not in ranks:
-                raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
-        fetched = fetch_closed_calls(store, run.id, rank=rank)
-        calls = _calls(store, run.id, rank, fetched)
-        label = store.label
-    finally:
-        store.dispose()
-    if calls.calls.height == 0:
-        raise UsageError(f"run {run.name!r} has no module calls to compare")
-    return calls, {"run": run.name, "run_id": run.id, "db": label, "rank": rank}
-
-
-def _ranks(store: Store, run_id: int) -> list[int]:
-    from modtrace.store.reader import read_ranks
-
-    return read_ranks(store, run_id)
-
-
-def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -> RunCalls:
-    """The run's closed calls from its fetched spans, or, for a run never analysed, from its events."""
-    import polars as pl
-
-    from modtrace.analysis.diff import RunCalls, calls_of_spans
-    from modtrace.store.analysis_store import has_analysis
-    from modtrace.store.reader import read_devices, read_modules
-    from modtrace.store.samples import parse_closed_calls
-
-    if fetched or has_analysis(store, run_id):
-        ranks = None if rank is None else [rank]
-        return RunCalls(
-            parse_closed_calls(fetched),
-            read_modules(store, run_id, ranks=ranks),
-            read_devices(store, run_id, ranks=ranks),
-        )
-    from modtrace.materialize import compute
-
-    spans = compute(store, run_id, rank=rank).spans
-    return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
+    with modtrace.api.open(db) as database:
+        return database.diff_side(ref, rank)
 
 
 def _load_both(
@@ -94,14 +28,15 @@ def _load_both(
     this thread imports what the diff needs."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import modtrace.store.engine  # noqa: F401  (before the threads: they would import it at once)
+    import modtrace.api
+
+    modtrace.api.preload_store()  # before the threads: they would import it at once
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         fb = pool.submit(_load, *base)
         fc = pool.submit(_load, *cand)
-        import modtrace.analysis.diff  # noqa: F401
+        modtrace.api.preload_diff()
         import modtrace.renderers.diff  # noqa: F401
-        import modtrace.store.analysis_store  # noqa: F401
 
         return fb.result(), fc.result()
 
@@ -146,7 +81,7 @@ def diff(
     nobody), and Mann-Whitney tests over the steps give p < --alpha for
     both. Exit status: 0 clean, 1 findings (per --fail-on), 2 usage error.
     """
-    from modtrace.analysis.diff import DiffOptions, diff_runs
+    from modtrace.api import DiffOptions, diff_calls
     from modtrace.errors import UsageError
     from modtrace.renderers.diff import document, get_diff_renderer
 
@@ -161,7 +96,7 @@ def diff(
     (base_calls, base_info), (cand_calls, cand_info) = _load_both(
         (db, base, rank), (cand_db if cand_db is not None else db, cand, rank)
     )
-    result = diff_runs(base_calls, cand_calls, options)
+    result = diff_calls(base_calls, cand_calls, options)
     for side, info in (("base_steps", base_info), ("cand_steps", cand_info)):
         if not result.summary[side]:
             raise UsageError(

@@ -17,7 +17,7 @@ from modtrace.cli._options import db_option
 if TYPE_CHECKING:
     import polars as pl
 
-    from modtrace.store.engine import Store
+    from modtrace.api import Database
 
 # Runs with more spans (or events) than this get a progress bar on a terminal;
 # MODTRACE_PROGRESS_MIN_ROWS overrides it (tests draw bars for small runs).
@@ -27,7 +27,7 @@ TABLES = ("spans", "events")
 
 @dataclass
 class RunData:
-    """What the renderers need of one run, read through ``modtrace.store``."""
+    """What the renderers need of one run, read through ``modtrace.api``."""
 
     info: dict[str, Any]
     spans: pl.DataFrame
@@ -36,53 +36,26 @@ class RunData:
     thread_names: dict[tuple[int, int], str | None]
 
 
-def _read_anchors_and_threads(store: Store, run_id: int) -> tuple[dict[int, int], dict[tuple[int, int], str | None]]:
-    from sqlalchemy import select
-
-    from modtrace.store.schema import run_ranks, threads
-
-    with store.engine.connect() as conn:
-        anchors = {
-            int(r): int(a)
-            for r, a in conn.execute(
-                select(run_ranks.c.rank, run_ranks.c.wall_anchor_ns).where(run_ranks.c.run_id == run_id)
-            )
-        }
-        names = {
-            (int(r), int(t)): n
-            for r, t, n in conn.execute(
-                select(threads.c.rank, threads.c.thread_id, threads.c.name).where(threads.c.run_id == run_id)
-            )
-        }
-    return anchors, names
-
-
-def load_run(store: Store, ref: str, *, quiet: bool = False) -> RunData:
+def load_run(database: Database, ref: str, *, quiet: bool = False) -> RunData:
     """Resolve RUN and read its metadata, spans, issues, clock anchors and thread names.
 
     A run that was never analysed (recorded with analysis off, or killed) is
     analysed on the fly, without writing to the database.
     """
-    from modtrace.materialize import stored as read_analysis
-    from modtrace.store.runs import resolve_run, run_details
-
-    run = resolve_run(store, ref)
-    info = run_details(store, run.id)
+    run = database.run(ref)
+    info = database.details(run)
     with progress_spinner(f"reading run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
-        stored = read_analysis(store, run.id)
-    if stored is None:
-        from modtrace.materialize import compute
-
+        stored = database.has_analysis(run)
+        if stored:
+            found = database.analysis(run)
+    if not stored:
         if not quiet and info.get("events"):
             click.echo(f"modtrace: run {run.name!r} has no stored analysis; analysing its events now "
                        f"(`modtrace analyze {run.name}` stores it)", err=True)
         with progress_spinner(f"analysing run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
-            result = compute(store, run.id)
-        spans, issues = result.spans, result.issues
-    else:
-        spans, issues = stored.spans, stored.issues
-    anchors, names = _read_anchors_and_threads(store, run.id)
-    return RunData(info=info, spans=spans, issues=issues, anchors=anchors, thread_names=names)
+            found = database.analysis(run)
+    return RunData(info=info, spans=found.spans, issues=found.issues, anchors=database.anchors(run),
+                   thread_names=database.thread_names(run))
 
 
 # -- progress ------------------------------------------------------------------------
@@ -192,66 +165,6 @@ def _check_output_file(path: str) -> None:
         raise UsageError(f"-o {path}: is a directory")
 
 
-# -- tables for DataFrame users -------------------------------------------------------
-
-
-def spans_table(data: RunData) -> pl.DataFrame:
-    """The spans frame with names as plain strings and each rank's wall clock added (``wall_start_ns``)."""
-    import polars as pl
-
-    anchors = pl.DataFrame(
-        {"rank": list(data.anchors), "_anchor": list(data.anchors.values())},
-        schema={"rank": pl.Int32(), "_anchor": pl.Int64()},
-    )
-    sp = data.spans
-    return (
-        sp.join(anchors, on="rank", how="left", maintain_order="left")
-        .with_columns(
-            pl.col(c).cast(pl.String) for c in ("fqn", "module_type", "phase", "device", "status")
-        )
-        .with_columns(
-            pl.col("status").fill_null("unclosed"),
-            (pl.col("_anchor") + pl.col("start_ns")).alias("wall_start_ns"),
-        )
-        .drop("_anchor")
-        .sort("rank", "span_id")
-    )
-
-
-def event_tables(store: Store, run_id: int, anchors: dict[int, int]) -> Iterator[pl.DataFrame]:
-    """The run's events, rank by rank in seq order, with names instead of codes (as ``event_log``)."""
-    import polars as pl
-
-    from modtrace.analysis.events import PHASE_ENUM, STATUS_ENUM, empty_events
-    from modtrace.store.reader import iter_event_chunks, read_devices, read_modules, read_ranks
-
-    modules = read_modules(store, run_id).select("rank", "module_id", "fqn", "module_type")
-    devices = read_devices(store, run_id).rename({"name": "device"})
-
-    def names(col: str, values: list[str]) -> pl.Expr:
-        return pl.col(col).replace_strict(list(range(len(values))), values, return_dtype=pl.String).alias(col)
-
-    def decode(chunk: pl.DataFrame, anchor: int) -> pl.DataFrame:
-        return (
-            chunk.join(modules, on=["rank", "module_id"], how="left", maintain_order="left")
-            .join(devices, on=["rank", "device_id"], how="left", maintain_order="left")
-            .select(
-                "run_id", "rank", "seq", "ts_ns", (pl.col("ts_ns") + anchor).alias("wall_ns"),
-                names("kind", ["enter", "exit"]), "fqn", "module_type", names("phase", list(PHASE_ENUM.categories)),
-                "call_id", "step", "thread_id", "device", "stream", names("status", list(STATUS_ENUM.categories)),
-                "graph_task", "tie", "module_id",
-            )
-        )
-
-    produced = False
-    for rank in read_ranks(store, run_id):
-        for chunk in iter_event_chunks(store, run_id, rank):
-            produced = True
-            yield decode(chunk, anchors.get(rank, 0))
-    if not produced:  # the columns even without rows
-        yield decode(empty_events(), 0)
-
-
 # -- commands -------------------------------------------------------------------------
 
 
@@ -273,8 +186,8 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
     modtrace export RUN --format parquet -o out/          # out/spans.parquet, out/events.parquet
     modtrace export RUN --format csv --what spans -o spans.csv
     """
+    import modtrace.api
     from modtrace.errors import UsageError
-    from modtrace.store.engine import open_store
 
     if fmt == "perfetto":
         if what not in (None, "spans"):
@@ -291,9 +204,8 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
                 output = str(Path(output) / f"{what}.{fmt}")
             _check_output_file(output)
 
-    store = open_store(db)
-    try:
-        data = load_run(store, run, quiet=quiet)
+    with modtrace.api.open(db) as database:
+        data = load_run(database, run, quiet=quiet)
         if fmt == "perfetto":
             from modtrace.renderers.perfetto import PerfettoRenderer
 
@@ -308,7 +220,7 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
                 Path(output).mkdir(exist_ok=True)
             if what in ("spans", "all"):
                 path = output if what == "spans" else str(Path(output) / f"spans.{fmt}")
-                table = spans_table(data)
+                table = database.spans_table(data.info["id"])
                 _write_frame(table, path, fmt)
                 written.append((path, table.height, "spans"))
             if what in ("events", "all"):
@@ -318,15 +230,13 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
                 total = int(data.info.get("events") or 0)
                 parts = []
                 with progress_bar("reading events", total, quiet=quiet) as advance:
-                    for part in event_tables(store, data.info["id"], data.anchors):
+                    for part in database.event_log(data.info["id"]):
                         parts.append(part)
                         if advance is not None:
                             advance(part.height)
                 events = pl.concat(parts)
                 _write_frame(events, path, fmt)
                 written.append((path, events.height, "events"))
-    finally:
-        store.dispose()
     if not quiet and output != "-":
         for path, n, kind in written:
             click.echo(f"modtrace: wrote {n:,} {kind} of run {data.info['name']!r} to {path}", err=True)
@@ -344,26 +254,21 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     """Write one self-contained HTML file about RUN: a flame chart of a step
     (forward, backward, recompute), per-step times, the nesting issues and,
     with --vs BASE, the diff against BASE.  It needs no network to view."""
+    import modtrace.api
     from modtrace.errors import UsageError
     from modtrace.renderers.html_report import HtmlReportRenderer, report_data
-    from modtrace.store.engine import open_store
 
     _check_output_file(output)
-    store = open_store(db)
-    try:
-        data = load_run(store, run, quiet=quiet)
+    with modtrace.api.open(db) as database:
+        data = load_run(database, run, quiet=quiet)
         diff = None
         base_info = None
         if base is not None:
-            from modtrace.analysis.diff import diff_spans
-
-            base_data = load_run(store, base, quiet=quiet)
+            base_data = load_run(database, base, quiet=quiet)
             if base_data.info["id"] == data.info["id"]:
                 raise UsageError(f"--vs {base}: is the same run as {run}")
-            diff = diff_spans(base_data.spans, data.spans)
+            diff = database.diff_spans(base_data.spans, data.spans)
             base_info = base_data.info
-    finally:
-        store.dispose()
     if rank is not None and data.spans.height and rank not in set(data.spans["rank"].unique().to_list()):
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:

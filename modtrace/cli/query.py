@@ -38,22 +38,22 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
     any other; a query file's header may give defaults. Statements that write
     are refused, and the connection itself cannot write.
     """
+    import modtrace.api
     from modtrace.errors import UsageError
     from modtrace.renderers import get_renderer
-    from modtrace.store import query as q
 
     if list_:
         if query is not None:
             raise UsageError("--list takes no query")
         rows = [
             [item.name, item.purpose, " ".join(f":{p}" for p in item.param_names)]
-            for item in q.library()
+            for item in modtrace.api.query_library()
         ]
         click.echo(get_renderer(fmt).render(["name", "purpose", "parameters"], rows), nl=False)
         return
     if query is None:
         raise UsageError("give a query: a NAME from `modtrace query --list`, a .sql PATH or an SQL statement")
-    chosen = q.resolve_query(query)
+    chosen = modtrace.api.resolve_query(query)
     given = _parse_params(params)
     if run is not None:
         if "run_id" not in chosen.param_names:
@@ -61,5 +61,5 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
         if "run_id" in given:
             raise UsageError("give the run once: --run RUN or --param run_id=RUN")
         given["run_id"] = run
-    result = q.run_query(db, chosen, given)
+    result = modtrace.api.query(db, chosen, given)
     click.echo(get_renderer(fmt).render(result.columns, result.rows), nl=False)

@@ -218,8 +218,8 @@ def _start_recorder(
     meta: dict[str, Any], analyze: bool,
 ) -> Any:
     """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
+    from modtrace.errors import RunNameTaken
     from modtrace.recorder import Recorder
-    from modtrace.store.runs import RunNameTaken
 
     attempt = 1
     while True:

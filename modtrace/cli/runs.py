@@ -27,15 +27,11 @@ def _duration(seconds: float | None) -> str:
 @format_option("table", "json", "csv")
 def runs(db: str | None, limit: int | None, fmt: str) -> None:
     """List recorded runs, newest first."""
+    import modtrace.api
     from modtrace.renderers import get_renderer
-    from modtrace.store.engine import open_store
-    from modtrace.store.runs import list_runs
 
-    store = open_store(db)
-    try:
-        rows = list_runs(store, limit)
-    finally:
-        store.dispose()
+    with modtrace.api.open(db) as database:
+        rows = database.run_list(limit)
     columns = ["id", "name", "status", "started", "duration", "events", "steps", "ranks"]
     if fmt == "table":
         out = [
@@ -43,7 +39,7 @@ def runs(db: str | None, limit: int | None, fmt: str) -> None:
             for r in rows
         ]
         if not out:
-            click.echo(f"no runs in {store.label}")
+            click.echo(f"no runs in {database.label}")
             return
     else:
         columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "ranks"]
@@ -60,16 +56,11 @@ def show(run: str, db: str | None, fmt: str) -> None:
 
     RUN is a run name, a numeric id, @ (the newest run) or @~N.
     """
+    import modtrace.api
     from modtrace.renderers import get_renderer
-    from modtrace.store.engine import open_store
-    from modtrace.store.runs import resolve_run, run_details
 
-    store = open_store(db)
-    try:
-        ref = resolve_run(store, run)
-        info = run_details(store, ref.id)
-    finally:
-        store.dispose()
+    with modtrace.api.open(db) as database:
+        info = database.details(run)
     if fmt == "json":
         click.echo(json.dumps(info, indent=2, default=str))
         return

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from modtrace.errors import RunNotFound, StoreError, UsageError
+from modtrace.errors import RunNameTaken, RunNotFound, StoreError, UsageError
 from modtrace.store.engine import Store
 from modtrace.store.schema import run_ranks, runs
 
@@ -41,10 +41,6 @@ def parse_iso(value: str | None) -> datetime | None:
 class RunRef:
     id: int
     name: str
-
-
-class RunNameTaken(UsageError):
-    pass
 
 
 def create_run(store: Store, name: str, meta: Mapping[str, Any], *, join: bool = False) -> tuple[int, bool]:
@@ -270,3 +266,23 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
         for r in rank_rows
     ]
     return info
+
+
+def read_anchors(store: Store, run_id: int) -> dict[int, int]:
+    """rank -> wall-clock ns at its ts_ns = 0 (run_ranks.wall_anchor_ns)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(run_ranks.c.rank, run_ranks.c.wall_anchor_ns).where(run_ranks.c.run_id == run_id)
+        ).all()
+    return {int(r): int(a) for r, a in rows}
+
+
+def read_thread_names(store: Store, run_id: int) -> dict[tuple[int, int], str | None]:
+    """(rank, thread_id) -> thread name."""
+    from modtrace.store.schema import threads
+
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(threads.c.rank, threads.c.thread_id, threads.c.name).where(threads.c.run_id == run_id)
+        ).all()
+    return {(int(r), int(t)): n for r, t, n in rows}

@@ -1,0 +1,286 @@
+"""The public Python API: a recording database as polars frames.
+
+For notebooks and scripts, and the only thing the CLI calls::
+
+    import modtrace
+
+    with modtrace.open("modtrace.db") as db:
+        print(db.runs())                       # one row per run, newest first
+        spans = db.spans("@")                  # the newest run's spans frame
+        issues = db.issues("@")                # its nesting issues
+        tree = db.tree("@", phase="forward")   # per-module timings
+        result = db.diff("base", "@")          # a typed DiffResult
+
+A run is named as on the command line: a name, an id, ``@`` (the newest),
+``@~N``, ``id:N``, ``name:X``; or a ``Run`` returned by ``run()``.  Spans and
+issues are the stored analysis when the run has one, otherwise computed
+from its events (nothing is written); ``analyze`` stores them.  Frames
+follow the contracts in ``modtrace.contracts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from modtrace.api._admin import (
+    check_schema,
+    current_revision,
+    query,
+    query_library,
+    resolve_query,
+    upgrade,
+)
+from modtrace.contracts import PHASES
+from modtrace.errors import UsageError
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from modtrace.analysis import Analysis
+    from modtrace.analysis.diff import DiffOptions, DiffResult, RunCalls
+    from modtrace.store.engine import Store
+
+__all__ = [
+    "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "RunCalls", "check_schema", "current_revision",
+    "diff_calls", "open", "preload_diff", "preload_store", "query", "query_library", "resolve_query", "upgrade",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The diff's option and result types, without importing polars with this module.
+    if name in ("DiffOptions", "DiffResult", "RunCalls"):
+        import modtrace.analysis.diff
+
+        return getattr(modtrace.analysis.diff, name)
+    raise AttributeError(f"module 'modtrace.api' has no attribute {name!r}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """A resolved run reference."""
+
+    id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class AnalyzeSummary:
+    """What ``Database.analyze`` stored."""
+
+    run: Run
+    spans: int
+    issues: pl.DataFrame
+
+
+RunLike = str | int | Run
+
+
+def preload_store() -> None:
+    """Import the store's engine (before threads that would all import it at once)."""
+    import modtrace.store.engine  # noqa: F401
+
+
+def preload_diff() -> None:
+    """Import what a diff needs (while other threads read the runs)."""
+    from modtrace.api._diff import preload
+
+    preload()
+
+
+def diff_calls(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
+    """Compare two sides read by ``Database.diff_side`` (possibly from two databases, in two threads)."""
+    from modtrace.analysis.diff import diff_runs
+
+    return diff_runs(base, cand, options)
+
+
+def open(db: str | None = None) -> Database:  # noqa: A001 -- modtrace.open(db), like sqlite3.connect
+    """Open a recording database for reading: a file path or SQLAlchemy URL;
+    default ``$MODTRACE_DB``, else ``./modtrace.db``.  Nothing is created."""
+    from modtrace.store.engine import open_store
+
+    return Database(open_store(db))
+
+
+class Database:
+    """An open recording database.  Close it (or use ``with``) when done."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._analyses: dict[int, Analysis] = {}
+
+    @property
+    def label(self) -> str:
+        """The database as messages name it (a path, or a URL without password)."""
+        return self._store.label
+
+    def close(self) -> None:
+        self._store.dispose()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- runs ----------------------------------------------------------------------
+
+    def run(self, ref: RunLike) -> Run:
+        """Resolve a run reference (raises ``RunNotFound``)."""
+        from modtrace.store.runs import resolve_run
+
+        if isinstance(ref, Run):
+            return ref
+        found = resolve_run(self._store, str(ref) if isinstance(ref, str) else f"id:{int(ref)}")
+        return Run(found.id, found.name)
+
+    def run_list(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Runs newest first, as dicts (id, name, status, started_at, ended_at, duration_s, events, steps, ranks...)."""
+        from modtrace.store.runs import list_runs
+
+        return list_runs(self._store, limit)
+
+    def runs(self, limit: int | None = None) -> pl.DataFrame:
+        """``run_list`` as a frame."""
+        import polars as pl
+
+        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "ranks"]
+        rows = self.run_list(limit)
+        return pl.DataFrame([[r[c] for c in columns] for r in rows], schema=columns, orient="row")
+
+    def details(self, run: RunLike) -> dict[str, Any]:
+        """The run's metadata, status and counts (what ``modtrace show`` prints)."""
+        from modtrace.store.runs import run_details
+
+        return run_details(self._store, self.run(run).id)
+
+    def ranks(self, run: RunLike) -> list[int]:
+        """The ranks that wrote events or lookups for the run, ascending."""
+        from modtrace.store.reader import read_ranks
+
+        return read_ranks(self._store, self.run(run).id)
+
+    def anchors(self, run: RunLike) -> dict[int, int]:
+        """rank -> wall-clock nanoseconds at that rank's ``ts_ns = 0``."""
+        from modtrace.store.runs import read_anchors
+
+        return read_anchors(self._store, self.run(run).id)
+
+    def thread_names(self, run: RunLike) -> dict[tuple[int, int], str | None]:
+        """(rank, thread_id) -> thread name."""
+        from modtrace.store.runs import read_thread_names
+
+        return read_thread_names(self._store, self.run(run).id)
+
+    # -- frames --------------------------------------------------------------------
+
+    def events(self, run: RunLike, *, rank: int | None = None) -> pl.DataFrame:
+        """The run's events (``contracts.EVENT_FRAME``: codes), sorted by (rank, seq)."""
+        from modtrace.store.reader import read_events
+
+        return read_events(self._store, self.run(run).id, ranks=None if rank is None else [rank])
+
+    def event_log(self, run: RunLike) -> Iterator[pl.DataFrame]:
+        """The run's events with names instead of codes (as the ``event_log`` view) and
+        ``wall_ns``, in chunks, rank by rank in seq order."""
+        from modtrace.api._tables import event_log
+
+        ref = self.run(run)
+        return event_log(self._store, ref.id, self.anchors(ref))
+
+    def analysis(self, run: RunLike) -> Analysis:
+        """The run's spans and issues: stored when analysed, else computed (and kept for this object)."""
+        from modtrace.materialize import load
+
+        ref = self.run(run)
+        if ref.id not in self._analyses:
+            self._analyses[ref.id] = load(self._store, ref.id)
+        return self._analyses[ref.id]
+
+    def has_analysis(self, run: RunLike) -> bool:
+        """Whether the run's spans and issues are stored (``analyze``, or the recorder, wrote them)."""
+        from modtrace.store.analysis_store import has_analysis
+
+        return has_analysis(self._store, self.run(run).id)
+
+    def spans(self, run: RunLike) -> pl.DataFrame:
+        """The run's spans frame (``contracts.SPAN_FRAME``)."""
+        return self.analysis(run).spans
+
+    def issues(self, run: RunLike) -> pl.DataFrame:
+        """The run's nesting issues frame (``contracts.ISSUE_FRAME``)."""
+        return self.analysis(run).issues
+
+    def spans_table(self, run: RunLike) -> pl.DataFrame:
+        """Spans with names as plain strings, ``unclosed`` for a span never exited, and ``wall_start_ns``."""
+        from modtrace.api._tables import spans_table
+
+        return spans_table(self.spans(run), self.anchors(run))
+
+    def analyze(self, run: RunLike) -> AnalyzeSummary:
+        """Rebuild and store the run's spans and nesting issues (idempotent)."""
+        from modtrace.materialize import materialize
+        from modtrace.store.analysis_store import count_span_rows
+
+        ref = self.run(run)
+        self._analyses.pop(ref.id, None)
+        result = materialize(self._store, ref.id)
+        return AnalyzeSummary(ref, count_span_rows(self._store, ref.id), result.issues)
+
+    # -- derived views -------------------------------------------------------------
+
+    def tree(
+        self, run: RunLike, *, phase: str | None = None, step: int | None = None, rank: int | None = None,
+        max_depth: int | None = None, min_percent: float | None = None,
+    ) -> pl.DataFrame:
+        """The module call tree with per-step median and total times and % of step.
+
+        ``phase`` (forward | backward | recompute), ``step`` and ``rank``
+        select spans; ``max_depth`` and ``min_percent`` hide nodes."""
+        import polars as pl
+
+        from modtrace.analysis.aggregate import filter_tree, module_tree
+
+        ref = self.run(run)
+        if phase is not None and phase not in PHASES:
+            raise UsageError(f"phase {phase!r}: one of {', '.join(PHASES)}")
+        spans = self.spans(ref)
+        if rank is not None:
+            if rank not in set(spans["rank"].unique().to_list()):
+                raise UsageError(f"run {ref.name} has no spans on rank {rank}")
+            spans = spans.filter(pl.col("rank") == rank)
+        if step is not None:
+            spans = spans.filter(pl.col("step") == step)
+            if spans.height == 0:
+                raise UsageError(f"run {ref.name} has no spans in step {step}")
+        return filter_tree(
+            module_tree(spans), phases=None if phase is None else {phase}, max_depth=max_depth, min_percent=min_percent
+        )
+
+    def diff(
+        self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,
+        cand_db: Database | None = None, rank: int | None = None,
+    ) -> DiffResult:
+        """Compare run ``cand`` (in ``cand_db``, default this database) against ``base``."""
+        from modtrace.analysis.diff import diff_runs
+
+        base_calls = self.diff_side(base, rank)[0]
+        cand_calls = (cand_db or self).diff_side(cand, rank)[0]
+        return diff_runs(base_calls, cand_calls, options)
+
+    def diff_spans(
+        self, base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions | None = None
+    ) -> DiffResult:
+        """Compare two spans frames (e.g. of two runs in different databases, or filtered)."""
+        from modtrace.analysis.diff import diff_spans
+
+        return diff_spans(base_spans, cand_spans, options)
+
+    def diff_side(self, ref: RunLike, rank: int | None = None) -> tuple[RunCalls, dict[str, Any]]:
+        """One side of a diff: (``RunCalls``, description).  ``ref`` may be ``RUN:RANK``."""
+        from modtrace.api._diff import load_side
+
+        return load_side(self, self._store, ref, rank)

@@ -1,0 +1,78 @@
+"""One side of a diff, read from the store: a run's closed calls and its description.
+
+The run's closed calls are fetched as text first, before polars is needed:
+the database works (releasing the GIL) while the caller imports the rest,
+so ``modtrace diff`` reads both sides in two threads at once.  A run never
+analysed is analysed in memory, nothing written.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from modtrace.errors import RunNotFound, UsageError
+
+if TYPE_CHECKING:
+    from modtrace.analysis.diff import RunCalls
+    from modtrace.api import Database, Run, RunLike
+    from modtrace.store.engine import Store
+    from modtrace.store.samples import Window
+
+
+def split_ref(db: Database, ref: RunLike) -> tuple[Run, int | None]:
+    """RUN or RUN:RANK -> (run, rank or None); a run whose name contains ':' still resolves whole."""
+    if not isinstance(ref, str):
+        return db.run(ref), None
+    try:
+        return db.run(ref), None
+    except RunNotFound:
+        head, sep, tail = ref.rpartition(":")
+        if not sep or not head or not tail.isdigit():
+            raise
+    return db.run(head), int(tail)
+
+
+def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -> RunCalls:
+    """The run's closed calls from its fetched spans, or, for a run never analysed, from its events."""
+    import polars as pl
+
+    from modtrace.analysis.diff import RunCalls, calls_of_spans
+    from modtrace.store.analysis_store import has_analysis
+    from modtrace.store.reader import read_devices, read_modules
+    from modtrace.store.samples import parse_closed_calls
+
+    if fetched or has_analysis(store, run_id):
+        ranks = None if rank is None else [rank]
+        return RunCalls(
+            parse_closed_calls(fetched),
+            read_modules(store, run_id, ranks=ranks),
+            read_devices(store, run_id, ranks=ranks),
+        )
+    from modtrace.materialize import compute
+
+    spans = compute(store, run_id, rank=rank).spans
+    return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
+
+
+def load_side(db: Database, store: Store, ref: RunLike, rank: int | None) -> tuple[RunCalls, dict[str, Any]]:
+    """(closed calls of RUN[:RANK], or of ``rank``; its description for the diff document)."""
+    from modtrace.store.samples import fetch_closed_calls
+
+    run, ref_rank = split_ref(db, ref)
+    if ref_rank is not None:
+        rank = ref_rank
+    if rank is not None:
+        ranks = db.ranks(run)
+        if rank not in ranks:
+            raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
+    fetched = fetch_closed_calls(store, run.id, rank=rank)
+    calls = _calls(store, run.id, rank, fetched)
+    if calls.calls.height == 0:
+        raise UsageError(f"run {run.name!r} has no module calls to compare")
+    return calls, {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank}
+
+
+def preload() -> None:
+    """Import what a diff needs (while another thread reads the runs)."""
+    import modtrace.analysis.diff  # noqa: F401
+    import modtrace.store.analysis_store  # noqa: F401
