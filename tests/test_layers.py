@@ -214,3 +214,23 @@ def test_the_cli_issues_no_sql() -> None:
                 if any(word in node.value for word in ("SELECT ", "INSERT ", "DELETE ", "UPDATE ")):
                     wrong.append(f"{path.name}:{node.lineno} has SQL text {node.value[:40]!r}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_shared_cli_options_are_declared_once() -> None:
+    """--db, --format, --rank and --quiet come from modtrace/cli/_options.py, one decorator each."""
+    shared = {"--db", "--format", "--rank", "--quiet", "-q"}
+    found = []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "option":
+                names = {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+                found += [(path.name, name) for name in names & shared]
+    assert sorted(found) == [("_options.py", "--db"), ("_options.py", "--format"), ("_options.py", "--quiet"),
+                             ("_options.py", "--rank"), ("_options.py", "-q")]
+
+
+@pytest.mark.parametrize("command", [("tree", "r"), ("diff", "a", "b"), ("report", "r", "-o", "x.html")])
+def test_rank_means_the_same_on_every_command(command: tuple[str, ...], run_cli) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli(*command, "--rank", "-1")
+    assert result.code == 2
+    assert "'--rank'" in result.err and "-1 is not in the range x>=0" in result.err

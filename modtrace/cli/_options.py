@@ -19,7 +19,7 @@ def db_option(fn: F) -> F:
     )(fn)
 
 
-def format_option(*choices: str, default: str = "table") -> Callable[[F], F]:
+def format_option(*choices: str, default: str = "table", help: str = "Output format.") -> Callable[[F], F]:  # noqa: A002
     def deco(fn: F) -> F:
         return click.option(
             "--format",
@@ -27,7 +27,25 @@ def format_option(*choices: str, default: str = "table") -> Callable[[F], F]:
             type=click.Choice(choices),
             default=default,
             show_default=True,
-            help="Output format.",
+            help=help,
         )(fn)
+
+    return deco
+
+
+def rank_option(help: str) -> Callable[[F], F]:  # noqa: A002 -- click's own name for it
+    """``--rank N``: one rank of a run (from 0); the command says what it selects."""
+
+    def deco(fn: F) -> F:
+        return click.option("--rank", type=click.IntRange(min=0), default=None, metavar="N", help=help)(fn)
+
+    return deco
+
+
+def quiet_option(help: str = "No progress bar or notes on stderr.") -> Callable[[F], F]:  # noqa: A002
+    """``-q/--quiet``: nothing on stderr but errors."""
+
+    def deco(fn: F) -> F:
+        return click.option("-q", "--quiet", is_flag=True, help=help)(fn)
 
     return deco

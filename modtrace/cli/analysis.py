@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from modtrace.cli._options import db_option, format_option
+from modtrace.cli._options import db_option, format_option, rank_option
 from modtrace.contracts import SEVERITIES
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def _step_arg(value: str) -> int | None:
               show_default=True, help="Show only calls of this phase.")
 @click.option("--step", "step_opt", default="all", show_default=True, metavar="N|all",
               help="Only this step (from 0), or all steps.")
-@click.option("--rank", type=int, default=None, help="Only this rank (default: all ranks).")
+@rank_option("Only this rank (default: all ranks).")
 @click.option("--max-depth", type=click.IntRange(min=0), default=None, help="Hide nodes deeper than this (0 = roots).")
 @click.option("--min-percent", type=click.FloatRange(min=0), default=None,
               help="Hide nodes below this percentage of step time.")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from modtrace.cli._options import db_option, format_option
+from modtrace.cli._options import db_option, format_option, rank_option
 from modtrace.contracts import PHASES
 
 if TYPE_CHECKING:
@@ -48,8 +48,7 @@ def _load_both(
 @click.option("--cand-db", metavar="DB", default=None, help="Database of CAND when it is not BASE's.")
 @click.option("--phase", "phases", multiple=True, type=click.Choice(PHASES),
               help="Compare only this phase (repeatable; default: all).")
-@click.option("--rank", type=click.IntRange(min=0), default=None,
-              help="Restrict both runs to this rank (RUN:RANK sets one side's rank).")
+@rank_option("Restrict both runs to this rank (RUN:RANK sets one side's rank).")
 @click.option("--threshold", "threshold_pct", type=click.FloatRange(min=0), default=10.0, show_default=True,
               metavar="PCT", help="Smallest relative change of median self time that counts, in percent.")
 @click.option("--min-delta-us", type=click.FloatRange(min=0), default=20.0, show_default=True, metavar="N",

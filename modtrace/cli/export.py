@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
-from modtrace.cli._options import db_option
+from modtrace.cli._options import db_option, format_option, quiet_option, rank_option
 
 if TYPE_CHECKING:
     import polars as pl
@@ -171,13 +171,13 @@ def _check_output_file(path: str) -> None:
 @click.command()
 @click.argument("run")
 @db_option
-@click.option("--format", "fmt", type=click.Choice(["perfetto", "parquet", "csv"]), default="perfetto",
-              show_default=True, help="perfetto: Chrome trace event JSON; parquet/csv: tables for DataFrames.")
+@format_option("perfetto", "parquet", "csv", default="perfetto",
+               help="perfetto: Chrome trace event JSON; parquet/csv: tables for DataFrames.")
 @click.option("-o", "--output", "output", required=True, metavar="PATH",
               help="Output file (perfetto, or one table); a directory for both tables; - for stdout (text formats).")
 @click.option("--what", type=click.Choice(["spans", "events", "all"]), default=None,
               help="Tables to write with parquet/csv (default: all, into the directory PATH).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes on stderr.")
+@quiet_option()
 def export(run: str, db: str | None, fmt: str, output: str, what: str | None, quiet: bool) -> None:
     """Export RUN's spans as a Perfetto / chrome://tracing trace, or spans and events as Parquet or CSV.
 
@@ -248,8 +248,8 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
 @click.option("--vs", "base", metavar="BASE", default=None, help="Compare with run BASE: the diff, regressions highlighted.")
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="HTML file to write (- for stdout).")
 @click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the median-time step).")
-@click.option("--rank", type=int, default=None, help="Rank shown in the flame chart (default: the lowest).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes on stderr.")
+@rank_option("Rank shown in the flame chart (default: the lowest).")
+@quiet_option()
 def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None, quiet: bool) -> None:
     """Write one self-contained HTML file about RUN: a flame chart of a step
     (forward, backward, recompute), per-step times, the nesting issues and,

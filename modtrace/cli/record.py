@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from modtrace.cli._options import db_option
+from modtrace.cli._options import db_option, quiet_option
 from modtrace.errors import UsageError
 
 AUTO_NAME_ATTEMPTS = 50
@@ -91,7 +91,7 @@ def check_run_name(name: str) -> str:
               help="Run name, unique in the database (default: script or module name and start time).")
 @click.option("--tag", "tags", metavar="KEY=VALUE", multiple=True, help="Attach a tag to the run (repeatable).")
 @click.option("-m", "module", metavar="MODULE", default=None, help="Run a library module as a script, like python -m.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary on stderr.")
+@quiet_option("No progress line and no summary on stderr.")
 @click.option("--no-analyze", is_flag=True, help="Skip building spans and nesting issues when the run ends.")
 @click.argument("target_args", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 @click.pass_context
