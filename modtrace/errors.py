@@ -32,6 +32,10 @@ class RunNameTaken(UsageError):
     """A new run was given the name of a run that exists."""
 
 
+class Terminated(BaseException):
+    """Raised in the main thread when SIGTERM arrives during a recording."""
+
+
 def one_line(exc: BaseException) -> str:
     """The first line of an exception's message (a database error's own
     message, not SQLAlchemy's wrapping), or its type's name."""

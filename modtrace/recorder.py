@@ -35,7 +35,7 @@ from typing import Any
 
 from modtrace._version import __version__
 from modtrace.codes import Status
-from modtrace.errors import StoreError, UsageError, one_line
+from modtrace.errors import StoreError, Terminated, UsageError, one_line
 from modtrace.naming import default_run_name, shared_run_name
 from modtrace.store.engine import Store, open_store
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
@@ -58,10 +58,6 @@ WRITER_START_WAIT_S = 5.0
 WRITERS = ("auto", "process", "thread", "inline")
 
 
-class Terminated(BaseException):
-    """Raised in the main thread when SIGTERM arrives during a recording."""
-
-
 @dataclass
 class _Batch:
     """Events and names taken from the buffers, not yet written."""
@@ -72,13 +68,6 @@ class _Batch:
     devices: list[tuple[Any, ...]]
     progress: tuple[int, int]  # (event_count, step_count) once this batch is written
     frame: bytes | None = None  # packed for the writer process
-
-
-@dataclass(frozen=True)
-class RecorderProgress:
-    events: int
-    steps: int
-    elapsed_s: float
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -196,9 +185,6 @@ class Recorder:
     def active(self) -> bool:
         return self._tracker is not None and self._tracker.active
 
-    def progress(self) -> RecorderProgress:
-        return RecorderProgress(self.events_recorded, self.step_count, time.monotonic() - self._started if self._started else 0.0)
-
     def step(self) -> None:
         """Mark a step boundary: later events carry the next step number."""
         tracker = self._tracker
@@ -258,19 +244,43 @@ class Recorder:
             store.dispose()
             raise
         self._store = store
-        self._take_reserve()
-        self._writer = RankWriter(store, self.run_id, self.rank)
-        if self.writer_mode in ("auto", "process"):
-            try:
-                self._proc = WriterProcess(store, self.run_id, self.rank)
-            except Exception:  # no usable interpreter to start: write from this process
-                self._proc = None
-        self._tracker = tracker
-        self._started = time.monotonic()
-        self._flusher = threading.Thread(target=self._flush_loop, name="modtrace-flush", daemon=True)
-        self._flusher.start()
-        self._install_signal_handlers()
+        try:
+            self._take_reserve()
+            self._writer = RankWriter(store, self.run_id, self.rank)
+            if self.writer_mode in ("auto", "process"):
+                try:
+                    self._proc = WriterProcess(store, self.run_id, self.rank)
+                except Exception:  # no usable interpreter to start: write from this process
+                    self._proc = None
+            self._tracker = tracker
+            self._started = time.monotonic()
+            self._flusher = threading.Thread(target=self._flush_loop, name="modtrace-flush", daemon=True)
+            self._flusher.start()
+            self._install_signal_handlers()
+        except BaseException as exc:
+            self._abort_start(tracker, exc)
+            raise
         return self
+
+    def _abort_start(self, tracker: Tracker, exc: BaseException) -> None:
+        """Undo a start that failed once the hooks were in: none is left, the rank is marked failed."""
+        tracker.stop()
+        self._tracker = None
+        self._stopping.set()
+        self._wake.set()
+        if self._flusher is not None and self._flusher.is_alive():
+            self._flusher.join()
+        self._restore_signal_handlers()
+        self._close_writers()
+        self.status = "failed"
+        assert self._store is not None
+        try:
+            finish_rank(self._store, self.run_id, self.rank, "failed", f"the recorder failed to start: {_summary(exc)}")
+        except Exception:  # the original error is the one to report
+            pass
+        finally:
+            self._store.dispose()
+            self._release_reserve()
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         """Stop recording, write what is buffered and mark the run ``status``."""
@@ -328,9 +338,13 @@ class Recorder:
             pid = stale.name.rsplit("-", 1)[-1]
             if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
                 stale.unlink(missing_ok=True)
+        fallocate = getattr(os, "posix_fallocate", None)  # not on macOS or Windows
         try:
             with open(path, "wb") as fh:
-                os.posix_fallocate(fh.fileno(), 0, self._RESERVE_BYTES)
+                if fallocate is not None:
+                    fallocate(fh.fileno(), 0, self._RESERVE_BYTES)
+                else:
+                    fh.write(bytes(self._RESERVE_BYTES))
         except OSError:
             path.unlink(missing_ok=True)
 

@@ -9,7 +9,8 @@ would give.  What Python does at the end (print, exit) is turned into an
 ``Outcome`` the caller records before it exits.
 
 This module knows nothing of the recorder or the database: ``execute``
-runs the target and classifies how it ended.
+runs the target and classifies how it ended (``modtrace.cli.record`` puts
+the recorder around it).  Run names come from ``modtrace.naming``.
 """
 
 from __future__ import annotations
@@ -32,22 +33,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal
 
-from modtrace.errors import UsageError
-from modtrace.naming import (
-    default_run_name as default_run_name,
-)
-from modtrace.naming import (
-    process_start_time as process_start_time,
-)
-from modtrace.naming import (
-    shared_run_name as shared_run_name,
-)
-from modtrace.naming import (
-    world_size_from_env as world_size_from_env,
-)
-from modtrace.recorder import (
-    Terminated as Terminated,  # the one exception SIGTERM becomes while recording
-)
+from modtrace.errors import Terminated, UsageError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM

@@ -199,13 +199,6 @@ class Tracker:
     def active(self) -> bool:
         return self._active
 
-    def now(self) -> int:
-        return self._clock() - self.t0
-
-    def open_forward_calls(self) -> int:
-        st = getattr(self._local, "st", None)
-        return len(st.stack) if st is not None else 0
-
     def fqn(self, module_id: int) -> str:
         return self.fqns[module_id]
 

@@ -346,3 +346,12 @@ def test_scanning_finds_parameters_and_statements(sql: str, params: tuple[str, .
     assert scanned.params == params
     assert len(scanned.statements) == statements
     assert "--" not in scanned.bindable and "/*" not in scanned.bindable
+
+
+@pytest.mark.parametrize("table", ["readonly database", "not authorized", "read-only transaction"])
+def test_a_failure_that_mentions_refusal_is_a_failure_not_a_refusal(run_cli, db: Path, table: str) -> None:  # type: ignore[no-untyped-def]
+    # Whether a query was refused is what the database says (authorizer, result code, SQLSTATE),
+    # never words in its message: a missing table named like a refusal is a plain failure.
+    res = run_cli("query", "--db", str(db), f'SELECT * FROM "{table}"')
+    assert res.code == 1, res
+    assert res.err == f"modtrace: error: query failed: no such table: {table}\n"

@@ -13,15 +13,8 @@ from pathlib import Path
 import pytest
 
 from modtrace.errors import UsageError
-from modtrace.runner import (
-    Target,
-    check_target,
-    default_run_name,
-    execute,
-    git_commit,
-    process_start_time,
-    shared_run_name,
-)
+from modtrace.naming import default_run_name, process_start_time, shared_run_name
+from modtrace.runner import Target, check_target, execute, git_commit
 
 PROBE = textwrap.dedent(
     """

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from modtrace.codes import Kind, Phase, Status
 from modtrace.errors import RunNotFound, StoreError, UsageError
-from modtrace.store.engine import DEFAULT_DB, open_store, read_revision, resolve_db
+from modtrace.store.engine import DEFAULT_DB, Store, open_store, read_revision, resolve_db
 from modtrace.store.runs import (
     RunNameTaken,
     add_rank,
@@ -27,10 +27,18 @@ from modtrace.store.runs import (
     list_runs,
     resolve_run,
     run_details,
-    update_rank_progress,
 )
 from modtrace.store.schema import HEAD, events, modules, runs
 from modtrace.store.writer import EVENT_COLUMNS, ROWS_PER_STATEMENT, RankWriter
+
+
+def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int, step_count: int) -> None:
+    """What the recorder's writer records with each batch: the rank's event and step counts."""
+    writer = RankWriter(store, run_id, rank)
+    try:
+        writer.write([], progress=(event_count, step_count))
+    finally:
+        writer.close()
 
 
 def _siblings(path: Path) -> list[str]:
@@ -194,7 +202,7 @@ def test_postgres_tables_of_another_application_are_not_ours(pg_url: str) -> Non
 
 _RACE_CHILD = """
 import sys
-from modtrace.store.engine import open_store
+from modtrace.store.engine import Store, open_store
 print("ready", flush=True)
 sys.stdin.readline()
 store = open_store(sys.argv[1], create=True)

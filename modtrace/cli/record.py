@@ -6,7 +6,7 @@ MODULE``.  The target's exit code becomes modtrace's.
 
 Under a distributed launcher (``torchrun ... -m modtrace record ...``) every
 rank records into the same run: give ``--run NAME``, or let the ranks derive
-one shared name from the launch (see ``runner.shared_run_name``).
+one shared name from the launch (see ``naming.shared_run_name``).
 """
 
 from __future__ import annotations
@@ -151,13 +151,9 @@ def _record(
 ) -> int:
     from datetime import datetime
 
-    from modtrace.runner import (
-        EXIT_TERMINATED,
-        Terminated,
-        default_run_name,
-        git_commit,
-        shared_run_name,
-    )
+    from modtrace.errors import Terminated
+    from modtrace.naming import default_run_name, shared_run_name
+    from modtrace.runner import EXIT_TERMINATED, git_commit
 
     auto = run_name is None
     if auto:
@@ -184,7 +180,8 @@ def _record_under(
     meta: dict[str, Any], quiet: bool, analyze: bool,
 ) -> int:
     from modtrace import progress as progress_mod
-    from modtrace.runner import EXIT_TERMINATED, Outcome, SigtermGuard, Terminated, execute
+    from modtrace.errors import Terminated
+    from modtrace.runner import EXIT_TERMINATED, Outcome, SigtermGuard, execute
 
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze)

@@ -9,8 +9,8 @@ a database.
 
 from __future__ import annotations
 
-import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +23,11 @@ from sqlalchemy.pool import NullPool
 
 from modtrace.errors import StoreError, UsageError
 from modtrace.store.base import Store, check_revision, read_revision
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: _file_lock falls back to a lock file
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["Store", "check_revision", "open_store", "read_revision", "resolve_db"]
 
@@ -111,24 +116,31 @@ def _check_sqlite_file(path: Path, *, create: bool) -> bool:
     return False
 
 
-def open_store(db: str | None = None, *, create: bool = False, check: bool = True) -> Store:
+def open_store(db: str | None = None, *, create: bool = False, check: bool = True, readonly: bool = False) -> Store:
     """Open the database named by ``db`` (see ``resolve_db``).
 
     With ``create`` a missing database is created at head (the caller is
     about to write).  Without it, a missing database is an error and nothing
-    is created.  With ``check`` the schema revision must be head.
+    is created.  With ``check`` the schema revision must be head.  With
+    ``readonly`` a SQLite file is opened and checked through read-only
+    connections that refuse writes (``PRAGMA query_only``), so not even a
+    WAL checkpoint touches it.
     """
+    if readonly and create:
+        raise ValueError("a database opened read-only cannot be created")
     target = resolve_db(db)
     if _is_url(target):
-        return _open_url(target, create=create, check=check)
+        return _open_url(target, create=create, check=check, readonly=readonly)
     path = Path(target).expanduser().absolute()
     fresh = _check_sqlite_file(path, create=create)
+    if fresh and readonly:
+        raise StoreError(f"{path} is empty, not a modtrace database")
     if create and path.exists() and not os.access(path, os.W_OK):
         raise StoreError(f"{path} is read-only; cannot record into it")
     if create and not fresh:
         if not os.access(path.parent, os.W_OK):
             raise StoreError(f"cannot write next to {path}: directory is read-only (SQLite needs it for its journal)")
-    engine = _sqlite_engine(path, immutable=not create and _read_only_fs(path))
+    engine = _sqlite_engine(path, readonly=readonly, immutable=not create and _read_only_fs(path))
     store = Store(engine=engine, label=str(path), path=path)
     try:
         if fresh:
@@ -177,6 +189,10 @@ def _file_lock(path: Path, *, shared: bool = False) -> Iterator[None]:
     # Ranks of one launch may all find the database missing; a BSD lock on the
     # file itself (independent of SQLite's own POSIX locks) lets one create it.
     # A shared lock (read-only descriptor, never creates) waits for that creator.
+    if fcntl is None:
+        with _lock_file(path, shared=shared):
+            yield
+        return
     fd = os.open(path, os.O_RDONLY) if shared else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
@@ -184,6 +200,32 @@ def _file_lock(path: Path, *, shared: bool = False) -> Iterator[None]:
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+@contextmanager
+def _lock_file(path: Path, *, shared: bool) -> Iterator[None]:
+    # Without flock: the creator holds PATH.lock (created exclusively); a
+    # shared holder only waits until no creator holds it.
+    lock = path.with_name(f"{path.name}.lock")
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if shared:
+                if not lock.exists():
+                    break
+            else:
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                break
+        except FileExistsError:
+            pass
+        if time.monotonic() > deadline:
+            raise StoreError(f"{path}: timed out waiting for {lock} (remove it if no modtrace is creating the database)")
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        if not shared:
+            lock.unlink(missing_ok=True)
 
 
 def _create_sqlite(store: Store) -> None:
@@ -202,15 +244,17 @@ def _create_sqlite(store: Store) -> None:
             check_revision(rev, store.label)
 
 
-def _open_url(url: str, *, create: bool, check: bool) -> Store:
+def _open_url(url: str, *, create: bool, check: bool, readonly: bool) -> Store:
     try:
         parsed = make_url(url)
     except ArgumentError:
         raise UsageError(f"invalid database URL {url!r}") from None
     if parsed.drivername.startswith("sqlite"):
         if parsed.database in (None, "", ":memory:"):
+            if readonly:
+                raise UsageError("an in-memory SQLite database has nothing to read; give a file path")
             raise UsageError("an in-memory SQLite database cannot hold a recording; give a file path")
-        return open_store(parsed.database, create=create, check=check)
+        return open_store(parsed.database, create=create, check=check, readonly=readonly)
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
         url = parsed.render_as_string(hide_password=False)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import difflib
 import re
 import sqlite3
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -42,16 +43,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from modtrace.errors import ModtraceError, StoreError, UsageError
-from modtrace.store.engine import (
-    Store,
-    _check_sqlite_file,
-    _is_url,
-    _read_revision_sqlite,
-    _sqlite_engine,
-    check_revision,
-    open_store,
-    resolve_db,
-)
+from modtrace.store.engine import Store, open_store
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -391,38 +383,12 @@ def bind_params(store: Store, query: Query, given: Mapping[str, str]) -> dict[st
 def open_readonly(db: str | None) -> Store:
     """Open the database for reading only: version-checked, never created, never written.
 
-    A SQLite file is checked (ours, at head) through a read-only connection,
-    so not even a WAL checkpoint touches it.
+    On SQLite the connections are read-only (``open_store(readonly=True)``)
+    and an authorizer refuses anything but reads.
     """
-    target = resolve_db(db)
-    if _is_url(target):
-        from sqlalchemy.engine import make_url
-
-        try:
-            parsed = make_url(target)
-        except Exception:
-            raise UsageError(f"invalid database URL {target!r}") from None
-        if not parsed.drivername.startswith("sqlite"):
-            return open_store(target)
-        if parsed.database in (None, "", ":memory:"):
-            raise UsageError("an in-memory SQLite database has nothing to query; give a file path")
-        target = parsed.database
-    path = Path(target).expanduser().absolute()
-    if _check_sqlite_file(path, create=False):
-        raise StoreError(f"{path} is empty, not a modtrace database")
-    engine = _sqlite_engine(path, readonly=True)
-    store = Store(engine=engine, label=str(path), path=path)
-    try:
-        rev, has_tables = _read_revision_sqlite(store)
-        if rev is None:
-            if has_tables:
-                raise StoreError(f"{path} is a SQLite database of another application (no modtrace schema); refusing to touch it")
-            raise StoreError(f"{path} has no modtrace schema yet")
-        check_revision(rev, str(path))
-    except BaseException:
-        engine.dispose()
-        raise
-    _deny_writes(engine)
+    store = open_store(db, readonly=True)
+    if store.is_sqlite:
+        _deny_writes(store.engine)
     return store
 
 
@@ -439,7 +405,19 @@ _READ_PRAGMAS = frozenset({
 })
 
 
+# Set when the authorizer denies something on this thread: the statement then
+# failed because it was refused, whatever the message says.
+_denials = threading.local()
+
+
 def _authorize(action: int, arg1: str | None, arg2: str | None, dbname: str | None, source: str | None) -> int:
+    verdict = _verdict(action, arg1, arg2, source)
+    if verdict == sqlite3.SQLITE_DENY:
+        _denials.seen = True
+    return verdict
+
+
+def _verdict(action: int, arg1: str | None, arg2: str | None, source: str | None) -> int:
     if action in _SQLITE_READ_ACTIONS:
         if action == sqlite3.SQLITE_FUNCTION and arg2 and arg2.lower() == "load_extension":
             return sqlite3.SQLITE_DENY
@@ -483,10 +461,28 @@ def _first_line(exc: BaseException) -> str:
     return msg[0] if msg else type(orig).__name__
 
 
+# How the database says it refused a write: our SQLite authorizer denied it,
+# SQLite's result code says so (SQLITE_AUTH 23, SQLITE_READONLY 8; Python >= 3.11
+# gives the code), or PostgreSQL's SQLSTATE is read_only_sql_transaction.
+_SQLITE_REFUSED = frozenset({23, 8})
+_PG_READ_ONLY_SQL_TRANSACTION = "25006"
+
+
+def _is_write_refused(exc: BaseException) -> bool:
+    if getattr(_denials, "seen", False):
+        return True
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return (int(code) & 0xFF) in _SQLITE_REFUSED  # extended codes carry the primary one in the low byte
+    return getattr(orig, "sqlstate", None) == _PG_READ_ONLY_SQL_TRANSACTION
+
+
 def execute(store: Store, query: Query, params: Mapping[str, Any]) -> Result:
     """Run ``query`` with bound ``params`` on a connection that cannot write; nothing is committed."""
     check_read_only(query.scanned)
     stmt = text(query.scanned.bindable)
+    _denials.seen = False
     try:
         with store.engine.connect() as conn:
             try:
@@ -499,7 +495,7 @@ def execute(store: Store, query: Query, params: Mapping[str, Any]) -> Result:
                 conn.rollback()
     except (DBAPIError, StatementError) as exc:
         msg = _first_line(exc)
-        if "not authorized" in msg or "readonly database" in msg or "read-only transaction" in msg:
+        if _is_write_refused(exc):
             raise QueryRefused(f"query refused: the connection is read-only ({msg})") from None
         what = "query" if query.path is None else f"query {query.name}"
         raise ModtraceError(f"{what} failed: {msg}") from None

@@ -93,15 +93,6 @@ def add_rank(store: Store, run_id: int, rank: int, wall_anchor_ns: int) -> None:
             raise UsageError(f"rank {rank} of run {run_id} is already recorded; use a new --run name") from None
 
 
-def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int, step_count: int) -> None:
-    with store.engine.begin() as conn:
-        conn.execute(
-            update(run_ranks)
-            .where(run_ranks.c.run_id == run_id, run_ranks.c.rank == rank)
-            .values(event_count=event_count, step_count=step_count)
-        )
-
-
 def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | None = None) -> None:
     """Mark this rank ended; the run takes the worst status of its ranks once all have ended."""
     now = utcnow_iso()

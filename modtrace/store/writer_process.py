@@ -27,7 +27,6 @@ written first.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pickle
 import random
@@ -36,7 +35,6 @@ import signal
 import struct
 import subprocess
 import sys
-import termios
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +42,13 @@ from typing import IO, Any
 
 from modtrace.errors import one_line
 from modtrace.store.engine import Store
+
+try:
+    import fcntl
+    import termios
+except ImportError:  # not POSIX: pipes keep their size and send_nowait always declines
+    fcntl = None  # type: ignore[assignment]
+    termios = None  # type: ignore[assignment]
 
 _HEADER = struct.Struct("<Q")
 _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from modtrace.store.writer_process import main; main()"
@@ -76,14 +81,16 @@ class WriterProcess:
         self._out = self.proc.stdin.fileno()
         self._in = self.proc.stdout.fileno()
         self._inbox = _Inbox(self._in)
-        try:
-            fcntl.fcntl(self._out, _F_SETPIPE_SZ, PIPE_BYTES)
-        except OSError:  # a smaller pipe only means send_nowait declines more often
-            pass
-        try:
-            self._pipe_bytes = fcntl.fcntl(self._out, _F_GETPIPE_SZ)
-        except OSError:
-            self._pipe_bytes = 0
+        self._pipe_bytes = 0
+        if fcntl is not None:
+            try:
+                fcntl.fcntl(self._out, _F_SETPIPE_SZ, PIPE_BYTES)
+            except OSError:  # a smaller pipe only means send_nowait declines more often
+                pass
+            try:
+                self._pipe_bytes = fcntl.fcntl(self._out, _F_GETPIPE_SZ)
+            except OSError:
+                self._pipe_bytes = 0
         # The database's address goes through the pipe, not argv: a URL may carry a password.
         try:
             self._write_all(_frame(("open", target, run_id, rank)))
