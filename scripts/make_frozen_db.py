@@ -114,6 +114,10 @@ def make(path: Path) -> None:
             writer.write(events, MODULES, [(0, 1000 + rank, "MainThread")], [(0, "cpu")],
                          progress=(len(events), 2))
             finish_rank(store, run_a, rank, "completed")
+        # spans and nesting issues of the completed run (revision 0002's tables)
+        from modtrace.analysis import materialize
+
+        materialize(store, run_a)
         # left running by a process that is gone
         run_b, _ = create_run(store, "frozen-crashed", _meta("python train.py"))
         add_rank(store, run_b, 0, wall_anchor_ns=1_767_225_700_000_000_000)
