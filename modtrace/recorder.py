@@ -37,6 +37,7 @@ from modtrace._version import __version__
 from modtrace.codes import Status
 from modtrace.errors import StoreError, UsageError, one_line
 from modtrace.naming import default_run_name, shared_run_name
+from modtrace.step_rules import STEP_RULES
 from modtrace.store.engine import Store, open_store
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
@@ -56,7 +57,6 @@ EAGER_BATCH = 4096
 # and up to flush_every events.
 WRITER_START_WAIT_S = 5.0
 WRITERS = ("auto", "process", "thread", "inline")
-STEP_RULES = ("auto", "optimizer", "root", "manual")
 
 
 class Terminated(BaseException):

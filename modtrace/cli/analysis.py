@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from modtrace.cli._options import db_option, format_option
+from modtrace.cli._steps import step_kind_option, step_on_option
 
 if TYPE_CHECKING:
     import polars as pl
@@ -84,18 +85,23 @@ def _step_arg(value: str) -> int | None:
 @click.option("--max-depth", type=click.IntRange(min=0), default=None, help="Hide nodes deeper than this (0 = roots).")
 @click.option("--min-percent", type=click.FloatRange(min=0), default=None,
               help="Hide nodes below this percentage of step time.")
+@step_on_option
+@step_kind_option("all")
 @format_option("table", "json")
 def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, max_depth: int | None,
-         min_percent: float | None, fmt: str) -> None:
+         min_percent: float | None, step_on: str | None, step_kind: str | None, fmt: str) -> None:
     """Show RUN's module call tree: calls, inclusive and self time, % of step.
 
     Times are per-step medians (over the steps a node ran in) and totals;
     % step is a node's total inclusive time over the summed wall time of the
     selected steps.  Backward and recompute calls form their own subtrees.
+    Steps follow --step-on; --step-kind keeps the steps of one kind (e.g.
+    the decode steps of a generate() loop).
     """
     import polars as pl
 
     from modtrace.analysis.aggregate import filter_tree, module_tree
+    from modtrace.cli._steps import of_kind, restep
     from modtrace.errors import UsageError
     from modtrace.renderers.tree import TREE_RENDERERS
     from modtrace.store.engine import open_store
@@ -106,8 +112,10 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     try:
         ref = resolve_run(store, run)
         spans, _ = _load(store, ref.id)
+        stepped = restep(store, ref.id, ref.name, spans, step_on)
     finally:
         store.dispose()
+    spans = stepped.frame if step_kind in (None, "all") else of_kind(ref.name, stepped, step_kind)
     if rank is not None:
         if rank not in set(spans["rank"].unique().to_list()):
             raise UsageError(f"run {ref.name} has no spans on rank {rank}")

@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from modtrace.cli._options import db_option, format_option
+from modtrace.cli._steps import step_kind_option, step_on_option
 
 if TYPE_CHECKING:
     from modtrace.analysis.diff import RunCalls
+    from modtrace.cli._steps import Stepped
     from modtrace.store.engine import Store
     from modtrace.store.samples import Window
 
@@ -30,7 +32,7 @@ def _split_ref(store: Store, ref: str) -> tuple[Any, int | None]:
     return resolve_run(store, head), int(tail)
 
 
-def _load(db: str | None, ref: str, rank: int | None) -> tuple[RunCalls, dict[str, Any]]:
+def _load(db: str | None, ref: str, rank: int | None, step_on: str | None = None) -> tuple[RunCalls, dict[str, Any]]:
     """Open DB, resolve RUN[:RANK] and return its closed calls (one rank's when asked) and its description.
 
     The run's spans are fetched first, before this thread imports polars:
@@ -52,12 +54,35 @@ def _load(db: str | None, ref: str, rank: int | None) -> tuple[RunCalls, dict[st
                 raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
         fetched = fetch_closed_calls(store, run.id, rank=rank)
         calls = _calls(store, run.id, rank, fetched)
+        stepped = _restep(store, run.id, run.name, calls, step_on, rank)
         label = store.label
     finally:
         store.dispose()
     if calls.calls.height == 0:
         raise UsageError(f"run {run.name!r} has no module calls to compare")
-    return calls, {"run": run.name, "run_id": run.id, "db": label, "rank": rank}
+    return calls, {"run": run.name, "run_id": run.id, "db": label, "rank": rank, "_stepped": stepped}
+
+
+def _restep(store: Store, run_id: int, name: str, calls: RunCalls, step_on: str | None,
+            rank: int | None) -> Stepped:
+    from modtrace.cli._steps import restep
+
+    return restep(store, run_id, name, calls.calls, step_on, None if rank is None else [rank])
+
+
+def _like_with_like(base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, dict[str, Any]],
+                    kind: str | None) -> tuple[RunCalls, RunCalls]:
+    """Both runs' calls in steps of one kind (``cli._steps.like_with_like``); the runs'
+    descriptions get their step rule and kinds."""
+    from dataclasses import replace
+
+    from modtrace.cli._steps import like_with_like
+
+    sides = [(info["run"], info.pop("_stepped")) for _, info in (base, cand)]
+    frames, chosen = like_with_like(sides, kind)
+    for (_, info), (_, stepped) in zip((base, cand), sides, strict=True):
+        info.update(stepped.describe(), step_kind=chosen)
+    return replace(base[0], calls=frames[0]), replace(cand[0], calls=frames[1])
 
 
 def _ranks(store: Store, run_id: int) -> list[int]:
@@ -89,7 +114,7 @@ def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -
 
 
 def _load_both(
-    base: tuple[str | None, str, int | None], cand: tuple[str | None, str, int | None]
+    base: tuple[str | None, str, int | None, str | None], cand: tuple[str | None, str, int | None, str | None]
 ) -> tuple[tuple[RunCalls, dict[str, Any]], tuple[RunCalls, dict[str, Any]]]:
     """Both runs, read side by side (the database driver releases the GIL while it steps), while
     this thread imports what the diff needs."""
@@ -127,14 +152,16 @@ def _load_both(
 @click.option("--absolute", is_flag=True,
               help="Judge absolute times only: do not also require a module's share of the step to change "
                    "(for runs recorded on an equally quiet machine).")
+@step_on_option
+@step_kind_option("the kind most steps of both runs share, when they have more than one")
 @format_option("table", "json", "csv", "markdown")
 @click.option("--fail-on", type=click.Choice(("regression", "structure", "any", "never")), default="regression",
               show_default=True, help="Which findings make the exit status 1.")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged modules (table and markdown).")
 def diff(
     base: str, cand: str, db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
-    threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool, fmt: str,
-    fail_on: str, show_all: bool,
+    threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
+    step_on: str | None, step_kind: str | None, fmt: str, fail_on: str, show_all: bool,
 ) -> None:
     """Compare run CAND against run BASE: structure changes and timing regressions per module.
 
@@ -145,7 +172,10 @@ def diff(
     share of the step grew by more than --threshold percent relative to the
     rest of the step (so a machine that got busier between the runs blames
     nobody), and Mann-Whitney tests over the steps give p < --alpha for
-    both. Exit status: 0 clean, 1 findings (per --fail-on), 2 usage error.
+    both. Steps follow --step-on; when the runs' steps come in several kinds
+    (a generate() loop's prompt and its decode steps), steps of one kind are
+    compared (--step-kind). Exit status: 0 clean, 1 findings (per
+    --fail-on), 2 usage error.
     """
     from modtrace.analysis.diff import DiffOptions, diff_runs
     from modtrace.errors import UsageError
@@ -159,9 +189,11 @@ def diff(
         absolute=absolute,
         phases=tuple(p for p in PHASE_CHOICES if p in phases) if phases else None,
     )
-    (base_calls, base_info), (cand_calls, cand_info) = _load_both(
-        (db, base, rank), (cand_db if cand_db is not None else db, cand, rank)
+    loaded_base, loaded_cand = _load_both(
+        (db, base, rank, step_on), (cand_db if cand_db is not None else db, cand, rank, step_on)
     )
+    base_calls, cand_calls = _like_with_like(loaded_base, loaded_cand, step_kind)
+    base_info, cand_info = loaded_base[1], loaded_cand[1]
     result = diff_runs(base_calls, cand_calls, options)
     for side, info in (("base_steps", base_info), ("cand_steps", cand_info)):
         if not result.summary[side]:

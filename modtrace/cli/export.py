@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from modtrace.cli._options import db_option
+from modtrace.cli._steps import step_on_option
 
 if TYPE_CHECKING:
     import polars as pl
@@ -339,11 +340,16 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="HTML file to write (- for stdout).")
 @click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the median-time step).")
 @click.option("--rank", type=int, default=None, help="Rank shown in the flame chart (default: the lowest).")
+@step_on_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes on stderr.")
-def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None, quiet: bool) -> None:
+def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None,
+           step_on: str | None, quiet: bool) -> None:
     """Write one self-contained HTML file about RUN: a flame chart of a step
     (forward, backward, recompute), per-step times, the nesting issues and,
     with --vs BASE, the diff against BASE.  It needs no network to view."""
+    from dataclasses import replace
+
+    from modtrace.cli._steps import like_with_like, restep
     from modtrace.errors import UsageError
     from modtrace.renderers.html_report import HtmlReportRenderer, report_data
     from modtrace.store.engine import open_store
@@ -352,6 +358,8 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     store = open_store(db)
     try:
         data = load_run(store, run, quiet=quiet)
+        stepped = restep(store, data.info["id"], data.info["name"], data.spans, step_on)
+        data = replace(data, spans=stepped.frame)
         diff = None
         base_info = None
         if base is not None:
@@ -360,7 +368,10 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
             base_data = load_run(store, base, quiet=quiet)
             if base_data.info["id"] == data.info["id"]:
                 raise UsageError(f"--vs {base}: is the same run as {run}")
-            diff = diff_spans(base_data.spans, data.spans)
+            base_stepped = restep(store, base_data.info["id"], base_data.info["name"], base_data.spans, step_on)
+            (base_spans, spans), _ = like_with_like(
+                [(base_data.info["name"], base_stepped), (data.info["name"], stepped)], None)
+            diff = diff_spans(base_spans, spans)
             base_info = base_data.info
     finally:
         store.dispose()

@@ -7,6 +7,7 @@ import json
 import click
 
 from modtrace.cli._options import db_option, format_option
+from modtrace.cli._steps import rule_label, run_steps
 
 
 def _duration(seconds: float | None) -> str:
@@ -29,24 +30,30 @@ def runs(db: str | None, limit: int | None, fmt: str) -> None:
     """List recorded runs, newest first."""
     from modtrace.renderers import get_renderer
     from modtrace.store.engine import open_store
+    from modtrace.store.roots import root_call_counts
     from modtrace.store.runs import list_runs
 
     store = open_store(db)
     try:
         rows = list_runs(store, limit)
+        roots = root_call_counts(store, [r["id"] for r in rows])
     finally:
         store.dispose()
-    columns = ["id", "name", "status", "started", "duration", "events", "steps", "ranks"]
+    for r in rows:
+        rule, r["steps"] = run_steps(r["step_on"], r["steps"], max((n for (i, _), n in roots.items() if i == r["id"]), default=0))
+        r["step_on"] = rule_label(r["step_on"], rule)
+    columns = ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks"]
     if fmt == "table":
         out = [
-            [r["id"], r["name"], r["status"], r["started_at"], _duration(r["duration_s"]), r["events"], r["steps"], r["ranks"]]
+            [r["id"], r["name"], r["status"], r["started_at"], _duration(r["duration_s"]), r["events"], r["steps"],
+             r["step_on"], r["ranks"]]
             for r in rows
         ]
         if not out:
             click.echo(f"no runs in {store.label}")
             return
     else:
-        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "ranks"]
+        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks"]
         out = [[r[c] for c in columns] for r in rows]
     click.echo(get_renderer(fmt).render(columns, out), nl=False)
 
@@ -62,14 +69,20 @@ def show(run: str, db: str | None, fmt: str) -> None:
     """
     from modtrace.renderers import get_renderer
     from modtrace.store.engine import open_store
+    from modtrace.store.roots import root_call_counts
     from modtrace.store.runs import resolve_run, run_details
 
     store = open_store(db)
     try:
         ref = resolve_run(store, run)
         info = run_details(store, ref.id)
+        roots = root_call_counts(store, [ref.id])
     finally:
         store.dispose()
+    rule, info["steps"] = run_steps(info["step_on"], info["steps"], max(roots.values(), default=0))
+    info["step_rule"] = rule
+    for rank in info["rank_details"]:
+        rank["steps"] = run_steps(info["step_on"], rank["steps"], roots.get((ref.id, rank["rank"]), 0))[1]
     if fmt == "json":
         click.echo(json.dumps(info, indent=2, default=str))
         return

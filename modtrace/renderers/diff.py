@@ -70,6 +70,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from modtrace.renderers import MarkdownRenderer, TableRenderer
+from modtrace.renderers.steps import step_lines
 
 if TYPE_CHECKING:
     from modtrace.analysis.diff import DiffOptions, DiffResult
@@ -257,6 +258,7 @@ def headline(doc: dict[str, Any]) -> list[str]:
             f"first {o['skip_steps']} step(s) skipped)"
         ),
     ]
+    lines.extend(step_lines(doc["base"], doc["cand"]))
     if s.get("step_changed") and not o.get("absolute") and not s["regressions"] and not s["improvements"]:
         lines.append(
             f"note: the step time changed ({fmt_ratio(ratio)}) but no module's share of the step did: "
