@@ -99,13 +99,13 @@ def kind_counts(kinds: pl.DataFrame) -> list[tuple[str | None, int]]:
 
 
 def common_kind(*kinds: pl.DataFrame) -> str | None:
-    """The kind with the most steps over these runs among the kinds every one of them has
-    (steps without a root call are never chosen); None when they have at most one kind between
-    them (nothing to choose) or none in common."""
-    sets = [set(k["kind"].to_list()) for k in kinds]
+    """The kind with the most steps over these runs among the kinds every one of them has;
+    None when they have at most one kind between them (nothing to choose) or none in common.
+    Steps without a root call have no kind: they are never chosen, and never make a choice."""
+    sets = [set(k["kind"].to_list()) - {None} for k in kinds]
     if len(set().union(*sets)) <= 1:
         return None
-    shared = set.intersection(*sets) - {None}
+    shared = set.intersection(*sets)
     total: dict[str, int] = {}
     for k in kinds:
         for kind, n in kind_counts(k):
