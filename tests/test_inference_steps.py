@@ -194,22 +194,25 @@ def _tree_steps(run_cli, run: str, *extra: str) -> list[int]:  # type: ignore[no
     return [n["steps"] for n in nodes if n["fqn"] == "Sequential" and n["phase"] == "forward"]
 
 
-def test_an_eval_loop_gets_one_step_per_batch(run_cli, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_an_eval_loop_gets_one_step_per_batch(run_cli, any_db: str) -> None:  # type: ignore[no-untyped-def]
     model = _net().eval()
     batches = [torch.randn(4, 8) for _ in range(5)] + [torch.randn(3, 8)]  # a short last batch
-    with modtrace.Recorder(run="eval") as rec, torch.no_grad():
+    with modtrace.Recorder(db=any_db, run="eval") as rec, torch.no_grad():
         for x in batches:
             model(x)
             assert rec.step_count > 0
     assert rec.step_count == 6
-    shown = json.loads(run_cli("show", "eval", "--format", "json").out)
+    shown = json.loads(run_cli("show", "eval", "--db", any_db, "--format", "json").out)
     assert (shown["steps"], shown["step_rule"]) == (6, "root")
-    assert _tree_steps(run_cli, "eval") == [6]
+    assert _tree_steps(run_cli, "eval", "--db", any_db) == [6]
     for step in range(6):
-        node = json.loads(run_cli("tree", "eval", "--format", "json", "--step", str(step), "--max-depth", "0").out)
+        node = json.loads(run_cli("tree", "eval", "--db", any_db, "--format", "json", "--step", str(step),
+                                  "--max-depth", "0").out)
         assert node[0]["calls"] == 1
-    assert _tree_steps(run_cli, "eval", "--step-kind", "input=4x8") == [5]
-    assert _tree_steps(run_cli, "eval", "--step-kind", "input=3x8") == [1]
+    assert _tree_steps(run_cli, "eval", "--db", any_db, "--step-kind", "input=4x8") == [5]
+    assert _tree_steps(run_cli, "eval", "--db", any_db, "--step-kind", "input=3x8") == [1]
+    listed = json.loads(run_cli("runs", "--db", any_db, "--format", "json").out)
+    assert [(r["steps"], r["step_on"]) for r in listed] == [(6, "auto: root")]
 
 
 def _train(model: nn.Module, steps: int, accumulate: int = 1, closure: bool = False, rec: Any = None) -> None:
