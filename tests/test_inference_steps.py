@@ -178,6 +178,8 @@ def test_bad_step_rules_are_usage_errors_and_create_nothing(run_cli, scripts, db
         res = run_cli(*cmd, "--step-on", "tokens")
         assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "--step-on" in res.err
     assert not Path("r.html").exists()
+    ok = run_cli("report", "g", "--step-on", "root", "-o", "r.html", "-q")
+    assert ok.code == 0 and '"step":19,' in Path("r.html").read_text()  # the per-step table has the root steps
 
 
 # -- eval and training loops ----------------------------------------------------
