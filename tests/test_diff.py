@@ -261,6 +261,23 @@ def test_a_change_within_the_run_to_run_noise_of_the_modules_is_not_blame() -> N
     assert row["self_noise_p_adjusted"] >= 0.01
 
 
+def test_a_zero_mad_does_not_put_every_deviation_beyond_noise() -> None:
+    """Most modules at exactly the typical ratio (a median absolute deviation of 0) leave the
+    noise to be judged from the others' spread: a module that moves like its noisy neighbours
+    is not beyond noise, one far out of their spread is."""
+    from modtrace.analysis.diff.verdicts import _typical
+
+    def noise_p(vs_rest: list[float]) -> list[float]:
+        frame = pl.DataFrame({"self_vs_rest": vs_rest})
+        return _typical(frame, "self")[1].to_list()
+
+    within = noise_p([1.0] * 6 + [1.15, 0.87, 1.14, 0.88])
+    assert within[:6] == [1.0] * 6
+    assert min(within[6:]) >= 0.01  # as far off as the others that moved: noise
+    outlier = noise_p([1.0] * 6 + [1.02, 0.98, 1.01, 3.0])
+    assert outlier[-1] < 0.01 and min(outlier[6:9]) >= 0.01
+
+
 def test_regressions_are_sorted_by_impact_and_improvements_reported() -> None:
     def fn(name: str, phase: str, step: int) -> float:
         factor = {"Net.block0.attn": 1.2, "Net.head": 2.0, "Net.embed": 0.5}.get(name, 1.0)

@@ -321,13 +321,22 @@ def two_sample_p(a: pl.Series, b: pl.Series) -> float | None:
 
 
 def laplace_null(x: pl.Series) -> tuple[float, float]:
-    """(centre, scale) of ``x`` taken as Laplace noise: the median m and b = MAD / ln 2, the
-    median absolute deviation (MAD) being the robust estimate of b."""
+    """(centre, scale) of ``x`` taken as Laplace noise: the median m and b = MAD / ln 2.
+
+    The median absolute deviation (MAD) is the robust estimate of b.  When
+    more than half the values sit exactly at the median it is 0, and b is
+    then the mean absolute deviation from the median (Laplace's maximum
+    likelihood estimate of b): a value off the median is judged against the
+    spread of the others, instead of counting as infinitely unlikely.
+    """
     if x.len() == 0:
         return 0.0, 0.0
     m = float(x.median())  # type: ignore[arg-type]
-    mad = float((x - m).abs().median())
-    return m, mad / math.log(2)
+    dev = (x - m).abs()
+    mad = float(dev.median())
+    if mad > 0:
+        return m, mad / math.log(2)
+    return m, float(dev.mean())
 
 
 def laplace_p(x: list[float | None], centre: float, scale: float) -> pl.Series:
@@ -339,5 +348,6 @@ def laplace_p(x: list[float | None], centre: float, scale: float) -> pl.Series:
             p.append(None)
             continue
         dev = abs(v - centre)
-        p.append(1.0 if dev == 0 else (math.exp(-dev / scale) if scale > 0 else 0.0))
+        # scale 0: every value of the null sits at its centre (laplace_null), no evidence of noise either way
+        p.append(1.0 if dev == 0 or scale <= 0 else math.exp(-dev / scale))
     return pl.Series(p, dtype=pl.Float64)
