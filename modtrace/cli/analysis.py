@@ -97,7 +97,8 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
 
     from modtrace.analysis.aggregate import filter_tree, module_tree
     from modtrace.errors import UsageError
-    from modtrace.renderers.tree import TREE_RENDERERS
+    from modtrace.renderers import get_renderer
+    from modtrace.renderers.tree import TreeView
     from modtrace.store.engine import open_store
     from modtrace.store.runs import resolve_run
 
@@ -126,7 +127,7 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
         click.echo(f"run {ref.name}: no module calls to show")
         return
     rows: list[dict[str, Any]] = nodes.to_dicts()
-    click.echo(TREE_RENDERERS[fmt]().render(rows), nl=False)
+    click.echo(get_renderer("tree", fmt).render(TreeView(rows)), nl=False)
 
 
 @click.command()
@@ -144,7 +145,7 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
     """
     import polars as pl
 
-    from modtrace.renderers import get_renderer
+    from modtrace.renderers import Table, get_renderer
     from modtrace.store.engine import open_store
     from modtrace.store.runs import resolve_run
 
@@ -157,12 +158,12 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
     columns = ["severity", "kind", "rank", "seq", "step", "phase", "fqn", "message"]
     if fmt == "json":
         out = issues.with_columns(pl.col("phase").cast(pl.String)).select(columns).rows()
-        click.echo(get_renderer("json").render(columns, out), nl=False)
+        click.echo(get_renderer("rows", "json").render(Table(columns, out)), nl=False)
     elif issues.height == 0:
         click.echo(f"run {ref.name}: no nesting issues")
     else:
         out = issues.select("severity", "kind", "rank", "seq", "message").rows()
-        click.echo(get_renderer("table").render(["severity", "kind", "rank", "seq", "message"], out), nl=False)
+        click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "message"], out)), nl=False)
         click.echo(f"run {ref.name}: {_counts(issues)}")
     if (issues["severity"] == "error").any():
         ctx.exit(1)

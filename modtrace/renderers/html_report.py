@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any
 
 import polars as pl
 
 from modtrace.errors import UsageError
+from modtrace.renderers.base import Progress, Renderer
 
 PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
 STATUSES: tuple[str, ...] = ("ok", "error", "early_stop", "closed_at_end_of_backward", "no_enter", "unclosed")
@@ -28,8 +29,6 @@ FLAME_SPAN_BUDGET = 60_000  # spans embedded for the flame chart, over all embed
 ISSUE_ROWS = 500
 TIMING_ROWS = 300
 TOP_MODULES = 30
-
-Progress = Callable[[int], None]
 
 
 def flame_depths(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]) -> list[int]:
@@ -264,12 +263,14 @@ def _html_text(value: Any) -> str:
     return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
-class HtmlReportRenderer:
+class HtmlReportRenderer(Renderer[Mapping[str, Any]]):
     """Renders ``report_data``'s model as one HTML document with everything inlined."""
 
-    name: ClassVar[str] = "html"
+    kind = "report"
+    name = "html"
 
-    def render(self, data: Mapping[str, Any]) -> str:
+    def render(self, model: Mapping[str, Any]) -> str:
+        data = model
         template = _asset("report.html")
         title = f"modtrace report: {data['run'].get('name')}"
         if data.get("diff"):
