@@ -7,14 +7,16 @@ the self times of all the step's closed spans, and it splits into phases by
 self time: forward + backward + recompute = step time (recompute runs inside
 backward spans and counts once, as recompute).
 
-A step's *wall* time is its extent: from its first span's start to its last
-span's end (a span never exited counts with its start); ``wall - step`` is
-the time outside module calls (loss, optimizer, data loading between the
-step's spans).
+A step's *wall* time runs from its first span's start to the next step's
+first start on the same rank (so the optimizer step and data loading that
+follow a step's backward are its own); the last step ends at its last span's
+end (or start, for a span never exited).  ``wall - step`` is the time
+outside module calls.
 
-``modtrace tree`` shows inclusive time as a percent of the step time, ``modtrace
-diff`` compares step times and shares of them, the HTML report's per-step
-table and ``queries/step_breakdown.sql`` show both, with the phase split.
+``modtrace tree`` shows inclusive time as a percent of the step time,
+``modtrace diff`` compares step times and shares of them, the HTML report's
+per-step table and ``queries/step_breakdown.sql`` (like ``slowest_steps``
+and ``rank_stragglers`` for the wall time) show both, with the phase split.
 ``docs/schema.md`` writes the same down for SQL users.
 """
 
@@ -40,23 +42,26 @@ def _phase_time(phase: Phase) -> pl.Expr:
     return pl.col("self_ns").filter(pl.col("phase").to_physical() == int(phase)).sum()
 
 
-def wall_time() -> pl.Expr:
-    """Aggregation over a (rank, step)'s spans: first start to last end (or start)."""
-    return pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max()) - pl.col("start_ns").min()
-
-
 def step_table(spans: pl.DataFrame) -> pl.DataFrame:
     """Spans frame -> one row per (rank, step) (``STEP_COLUMNS``), sorted: step time, its split by
     phase, wall time, spans entered and spans never exited."""
-    return (
+    last = pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max())
+    per_step = (
         spans.group_by("rank", "step")
         .agg(
             step_time().cast(pl.Int64).alias("step_ns"),
             *(_phase_time(p).cast(pl.Int64).alias(f"{p.name.lower()}_ns") for p in Phase),
-            wall_time().alias("wall_ns"),
+            pl.col("start_ns").min().alias("_start"),
+            last.alias("_last"),
             pl.len().alias("spans"),
             pl.col("end_ns").is_null().sum().alias("unclosed"),
         )
         .sort("rank", "step")
-        .select(STEP_COLUMNS)
     )
+    wall = pl.coalesce(pl.col("_start").shift(-1).over("rank"), pl.col("_last")) - pl.col("_start")
+    return per_step.with_columns(wall.alias("wall_ns")).select(STEP_COLUMNS)
+
+
+def total_step_time(spans: pl.DataFrame) -> int:
+    """The summed step time of every (rank, step) in ``spans``."""
+    return int(spans.select(step_time()).item() or 0)

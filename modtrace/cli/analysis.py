@@ -90,8 +90,9 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     """Show RUN's module call tree: calls, inclusive and self time, % of step.
 
     Times are per-step medians (over the steps a node ran in) and totals;
-    % step is a node's total inclusive time over the summed wall time of the
-    selected steps.  Backward and recompute calls form their own subtrees.
+    % step is a node's total inclusive time over the summed step time (time in
+    root module calls, every phase) of the selected steps.  Backward and
+    recompute calls form their own subtrees.
     """
     import polars as pl
 

@@ -345,6 +345,7 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     """Write one self-contained HTML file about RUN: a flame chart of a step
     (forward, backward, recompute), per-step times, the nesting issues and,
     with --vs BASE, the diff against BASE.  It needs no network to view."""
+    from modtrace.analysis.steps import step_table
     from modtrace.errors import UsageError
     from modtrace.renderers import get_renderer
     from modtrace.renderers.html_report import report_data
@@ -370,7 +371,7 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
         payload = report_data(
-            data.info, data.spans, data.issues, step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
+            data.info, data.spans, data.issues, steps=step_table(data.spans), step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
         )
     html = get_renderer("report", "html").render(payload)
     with atomic_text(output) as out:
