@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from modtrace.analysis.steps import total_step_time
+from modtrace.analysis.step_time import total_step_time
 
 SAMPLE_COLUMNS: tuple[str, ...] = ("rank", "step", "fqn", "module_type", "phase", "calls", "inclusive_ns", "self_ns")
 
@@ -82,7 +82,7 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
     Per node: calls (spans), steps (distinct (rank, step) samples), total
     inclusive and self time, the per-step medians of both (over the steps
     the node ran in), and percent: total inclusive time as a percentage of
-    the summed step time (``analysis.steps``: time in root spans) of the
+    the summed step time (``analysis.step_time``: time in root spans) of the
     steps present in ``spans``.
     ``level`` is the depth in the tree, ``parent_node_id`` null at a root.
     Children follow their parent in order of first appearance.

@@ -345,7 +345,7 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     """Write one self-contained HTML file about RUN: a flame chart of a step
     (forward, backward, recompute), per-step times, the nesting issues and,
     with --vs BASE, the diff against BASE.  It needs no network to view."""
-    from modtrace.analysis.steps import step_table
+    from modtrace.analysis.step_time import step_table
     from modtrace.errors import UsageError
     from modtrace.renderers import get_renderer
     from modtrace.renderers.html_report import report_data

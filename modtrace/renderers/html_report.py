@@ -194,7 +194,7 @@ def report_data(
 ) -> dict[str, Any]:
     """The report's model: run metadata, per-step times, flame chart data, top modules, issues, diff.
 
-    ``steps`` is ``modtrace.analysis.steps.step_table(spans)``: step time, its phases and wall time.
+    ``steps`` is ``modtrace.analysis.step_time.step_table(spans)``: step time, its phases and wall time.
     """
     from modtrace._version import __version__
 

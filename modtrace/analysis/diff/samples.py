@@ -4,7 +4,7 @@ Steps (``step_units``)
     The compared steps of a run: each rank's steps after its first
     ``skip_steps`` (step 0 usually pays one-time costs: allocator warm-up,
     lazy initialisation), with ``step_ns``, the step time
-    (``analysis.steps``) of that (rank, step).  With several ranks, each
+    (``analysis.step_time``) of that (rank, step).  With several ranks, each
     (rank, step) is one sample.
 
 Samples (``compared_samples`` + ``fill_steps``)
@@ -31,7 +31,7 @@ from modtrace.analysis.diff.frames import (
     pack_key,
 )
 from modtrace.analysis.events import lookup_key
-from modtrace.analysis.steps import step_time
+from modtrace.analysis.step_time import step_time
 
 # Group keys are packed into one Int64 below this bound (else grouped on three columns).
 _PACKED_LIMIT = 2**62

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import modtrace
-from modtrace.analysis.steps import step_table
+from modtrace.analysis.step_time import step_table
 from modtrace.store.analysis_store import read_analysis
 from modtrace.store.engine import open_store
 
