@@ -93,17 +93,19 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     """Show RUN's module call tree: calls, inclusive and self time, % of step.
 
     Times are per-step medians (over the steps a node ran in) and totals;
-    % step is a node's total inclusive time over the summed wall time of the
-    selected steps.  Backward and recompute calls form their own subtrees.
-    Steps follow --step-on; --step-kind keeps the steps of one kind (e.g.
-    the decode steps of a generate() loop).
+    % step is a node's total inclusive time over the summed step time (time in
+    root module calls, every phase) of the selected steps.  Backward and
+    recompute calls form their own subtrees.  Steps follow --step-on;
+    --step-kind keeps the steps of one kind (e.g. the decode steps of a
+    generate() loop).
     """
     import polars as pl
 
     from modtrace.analysis.aggregate import filter_tree, module_tree
     from modtrace.cli._steps import of_kind, restep
     from modtrace.errors import UsageError
-    from modtrace.renderers.tree import TREE_RENDERERS
+    from modtrace.renderers import get_renderer
+    from modtrace.renderers.tree import TreeView
     from modtrace.store.engine import open_store
     from modtrace.store.runs import resolve_run
 
@@ -134,7 +136,7 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
         click.echo(f"run {ref.name}: no module calls to show")
         return
     rows: list[dict[str, Any]] = nodes.to_dicts()
-    click.echo(TREE_RENDERERS[fmt]().render(rows), nl=False)
+    click.echo(get_renderer("tree", fmt).render(TreeView(rows)), nl=False)
 
 
 @click.command()
@@ -152,7 +154,7 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
     """
     import polars as pl
 
-    from modtrace.renderers import get_renderer
+    from modtrace.renderers import Table, get_renderer
     from modtrace.store.engine import open_store
     from modtrace.store.runs import resolve_run
 
@@ -165,12 +167,12 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
     columns = ["severity", "kind", "rank", "seq", "step", "phase", "fqn", "message"]
     if fmt == "json":
         out = issues.with_columns(pl.col("phase").cast(pl.String)).select(columns).rows()
-        click.echo(get_renderer("json").render(columns, out), nl=False)
+        click.echo(get_renderer("rows", "json").render(Table(columns, out)), nl=False)
     elif issues.height == 0:
         click.echo(f"run {ref.name}: no nesting issues")
     else:
         out = issues.select("severity", "kind", "rank", "seq", "message").rows()
-        click.echo(get_renderer("table").render(["severity", "kind", "rank", "seq", "message"], out), nl=False)
+        click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "message"], out)), nl=False)
         click.echo(f"run {ref.name}: {_counts(issues)}")
     if (issues["severity"] == "error").any():
         ctx.exit(1)

@@ -127,6 +127,7 @@ def _load_both(
         fc = pool.submit(_load, *cand)
         import modtrace.analysis.diff  # noqa: F401
         import modtrace.renderers.diff  # noqa: F401
+        import modtrace.renderers.diff_document  # noqa: F401
         import modtrace.store.analysis_store  # noqa: F401
 
         return fb.result(), fc.result()
@@ -179,7 +180,9 @@ def diff(
     """
     from modtrace.analysis.diff import DiffOptions, diff_runs
     from modtrace.errors import UsageError
-    from modtrace.renderers.diff import document, get_diff_renderer
+    from modtrace.renderers import get_renderer
+    from modtrace.renderers.diff import DiffView
+    from modtrace.renderers.diff_document import document
 
     options = DiffOptions(
         threshold=threshold_pct / 100.0,
@@ -202,6 +205,7 @@ def diff(
                 "(use --skip-steps 0)"
             )
     doc = document(result, base_info, cand_info, options, fail_on)
-    click.echo(get_diff_renderer(fmt).render(doc, show_all=show_all), nl=False)
-    if doc["summary"]["failed"]:
-        raise click.exceptions.Exit(1)
+    click.echo(get_renderer("diff", fmt).render(DiffView(doc, show_all)), nl=False)
+    code = result.exit_code(fail_on)
+    if code:
+        raise click.exceptions.Exit(code)

@@ -296,13 +296,14 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
     try:
         data = load_run(store, run, quiet=quiet)
         if fmt == "perfetto":
-            from modtrace.renderers.perfetto import PerfettoRenderer
+            from modtrace.renderers import get_renderer
+            from modtrace.renderers.perfetto import Trace
 
             with progress_bar("writing trace", data.spans.height, quiet=quiet) as advance, atomic_text(output) as out:
-                n = PerfettoRenderer(progress=advance).write(
-                    out, data.spans, data.anchors, data.thread_names, run=data.info
+                get_renderer("trace", fmt, progress=advance).write(
+                    Trace(data.spans, data.anchors, data.thread_names, data.info), out
                 )
-            written = [(output, n, "spans")]
+            written = [(output, data.spans.height, "spans")]  # one slice per span
         else:
             written = []
             if what == "all":
@@ -349,9 +350,11 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     with --vs BASE, the diff against BASE.  It needs no network to view."""
     from dataclasses import replace
 
+    from modtrace.analysis.step_time import step_table
     from modtrace.cli._steps import like_with_like, restep
     from modtrace.errors import UsageError
-    from modtrace.renderers.html_report import HtmlReportRenderer, report_data
+    from modtrace.renderers import get_renderer
+    from modtrace.renderers.html_report import report_data
     from modtrace.store.engine import open_store
 
     _check_output_file(output)
@@ -379,9 +382,9 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
         payload = report_data(
-            data.info, data.spans, data.issues, step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
+            data.info, data.spans, data.issues, steps=step_table(data.spans), step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
         )
-    html = HtmlReportRenderer().render(payload)
+    html = get_renderer("report", "html").render(payload)
     with atomic_text(output) as out:
         out.write(html)
     if not quiet and output != "-":

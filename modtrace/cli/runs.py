@@ -28,7 +28,7 @@ def _duration(seconds: float | None) -> str:
 @format_option("table", "json", "csv")
 def runs(db: str | None, limit: int | None, fmt: str) -> None:
     """List recorded runs, newest first."""
-    from modtrace.renderers import get_renderer
+    from modtrace.renderers import Table, get_renderer
     from modtrace.store.engine import open_store
     from modtrace.store.roots import root_call_counts
     from modtrace.store.runs import list_runs
@@ -55,7 +55,7 @@ def runs(db: str | None, limit: int | None, fmt: str) -> None:
     else:
         columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks"]
         out = [[r[c] for c in columns] for r in rows]
-    click.echo(get_renderer(fmt).render(columns, out), nl=False)
+    click.echo(get_renderer("rows", fmt).render(Table(columns, out)), nl=False)
 
 
 @click.command()
@@ -67,7 +67,7 @@ def show(run: str, db: str | None, fmt: str) -> None:
 
     RUN is a run name, a numeric id, @ (the newest run) or @~N.
     """
-    from modtrace.renderers import get_renderer
+    from modtrace.renderers import Table, get_renderer
     from modtrace.store.engine import open_store
     from modtrace.store.roots import root_call_counts
     from modtrace.store.runs import resolve_run, run_details
@@ -87,4 +87,4 @@ def show(run: str, db: str | None, fmt: str) -> None:
         click.echo(json.dumps(info, indent=2, default=str))
         return
     rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in info.items()]
-    click.echo(get_renderer("table").render(["field", "value"], rows), nl=False)
+    click.echo(get_renderer("rows", "table").render(Table(["field", "value"], rows)), nl=False)
