@@ -31,6 +31,9 @@ STATUSES: tuple[str, ...] = tuple(s.name.lower() for s in Status)
 # runs.status and run_ranks.status.
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "interrupted")
 
+# runs.step_on: what starts a step, as asked of the recorder (modtrace.step_rules says what each means).
+STEP_RULES: tuple[str, ...] = ("auto", "optimizer", "root", "manual")
+
 # Nesting issue kinds, with their default severity (see analysis/nesting.py for
 # when each is reported, and when an error becomes a warning).
 NO_ENTER = "no_enter"
@@ -152,6 +155,12 @@ ISSUE_FRAME = Contract("issues frame", (
 ))
 ISSUE_ROW = Contract("issue row", tuple((c, "String" if c == "phase" else d) for c, d in ISSUE_FRAME.columns))
 
+# One root call (the outermost module call on the main thread) as the tracker notes it (table
+# root_calls adds run_id and rank): the seq of its enter event, its call id, its input kind
+# (modtrace.input_kind, null when it took no tensor); and the root calls frame the step analysis reads.
+ROOT_ROW = Contract("root call row", (("seq", "Int64"), ("call_id", "Int64"), ("kind", "String")))
+ROOT_FRAME = Contract("root calls frame", (("rank", "Int32"), ("seq", "Int64"), ("kind", "String")))
+
 # One closed call as diff compares it (codes), read from span_rows or a spans frame.
 CALL_FRAME = Contract("call frame", (
     ("rank", "Int32"), ("span_id", "Int64"), ("step", "Int32"), ("thread_id", "Int32"), ("module_id", "Int32"),
@@ -161,5 +170,5 @@ CALL_FRAME = Contract("call frame", (
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
-    SPAN_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, CALL_FRAME,
+    SPAN_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
 )

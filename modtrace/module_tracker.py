@@ -59,7 +59,7 @@ class ModuleTracker:
 
     def __init__(self) -> None:
         self._sink = _Parents()
-        self._tracker = Tracker(self._sink.append)
+        self._tracker = Tracker(self._sink.append, roots=False)
         self._sink.tracker = self._tracker
 
     @property

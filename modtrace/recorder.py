@@ -37,6 +37,7 @@ from modtrace._version import __version__
 from modtrace.codes import Status
 from modtrace.errors import StoreError, Terminated, UsageError, one_line
 from modtrace.naming import default_run_name, shared_run_name
+from modtrace.step_rules import STEP_RULES
 from modtrace.store.engine import Store, open_store
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
@@ -66,6 +67,7 @@ class _Batch:
     modules: list[tuple[Any, ...]]
     threads: list[tuple[Any, ...]]
     devices: list[tuple[Any, ...]]
+    roots: list[tuple[Any, ...]]
     progress: tuple[int, int]  # (event_count, step_count) once this batch is written
     frame: bytes | None = None  # packed for the writer process
 
@@ -99,7 +101,12 @@ class Recorder:
     ...     for batch in data:
     ...         loss = model(batch).sum(); loss.backward(); opt.step()
 
-    Steps advance after every optimizer step and on ``rec.step()``.
+    Steps advance after every optimizer step and on ``rec.step()``;
+    ``step_on`` chooses: ``"auto"`` (optimizer steps when the run makes any,
+    else every root call: each outermost module call on the main thread, as
+    ``generate()`` makes one per token), ``"optimizer"``, ``"root"`` or
+    ``"manual"`` (``rec.step()`` only).  Root calls are always recorded, so
+    ``modtrace tree``, ``diff`` and ``report`` can choose again later.
     """
 
     def __init__(
@@ -118,7 +125,10 @@ class Recorder:
         meta: Mapping[str, Any] | None = None,
         handle_sigterm: bool = True,
         writer: str | None = None,
+        step_on: str = "auto",
     ) -> None:
+        if step_on not in STEP_RULES:
+            raise ValueError(f"step_on must be one of {', '.join(STEP_RULES)}, not {step_on!r}")
         if writer is None:
             writer = os.environ.get("MODTRACE_WRITER") or "auto"
             if writer not in WRITERS:
@@ -140,6 +150,7 @@ class Recorder:
         self.meta = dict(meta or {})
         self.handle_sigterm = handle_sigterm
         self.writer_mode = writer
+        self.step_on = step_on
         self.run_id: int = 0
         self.status: str | None = None
         self._clock = clock
@@ -172,7 +183,12 @@ class Recorder:
 
     @property
     def step_count(self) -> int:
-        return self._tracker.step if self._tracker is not None else 0
+        """Steps so far under ``step_on`` (root calls under ``auto`` until an optimizer step)."""
+        tracker = self._tracker
+        if tracker is None:
+            return 0
+        roots = self.step_on == "root" or (self.step_on == "auto" and tracker.step == 0)
+        return tracker.roots if roots else tracker.step
 
     @property
     def writer_pid(self) -> int | None:
@@ -229,10 +245,12 @@ class Recorder:
                 "torch_version": _torch_version(),
                 "modtrace_version": __version__,
                 "tags": self.tags,
+                "step_on": self.step_on,
             }
             meta.update(self.meta)
             self.run_id, _created = create_run(store, self.run_name, meta, join=self.join)
-            tracker = Tracker(self._buf.append, clock=self._clock, on_optimizer_step=self.step)
+            tracker = Tracker(self._buf.append, clock=self._clock,
+                              on_optimizer_step=None if self.step_on == "manual" else self.step)
             wall = time.time_ns()
             tracker.start()
             try:
@@ -412,7 +430,8 @@ class Recorder:
             while self._pending:  # no writer process, or it is gone
                 batch = self._pending[0]
                 try:
-                    writer.write(batch.events, batch.modules, batch.threads, batch.devices, progress=batch.progress)
+                    writer.write(batch.events, batch.modules, batch.threads, batch.devices, progress=batch.progress,
+                                 roots=batch.roots)
                 except Exception as exc:  # the batch stays pending for another try
                     raise StoreError(f"writing events to {writer.store.label} failed: {one_line(exc)}") from exc
                 self._pending.popleft()
@@ -432,7 +451,7 @@ class Recorder:
         # Events first, then names: every name an event refers to was
         # registered before the event, so it is in this batch or an earlier one.
         batch = _Batch(events, _drain(tracker.new_modules), _drain(tracker.new_threads), _drain(tracker.new_devices),
-                       (self._taken + n, tracker.step))
+                       _drain(tracker.new_roots), (self._taken + n, tracker.step))
         if pack is not None:
             batch.frame = self._frame(pack, batch)
         self._taken += n
@@ -442,7 +461,8 @@ class Recorder:
     def _frame(proc: WriterProcess, batch: _Batch) -> bytes:
         """The batch packed for the writer process (packed once)."""
         if batch.frame is None:
-            batch.frame = proc.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress)
+            batch.frame = proc.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress,
+                                    roots=batch.roots)
         return batch.frame
 
     def _handoff(self, proc: WriterProcess) -> None:

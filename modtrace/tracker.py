@@ -50,6 +50,7 @@ from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
 from modtrace.codes import Kind, Phase, Status
+from modtrace.input_kind import input_kind
 
 Event = tuple[Any, ...]
 Append = Callable[[Event], Any]
@@ -103,11 +104,12 @@ class _Call:
 
 
 class _ThreadState:
-    __slots__ = ("tid", "stack")
+    __slots__ = ("tid", "stack", "main")
 
     def __init__(self, tid: int) -> None:
         self.tid = tid
         self.stack: list[_Call] = []
+        self.main = threading.current_thread() is threading.main_thread()
 
 
 class _ModuleInfo:
@@ -126,10 +128,13 @@ class Tracker:
 
     ``append`` receives every event; ``clock`` returns nanoseconds (injected
     in tests).  ``new_modules``, ``new_threads`` and ``new_devices`` collect
-    lookup rows not yet handed to the store; the owner drains them.
+    lookup rows not yet handed to the store, ``new_roots`` the root calls
+    (outermost on the main thread, unless ``roots`` is false); the owner
+    drains them.
     """
 
-    def __init__(self, append: Append, clock: Callable[[], int] | None = None, on_optimizer_step: Callable[[], None] | None = None) -> None:
+    def __init__(self, append: Append, clock: Callable[[], int] | None = None, on_optimizer_step: Callable[[], None] | None = None,
+                 roots: bool = True) -> None:
         self._append = append
         self._clock = clock or time.perf_counter_ns
         self._on_optimizer_step = on_optimizer_step
@@ -164,6 +169,10 @@ class Tracker:
         self.new_modules: list[tuple[int, str, str, int | None]] = []
         self.new_threads: list[tuple[int, int, str]] = []
         self.new_devices: list[tuple[int, str]] = []
+        # root calls (outermost on the main thread): (enter seq, call id, kind)
+        self.new_roots: list[tuple[int, int, str | None]] = []
+        self.roots = 0
+        self._note_roots = roots
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -337,10 +346,15 @@ class Tracker:
         if device_id is None and dev is not None:
             device_id = self._device(dev)
         stack = st.stack
+        root = False
         if task == -1:
             phase = _FORWARD
             call_id = next(self._call_ids)
-            info.recent.append((call_id, stack[-1].call_id if stack else 0))
+            if stack:
+                info.recent.append((call_id, stack[-1].call_id))
+            else:
+                info.recent.append((call_id, 0))
+                root = st.main and self._note_roots
         else:
             phase = _RECOMPUTE
             call_id = self._link_recompute(info, stack, task)
@@ -349,9 +363,23 @@ class Tracker:
         if grad_inputs is not None and _grad_enabled():
             frame.exit_nodes = grad_inputs
         stack.append(frame)
-        self._append((next(self._seq), self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step, st.tid,
+        seq = next(self._seq)
+        if root:
+            self._root(seq, call_id, mod, args)
+        self._append((seq, self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step, st.tid,
                       device_id, self._stream(device_id) if self._cuda_devices else None, _OK,
                       None if task == -1 else task, 0))
+
+    def _root(self, seq: int, call_id: int, mod: nn.Module, args: tuple[Any, ...]) -> None:
+        """Note a root call (outermost on the main thread) and its input shape.
+        Only root calls come here, before their enter event's timestamp is
+        taken, so this costs no module time."""
+        # A global pre-hook is not given the call's keyword arguments; its
+        # caller (Module._call_impl, or the closure it runs) holds them.
+        caller = sys._getframe(2)
+        kwargs = caller.f_locals.get("kwargs") if caller.f_globals.get("__name__") == _module_hooks.__name__ else None
+        self.new_roots.append((seq, call_id, input_kind(mod, args, kwargs)))
+        self.roots += 1
 
     def _link_recompute(self, info: _ModuleInfo, stack: list[_Call], task: int) -> int:
         used = self._recomputed.get(task)

@@ -139,7 +139,8 @@ def child_cpu() -> float:
 
 IMPORTS = (
     "import polars, sqlalchemy, modtrace.cli, modtrace.cli.diff, modtrace.analysis.diff, "
-    "modtrace.store.samples, modtrace.store.engine, modtrace.store.runs, modtrace.renderers.diff"
+    "modtrace.store.samples, modtrace.store.engine, modtrace.store.runs, modtrace.renderers.diff, "
+    "modtrace.renderers.diff_document"
 )
 
 

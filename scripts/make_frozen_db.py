@@ -93,6 +93,13 @@ def _events(steps: int) -> list[tuple[object, ...]]:
     return [tuple(r[c] for c in EVENT_COLUMNS) for r in rows]
 
 
+def _roots(events: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """Root calls (revision 0003): every forward enter of Net, with a kind."""
+    seq, kind, module, phase, call = (EVENT_COLUMNS.index(c) for c in ("seq", "kind", "module_id", "phase", "call_id"))
+    return [(e[seq], e[call], "x=4x16") for e in events
+            if e[kind] == Kind.ENTER and e[module] == 0 and e[phase] == Phase.FORWARD]
+
+
 def _meta(command: str) -> dict[str, object]:
     return {
         "command": command, "cwd": "/frozen", "hostname": "frozen-host", "pid": 1,
@@ -112,14 +119,18 @@ def make(path: Path) -> None:
             writer = RankWriter(store, run_a, rank)
             events = _events(steps=2)
             writer.write(events, MODULES, [(0, 1000 + rank, "MainThread")], [(0, "cpu")],
-                         progress=(len(events), 2))
+                         progress=(len(events), 2), roots=_roots(events))
             finish_rank(store, run_a, rank, "completed")
+        # spans and nesting issues of the completed run (revision 0002's tables)
+        from modtrace.materialize import materialize
+
+        materialize(store, run_a)
         # left running by a process that is gone
-        run_b, _ = create_run(store, "frozen-crashed", _meta("python train.py"))
+        run_b, _ = create_run(store, "frozen-crashed", {**_meta("python train.py"), "step_on": "auto"})
         add_rank(store, run_b, 0, wall_anchor_ns=1_767_225_700_000_000_000)
         events = _events(steps=1)
         RankWriter(store, run_b, 0).write(events, MODULES, [(0, 2000, "MainThread")], [(0, "cpu")],
-                                          progress=(len(events), 1))
+                                          progress=(len(events), 1), roots=_roots(events))
         with store.engine.begin() as conn:
             conn.execute(update(run_ranks).values(hostname="frozen-host", pid=1,
                                                   started_at="2026-01-01T00:00:00.000000Z"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import polars as pl
 import pytest
 import torch
 from analysis_streams import ENTER, EXIT, ev, model, to_rows
+from golden import GOLDEN, check_golden
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -20,8 +20,6 @@ from modtrace.materialize import stored as read_analysis
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
-
-GOLDEN = Path(__file__).parent / "data" / "golden"
 
 
 class Block(nn.Module):
@@ -57,12 +55,6 @@ def record_net(db: str, run: str = "net", steps: int = 2, **kw: Any) -> None:
             opt.step()
             opt.zero_grad()
 
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("MODTRACE_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text()
 
 
 def test_recording_materialises_spans_and_issues(any_db: str) -> None:

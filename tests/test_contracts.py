@@ -34,6 +34,8 @@ from modtrace.contracts import (
     ISSUE_ROW,
     MODULE_FRAME,
     MODULE_ROW,
+    ROOT_FRAME,
+    ROOT_ROW,
     SPAN_FRAME,
     SPAN_ROW,
     THREAD_ROW,
@@ -46,6 +48,7 @@ from modtrace.store.writer import (
     DEVICE_COLUMNS,
     EVENT_COLUMNS,
     MODULE_COLUMNS,
+    ROOT_COLUMNS,
     THREAD_COLUMNS,
     RankWriter,
 )
@@ -117,14 +120,15 @@ def _columns(table: Any) -> tuple[str, ...]:
 
 
 def test_writer_and_schema_follow_the_contracts() -> None:
-    assert (EVENT_COLUMNS, MODULE_COLUMNS, THREAD_COLUMNS, DEVICE_COLUMNS) == (
-        EVENT_ROW.names, MODULE_ROW.names, THREAD_ROW.names, DEVICE_ROW.names,
+    assert (EVENT_COLUMNS, MODULE_COLUMNS, THREAD_COLUMNS, DEVICE_COLUMNS, ROOT_COLUMNS) == (
+        EVENT_ROW.names, MODULE_ROW.names, THREAD_ROW.names, DEVICE_ROW.names, ROOT_ROW.names,
     )
     tables = {
         schema.events: EVENT_FRAME, schema.modules: MODULE_ROW.prefixed("", ("run_id", "Int32"), ("rank", "Int32")),
         schema.threads: THREAD_ROW.prefixed("", ("run_id", "Int32"), ("rank", "Int32")),
         schema.devices: DEVICE_ROW.prefixed("", ("run_id", "Int32"), ("rank", "Int32")),
         schema.span_rows: SPAN_ROW, schema.nesting_issues: ISSUE_ROW,
+        schema.root_calls: ROOT_ROW.prefixed("", ("run_id", "Int32"), ("rank", "Int32")),
     }
     for table, contract in tables.items():
         assert _columns(table) == contract.names, table.name
@@ -132,6 +136,24 @@ def test_writer_and_schema_follow_the_contracts() -> None:
             assert isinstance(column.type, _SQL_TYPES[contract.dtype(column.name)]), (table.name, column.name)
     for kind in contracts.ISSUE_KINDS:
         assert kind in str(schema.nesting_issues.c.kind.comment)
+    for rule in contracts.STEP_RULES:
+        assert f"{rule} (" in str(schema.runs.c.step_on.comment)
+
+
+def test_root_calls_and_step_rules_follow_the_contracts() -> None:
+    from modtrace import step_rules
+    from modtrace.analysis.steps import ROOT_SCHEMA
+
+    tracker, _ = _track()
+    assert tracker.new_roots, "the net's call is a root call"
+    for root in tracker.new_roots:
+        assert len(root) == len(ROOT_ROW.names)
+        row = dict(zip(ROOT_ROW.names, root, strict=True))
+        assert isinstance(row["seq"], int) and isinstance(row["call_id"], int)
+        assert row["kind"] == "x=2x4"
+    assert ROOT_SCHEMA == ROOT_FRAME.polars()
+    assert ROOT_FRAME.names == ("rank", *(c for c in ROOT_ROW.names if c != "call_id"))
+    assert step_rules.STEP_RULES is contracts.STEP_RULES
 
 
 def test_analysis_frames_are_the_contracts() -> None:

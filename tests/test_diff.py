@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from modtrace.analysis.diff import (
     DiffOptions,
-    _rank_sums_sorted,
     calls_of_spans,
     collapse_subtrees,
     compared_calls,
@@ -34,6 +33,7 @@ from modtrace.analysis.diff import (
     step_units,
     with_mkey,
 )
+from modtrace.analysis.diff.stats import rank_sums_sorted
 from modtrace.analysis.events import PHASE_ENUM, STATUS_ENUM
 from modtrace.analysis.spans import SPAN_COLUMNS
 
@@ -261,6 +261,23 @@ def test_a_change_within_the_run_to_run_noise_of_the_modules_is_not_blame() -> N
     assert row["self_noise_p_adjusted"] >= 0.01
 
 
+def test_a_zero_mad_does_not_put_every_deviation_beyond_noise() -> None:
+    """Most modules at exactly the typical ratio (a median absolute deviation of 0) leave the
+    noise to be judged from the others' spread: a module that moves like its noisy neighbours
+    is not beyond noise, one far out of their spread is."""
+    from modtrace.analysis.diff.verdicts import _typical
+
+    def noise_p(vs_rest: list[float]) -> list[float]:
+        frame = pl.DataFrame({"self_vs_rest": vs_rest})
+        return _typical(frame, "self")[1].to_list()
+
+    within = noise_p([1.0] * 6 + [1.15, 0.87, 1.14, 0.88])
+    assert within[:6] == [1.0] * 6
+    assert min(within[6:]) >= 0.01  # as far off as the others that moved: noise
+    outlier = noise_p([1.0] * 6 + [1.02, 0.98, 1.01, 3.0])
+    assert outlier[-1] < 0.01 and min(outlier[6:9]) >= 0.01
+
+
 def test_regressions_are_sorted_by_impact_and_improvements_reported() -> None:
     def fn(name: str, phase: str, step: int) -> float:
         factor = {"Net.block0.attn": 1.2, "Net.head": 2.0, "Net.embed": 0.5}.get(name, 1.0)
@@ -430,7 +447,7 @@ def test_the_packed_metric_matches_the_general_statistics(
     keys: int, n_b: int, n_c: int, spread: int, rnd: random.Random
 ) -> None:
     """compare_timing's one-sort statistics (equal blocks) = the general rank sums and medians."""
-    from modtrace.analysis.diff import _metric, _metric_grouped
+    from modtrace.analysis.diff.stats import _two_sample_stats_grouped, two_sample_stats
 
     def side(n: int) -> pl.DataFrame:
         return pl.DataFrame({
@@ -440,10 +457,10 @@ def test_the_packed_metric_matches_the_general_statistics(
 
     b, c = side(n_b), side(n_c)
     z = 2.5758
-    fast = _metric(b, c, "v", keys, n_b, n_c, 0.99, z).sort("k")
+    fast = two_sample_stats(b, c, "v", keys, n_b, n_c, 0.99, z).sort("k")
     v = pl.concat([b["v"], c["v"]])
     side01 = pl.Series([0] * b.height + [1] * c.height)
-    slow = _metric_grouped(pl.concat([b["k"], c["k"]]), side01, v, keys, n_b, n_c, 0.99, z).sort("k")
+    slow = _two_sample_stats_grouped(pl.concat([b["k"], c["k"]]), side01, v, keys, n_b, n_c, 0.99, z).sort("k")
     assert fast.columns == slow.columns
     for column in fast.columns:
         assert fast[column].to_list() == pytest.approx(slow[column].to_list(), rel=1e-12, abs=1e-9), column
@@ -482,7 +499,7 @@ def test_mann_whitney_matches_the_textbook_formula(xs: list[list[int]], ys: list
     assert set(out) == set(range(len(xs)))
     # both ways of ranking ties (a few tied rows corrected apart, or every row's block) agree
     ordered = sort_within(long["key"], (long["v"] + 3) * 2 + long["side"])
-    assert _rank_sums_sorted(ordered, ties_apart=True).equals(_rank_sums_sorted(ordered, ties_apart=False))
+    assert rank_sums_sorted(ordered, ties_apart=True).equals(rank_sums_sorted(ordered, ties_apart=False))
     for k, x in enumerate(xs):
         ref_u, ref_p = reference_mann_whitney([float(v) for v in x], [float(v) for v in ys[k]])
         assert out[k][0] == pytest.approx(ref_u)

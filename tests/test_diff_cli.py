@@ -9,14 +9,13 @@ durations are exact and a slower module is slower by exactly its cost.
 from __future__ import annotations
 
 import json
-import os
 import runpy
 from pathlib import Path
 from typing import Any
 
 import pytest
+from golden import check_golden
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 10
 
@@ -101,12 +100,6 @@ def doc_of(out: str) -> dict[str, Any]:
 def regressions(doc: dict[str, Any]) -> list[tuple[str, str]]:
     return [(r["fqn"], r["phase"]) for r in doc["timing"] if r["verdict"] == "regression"]
 
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("MODTRACE_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text()
 
 
 @pytest.fixture(scope="module")

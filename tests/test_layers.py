@@ -21,8 +21,10 @@ LAYERS: dict[str, str] = {
     "modtrace.codes": "base",
     "modtrace.contracts": "base",
     "modtrace.errors": "base",
+    "modtrace.step_rules": "base",  # pure rules over code names, shared by recorder, analysis, renderers, CLI
     "modtrace.tracker": "tracker",
     "modtrace.device_clock": "tracker",
+    "modtrace.input_kind": "tracker",  # the tracker's pre-hook of root calls (torch)
     "modtrace.module_tracker": "tracker",
     "modtrace.store": "store",
     "modtrace.analysis": "analysis",
@@ -197,6 +199,9 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 @pytest.mark.parametrize("module,layer", [
     ("modtrace.store.migrate", "store"), ("modtrace.analysis.stream", "analysis"), ("modtrace.cli._options", "cli"),
     ("modtrace.contracts", "base"), ("modtrace", "package"), ("modtrace.materialize", "join"),
+    ("modtrace.step_rules", "base"), ("modtrace.input_kind", "tracker"), ("modtrace.store.roots", "store"),
+    ("modtrace.analysis.steps", "analysis"), ("modtrace.analysis.step_time", "analysis"),
+    ("modtrace.api._steps", "api"), ("modtrace.cli._steps", "cli"),
 ])
 def test_modules_are_placed_in_their_layer(module: str, layer: str) -> None:
     assert layer_of(module) == layer

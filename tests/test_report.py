@@ -159,10 +159,14 @@ def test_report_is_one_self_contained_file_with_the_runs_data(tmp_path: Path, ru
         phases = {data["phases"][s[6]] for s in step["spans"]}
         assert phases == {"forward", "backward", "recompute"}
         assert all(s[0] >= 0 and s[0] + s[1] <= step["duration_ns"] for s in step["spans"])
-    # Per-step times: forward and backward are the root spans' durations.
-    roots = dict(sql(db, "SELECT step, SUM(duration_ns) FROM spans WHERE run_id = 1 AND depth = 0 AND phase = 'forward' GROUP BY step"))
-    assert {s["step"]: s["forward_ns"] for s in data["steps"]} == roots
-    assert all(0 < s["recompute_ns"] < s["backward_ns"] for s in data["steps"])
+    # Per-step times (docs/schema.md, "Step time"): the root spans' durations, split by self time.
+    roots = dict(sql(db, "SELECT step, SUM(duration_ns) FROM spans WHERE run_id = 1 AND depth = 0 GROUP BY step"))
+    assert {s["step"]: s["step_ns"] for s in data["steps"]} == roots
+    for phase in ("forward", "backward", "recompute"):
+        selfs = dict(sql(db, f"SELECT step, SUM(self_ns) FROM spans WHERE run_id = 1 AND phase = '{phase}' GROUP BY step"))
+        assert {s["step"]: s[f"{phase}_ns"] for s in data["steps"]} == selfs
+    assert all(s["recompute_ns"] > 0 and s["forward_ns"] + s["backward_ns"] + s["recompute_ns"] == s["step_ns"]
+               for s in data["steps"])
     # Issues: what nesting_issues holds (checkpoint early stops and closes at the end of backward).
     issues = sql(db, "SELECT severity, kind, COUNT(*) FROM nesting_issues WHERE run_id = 1 GROUP BY severity, kind")
     assert {(c["severity"], c["kind"], c["n"]) for c in data["issues"]["counts"]} == set(issues)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from modtrace.analysis.step_time import total_step_time
+
 SAMPLE_COLUMNS: tuple[str, ...] = ("rank", "step", "fqn", "module_type", "phase", "calls", "inclusive_ns", "self_ns")
 
 NODE_COLUMNS: tuple[str, ...] = (
@@ -36,16 +38,6 @@ def step_samples(spans: pl.DataFrame) -> pl.DataFrame:
         )
         .sort("rank", "step", "phase", "fqn")
         .select(SAMPLE_COLUMNS)
-    )
-
-
-def step_times(spans: pl.DataFrame) -> pl.DataFrame:
-    """Spans frame -> (rank, step, start_ns, end_ns, wall_ns): each step's extent over its spans."""
-    return (
-        spans.group_by("rank", "step")
-        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-        .with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("wall_ns"))
-        .sort("rank", "step")
     )
 
 
@@ -90,8 +82,8 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
     Per node: calls (spans), steps (distinct (rank, step) samples), total
     inclusive and self time, the per-step medians of both (over the steps
     the node ran in), and percent: total inclusive time as a percentage of
-    the summed wall time of the steps present in ``spans`` (a step's wall
-    time runs from its first span's start to its last span's end).
+    the summed step time (``analysis.step_time``: time in root spans) of the
+    steps present in ``spans``.
     ``level`` is the depth in the tree, ``parent_node_id`` null at a root.
     Children follow their parent in order of first appearance.
     """
@@ -110,7 +102,7 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
         pl.col("_inc").median().alias("inclusive_median_ns"),
         pl.col("_self").median().alias("self_median_ns"),
     )
-    wall = step_times(spans)["wall_ns"].sum() or 0
+    step_total = total_step_time(spans)
     agg = (
         tagged.group_by("node_id")
         .agg(
@@ -126,7 +118,8 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
         )
         .join(medians, on="node_id")
         .with_columns(
-            (pl.col("inclusive_total_ns") * 100.0 / wall if wall else pl.lit(None, dtype=pl.Float64)).alias("percent")
+            (pl.col("inclusive_total_ns") * 100.0 / step_total if step_total else pl.lit(None, dtype=pl.Float64))
+            .alias("percent")
         )
         .sort("_rank", "_first")
     )

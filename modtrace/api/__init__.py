@@ -20,7 +20,7 @@ follow the contracts in ``modtrace.contracts``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ from modtrace.api._admin import (
     resolve_query,
     upgrade,
 )
+from modtrace.api._steps import Stepped
 from modtrace.contracts import PHASES
 from modtrace.errors import UsageError
 
@@ -44,8 +45,9 @@ if TYPE_CHECKING:
     from modtrace.store.engine import Store
 
 __all__ = [
-    "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "RunCalls", "check_schema", "current_revision",
-    "diff_calls", "open", "preload_diff", "preload_store", "query", "query_library", "resolve_query", "upgrade",
+    "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "RunCalls", "Stepped", "check_schema",
+    "current_revision", "diff_calls", "like_with_like", "like_with_like_calls", "open", "preload_diff",
+    "preload_store", "query", "query_library", "resolve_query", "step_table", "upgrade",
 ]
 
 
@@ -97,6 +99,33 @@ def diff_calls(base: RunCalls, cand: RunCalls, options: DiffOptions | None = Non
     return diff_runs(base, cand, options)
 
 
+def like_with_like(runs: Sequence[tuple[str, Stepped]], kind: str | None) -> tuple[list[pl.DataFrame], str | None]:
+    """The frames of ``Database.steps`` results to compare: the steps of ``kind`` in each (named) run;
+    None: the kind most steps share when they have more than one; ``all``: every step.  Also the kind
+    compared (None for all)."""
+    from modtrace.api._steps import like_with_like as pick
+
+    return pick(runs, kind)
+
+
+def like_with_like_calls(
+    base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, dict[str, Any]], kind: str | None
+) -> tuple[RunCalls, RunCalls]:
+    """Two ``Database.diff_side`` results kept to steps of one kind (as ``like_with_like``);
+    their descriptions get each run's step rule and kinds."""
+    from modtrace.api._diff import like_with_like as pick
+
+    return pick(base, cand, kind)
+
+
+def step_table(spans: pl.DataFrame) -> pl.DataFrame:
+    """One row per (rank, step) of a spans frame: step time, its split by phase, wall time,
+    spans and unclosed spans (``modtrace.analysis.step_time``; docs/schema.md)."""
+    from modtrace.analysis.step_time import step_table as table
+
+    return table(spans)
+
+
 def open(db: str | None = None) -> Database:  # noqa: A001 -- modtrace.open(db), like sqlite3.connect
     """Open a recording database for reading: a file path or SQLAlchemy URL;
     default ``$MODTRACE_DB``, else ``./modtrace.db``.  Nothing is created."""
@@ -138,24 +167,30 @@ class Database:
         return Run(found.id, found.name)
 
     def run_list(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Runs newest first, as dicts (id, name, status, started_at, ended_at, duration_s, events, steps, ranks...)."""
+        """Runs newest first, as dicts (id, name, status, started_at, ended_at, duration_s, events, steps,
+        step_on, step_rule, ranks...): ``steps`` counts the steps under the run's own rule (``step_rule``,
+        resolved from ``step_on``, the rule it was recorded with)."""
+        from modtrace.api._steps import with_steps
         from modtrace.store.runs import list_runs
 
-        return list_runs(self._store, limit)
+        return with_steps(self._store, list_runs(self._store, limit))
 
     def runs(self, limit: int | None = None) -> pl.DataFrame:
         """``run_list`` as a frame."""
         import polars as pl
 
-        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "ranks"]
+        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on",
+                   "step_rule", "ranks"]
         rows = self.run_list(limit)
         return pl.DataFrame([[r[c] for c in columns] for r in rows], schema=columns, orient="row")
 
     def details(self, run: RunLike) -> dict[str, Any]:
-        """The run's metadata, status and counts (what ``modtrace show`` prints)."""
+        """The run's metadata, status and counts (what ``modtrace show`` prints); steps under its own rule."""
+        from modtrace.api._steps import details_with_steps
         from modtrace.store.runs import run_details
 
-        return run_details(self._store, self.run(run).id)
+        ref = self.run(run)
+        return details_with_steps(self._store, ref.id, run_details(self._store, ref.id))
 
     def ranks(self, run: RunLike) -> list[int]:
         """The ranks that wrote events or lookups for the run, ascending."""
@@ -230,24 +265,47 @@ class Database:
         result = materialize(self._store, ref.id)
         return AnalyzeSummary(ref, count_span_rows(self._store, ref.id), result.issues)
 
+    def steps(
+        self, run: RunLike, frame: pl.DataFrame | None = None, *, step_on: str | None = None,
+        ranks: Sequence[int] | None = None,
+    ) -> Stepped:
+        """``frame`` (default: the run's spans; or any frame of its rows with ``rank``, ``span_id``
+        and ``step``) with its steps under ``step_on`` (auto | optimizer | root | manual; None: the
+        rule the run was recorded with), and each step's kind.  ``ranks``: the ranks ``frame`` holds."""
+        from modtrace.api._steps import restep
+
+        ref = self.run(run)
+        return restep(self._store, ref.id, ref.name, self.spans(ref) if frame is None else frame, step_on, ranks)
+
+    def root_call_counts(self, runs: Sequence[RunLike] | None = None) -> dict[tuple[int, int], int]:
+        """Root calls recorded per (run id, rank), of ``runs`` (default: every run)."""
+        from modtrace.store.roots import root_call_counts
+
+        return root_call_counts(self._store, None if runs is None else [self.run(r).id for r in runs])
+
     # -- derived views -------------------------------------------------------------
 
     def tree(
         self, run: RunLike, *, phase: str | None = None, step: int | None = None, rank: int | None = None,
-        max_depth: int | None = None, min_percent: float | None = None,
+        max_depth: int | None = None, min_percent: float | None = None, step_on: str | None = None,
+        step_kind: str | None = None,
     ) -> pl.DataFrame:
         """The module call tree with per-step median and total times and % of step.
 
-        ``phase`` (forward | backward | recompute), ``step`` and ``rank``
-        select spans; ``max_depth`` and ``min_percent`` hide nodes."""
+        Steps follow ``step_on`` (see ``steps``); ``step_kind`` keeps the steps
+        of one kind (``-``: steps without a root call; None or ``all``: every
+        step).  ``phase`` (forward | backward | recompute), ``step`` and
+        ``rank`` select spans; ``max_depth`` and ``min_percent`` hide nodes."""
         import polars as pl
 
         from modtrace.analysis.aggregate import filter_tree, module_tree
+        from modtrace.api._steps import of_kind
 
         ref = self.run(run)
         if phase is not None and phase not in PHASES:
             raise UsageError(f"phase {phase!r}: one of {', '.join(PHASES)}")
-        spans = self.spans(ref)
+        stepped = self.steps(ref, step_on=step_on)
+        spans = stepped.frame if step_kind in (None, "all") else of_kind(ref.name, stepped, step_kind)
         if rank is not None:
             if rank not in set(spans["rank"].unique().to_list()):
                 raise UsageError(f"run {ref.name} has no spans on rank {rank}")
@@ -262,14 +320,16 @@ class Database:
 
     def diff(
         self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,
-        cand_db: Database | None = None, rank: int | None = None,
+        cand_db: Database | None = None, rank: int | None = None, step_on: str | None = None,
+        step_kind: str | None = None,
     ) -> DiffResult:
-        """Compare run ``cand`` (in ``cand_db``, default this database) against ``base``."""
+        """Compare run ``cand`` (in ``cand_db``, default this database) against ``base``: steps under
+        ``step_on``, of ``step_kind`` (None: the kind most steps of both share; ``all``: every step)."""
         from modtrace.analysis.diff import diff_runs
 
-        base_calls = self.diff_side(base, rank)[0]
-        cand_calls = (cand_db or self).diff_side(cand, rank)[0]
-        return diff_runs(base_calls, cand_calls, options)
+        base_side = self.diff_side(base, rank, step_on)
+        cand_side = (cand_db or self).diff_side(cand, rank, step_on)
+        return diff_runs(*like_with_like_calls(base_side, cand_side, step_kind), options)
 
     def diff_spans(
         self, base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions | None = None
@@ -279,8 +339,11 @@ class Database:
 
         return diff_spans(base_spans, cand_spans, options)
 
-    def diff_side(self, ref: RunLike, rank: int | None = None) -> tuple[RunCalls, dict[str, Any]]:
-        """One side of a diff: (``RunCalls``, description).  ``ref`` may be ``RUN:RANK``."""
+    def diff_side(
+        self, ref: RunLike, rank: int | None = None, step_on: str | None = None
+    ) -> tuple[RunCalls, dict[str, Any]]:
+        """One side of a diff: (``RunCalls``, description), steps under ``step_on``.  ``ref`` may be
+        ``RUN:RANK``.  Pass two sides through ``like_with_like_calls`` before ``diff_calls``."""
         from modtrace.api._diff import load_side
 
-        return load_side(self, self._store, ref, rank)
+        return load_side(self, self._store, ref, rank, step_on)

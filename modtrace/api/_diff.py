@@ -54,8 +54,11 @@ def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -
     return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
 
 
-def load_side(db: Database, store: Store, ref: RunLike, rank: int | None) -> tuple[RunCalls, dict[str, Any]]:
-    """(closed calls of RUN[:RANK], or of ``rank``; its description for the diff document)."""
+def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
+              step_on: str | None = None) -> tuple[RunCalls, dict[str, Any]]:
+    """(closed calls of RUN[:RANK], or of ``rank``, steps under ``step_on``; its description for the
+    diff document, holding under ``_stepped`` the calls' steps and kinds for ``like_with_like``)."""
+    from modtrace.api._steps import restep
     from modtrace.store.samples import fetch_closed_calls
 
     run, ref_rank = split_ref(db, ref)
@@ -67,12 +70,30 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None) -> tup
             raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
     fetched = fetch_closed_calls(store, run.id, rank=rank)
     calls = _calls(store, run.id, rank, fetched)
+    stepped = restep(store, run.id, run.name, calls.calls, step_on, None if rank is None else [rank])
     if calls.calls.height == 0:
         raise UsageError(f"run {run.name!r} has no module calls to compare")
-    return calls, {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank}
+    return calls, {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank, "_stepped": stepped}
+
+
+def like_with_like(base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, dict[str, Any]],
+                   kind: str | None) -> tuple[RunCalls, RunCalls]:
+    """Both sides' calls in steps of one kind (``_steps.like_with_like``); the sides'
+    descriptions lose ``_stepped`` and get their step rule, kinds and the kind compared."""
+    from dataclasses import replace
+
+    from modtrace.api._steps import like_with_like as pick
+
+    sides = [(info["run"], info.pop("_stepped")) for _, info in (base, cand)]
+    frames, chosen = pick(sides, kind)
+    for (_, info), (_, stepped) in zip((base, cand), sides, strict=True):
+        info.update(stepped.describe(), step_kind=chosen)
+    return replace(base[0], calls=frames[0]), replace(cand[0], calls=frames[1])
 
 
 def preload() -> None:
     """Import what a diff needs (while another thread reads the runs)."""
     import modtrace.analysis.diff  # noqa: F401
+    import modtrace.analysis.steps  # noqa: F401
     import modtrace.store.analysis_store  # noqa: F401
+    import modtrace.store.roots  # noqa: F401

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from modtrace.cli._options import db_option, format_option, rank_option
+from modtrace.cli._steps import step_kind_option, step_on_option
 from modtrace.contracts import SEVERITIES
 
 if TYPE_CHECKING:
@@ -64,28 +65,34 @@ def _step_arg(value: str) -> int | None:
 @click.option("--max-depth", type=click.IntRange(min=0), default=None, help="Hide nodes deeper than this (0 = roots).")
 @click.option("--min-percent", type=click.FloatRange(min=0), default=None,
               help="Hide nodes below this percentage of step time.")
+@step_on_option
+@step_kind_option("all")
 @format_option("table", "json")
 def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, max_depth: int | None,
-         min_percent: float | None, fmt: str) -> None:
+         min_percent: float | None, step_on: str | None, step_kind: str | None, fmt: str) -> None:
     """Show RUN's module call tree: calls, inclusive and self time, % of step.
 
     Times are per-step medians (over the steps a node ran in) and totals;
-    % step is a node's total inclusive time over the summed wall time of the
-    selected steps.  Backward and recompute calls form their own subtrees.
+    % step is a node's total inclusive time over the summed step time (time in
+    root module calls, every phase) of the selected steps.  Backward and
+    recompute calls form their own subtrees.  Steps follow --step-on;
+    --step-kind keeps the steps of one kind (e.g. the decode steps of a
+    generate() loop).
     """
     import modtrace.api
-    from modtrace.renderers.tree import TREE_RENDERERS
+    from modtrace.renderers import get_renderer
+    from modtrace.renderers.tree import TreeView
 
     step = _step_arg(step_opt)
     with modtrace.api.open(db) as database:
         ref = database.run(run)
         nodes = database.tree(ref, phase=None if phase == "all" else phase, step=step, rank=rank,
-                              max_depth=max_depth, min_percent=min_percent)
+                              max_depth=max_depth, min_percent=min_percent, step_on=step_on, step_kind=step_kind)
     if fmt == "table" and nodes.height == 0:
         click.echo(f"run {ref.name}: no module calls to show")
         return
     rows: list[dict[str, Any]] = nodes.to_dicts()
-    click.echo(TREE_RENDERERS[fmt]().render(rows), nl=False)
+    click.echo(get_renderer("tree", fmt).render(TreeView(rows)), nl=False)
 
 
 @click.command()
@@ -104,7 +111,7 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
     import polars as pl
 
     import modtrace.api
-    from modtrace.renderers import get_renderer
+    from modtrace.renderers import Table, get_renderer
 
     with modtrace.api.open(db) as database:
         ref = database.run(run)
@@ -112,12 +119,12 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
     columns = ["severity", "kind", "rank", "seq", "step", "phase", "fqn", "message"]
     if fmt == "json":
         out = issues.with_columns(pl.col("phase").cast(pl.String)).select(columns).rows()
-        click.echo(get_renderer("json").render(columns, out), nl=False)
+        click.echo(get_renderer("rows", "json").render(Table(columns, out)), nl=False)
     elif issues.height == 0:
         click.echo(f"run {ref.name}: no nesting issues")
     else:
         out = issues.select("severity", "kind", "rank", "seq", "message").rows()
-        click.echo(get_renderer("table").render(["severity", "kind", "rank", "seq", "message"], out), nl=False)
+        click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "message"], out)), nl=False)
         click.echo(f"run {ref.name}: {_counts(issues)}")
     if (issues["severity"] == "error").any():
         ctx.exit(1)

@@ -7,22 +7,23 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from modtrace.cli._options import db_option, format_option, rank_option
+from modtrace.cli._steps import step_kind_option, step_on_option
 from modtrace.contracts import PHASES
 
 if TYPE_CHECKING:
     from modtrace.api import RunCalls
 
 
-def _load(db: str | None, ref: str, rank: int | None) -> tuple[RunCalls, dict[str, Any]]:
-    """Open DB and read one side of the diff: RUN[:RANK]'s closed calls and its description."""
+def _load(db: str | None, ref: str, rank: int | None, step_on: str | None = None) -> tuple[RunCalls, dict[str, Any]]:
+    """Open DB and read one side of the diff: RUN[:RANK]'s closed calls, steps under STEP_ON, and its description."""
     import modtrace.api
 
     with modtrace.api.open(db) as database:
-        return database.diff_side(ref, rank)
+        return database.diff_side(ref, rank, step_on)
 
 
 def _load_both(
-    base: tuple[str | None, str, int | None], cand: tuple[str | None, str, int | None]
+    base: tuple[str | None, str, int | None, str | None], cand: tuple[str | None, str, int | None, str | None]
 ) -> tuple[tuple[RunCalls, dict[str, Any]], tuple[RunCalls, dict[str, Any]]]:
     """Both runs, read side by side (the database driver releases the GIL while it steps), while
     this thread imports what the diff needs."""
@@ -37,6 +38,7 @@ def _load_both(
         fc = pool.submit(_load, *cand)
         modtrace.api.preload_diff()
         import modtrace.renderers.diff  # noqa: F401
+        import modtrace.renderers.diff_document  # noqa: F401
 
         return fb.result(), fc.result()
 
@@ -60,14 +62,16 @@ def _load_both(
 @click.option("--absolute", is_flag=True,
               help="Judge absolute times only: do not also require a module's share of the step to change "
                    "(for runs recorded on an equally quiet machine).")
+@step_on_option
+@step_kind_option("the kind most steps of both runs share, when they have more than one")
 @format_option("table", "json", "csv", "markdown")
 @click.option("--fail-on", type=click.Choice(("regression", "structure", "any", "never")), default="regression",
               show_default=True, help="Which findings make the exit status 1.")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged modules (table and markdown).")
 def diff(
     base: str, cand: str, db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
-    threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool, fmt: str,
-    fail_on: str, show_all: bool,
+    threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
+    step_on: str | None, step_kind: str | None, fmt: str, fail_on: str, show_all: bool,
 ) -> None:
     """Compare run CAND against run BASE: structure changes and timing regressions per module.
 
@@ -78,11 +82,16 @@ def diff(
     share of the step grew by more than --threshold percent relative to the
     rest of the step (so a machine that got busier between the runs blames
     nobody), and Mann-Whitney tests over the steps give p < --alpha for
-    both. Exit status: 0 clean, 1 findings (per --fail-on), 2 usage error.
+    both. Steps follow --step-on; when the runs' steps come in several kinds
+    (a generate() loop's prompt and its decode steps), steps of one kind are
+    compared (--step-kind). Exit status: 0 clean, 1 findings (per
+    --fail-on), 2 usage error.
     """
-    from modtrace.api import DiffOptions, diff_calls
+    from modtrace.api import DiffOptions, diff_calls, like_with_like_calls
     from modtrace.errors import UsageError
-    from modtrace.renderers.diff import document, get_diff_renderer
+    from modtrace.renderers import get_renderer
+    from modtrace.renderers.diff import DiffView
+    from modtrace.renderers.diff_document import document
 
     options = DiffOptions(
         threshold=threshold_pct / 100.0,
@@ -92,9 +101,11 @@ def diff(
         absolute=absolute,
         phases=tuple(p for p in PHASES if p in phases) if phases else None,
     )
-    (base_calls, base_info), (cand_calls, cand_info) = _load_both(
-        (db, base, rank), (cand_db if cand_db is not None else db, cand, rank)
+    loaded_base, loaded_cand = _load_both(
+        (db, base, rank, step_on), (cand_db if cand_db is not None else db, cand, rank, step_on)
     )
+    base_calls, cand_calls = like_with_like_calls(loaded_base, loaded_cand, step_kind)
+    base_info, cand_info = loaded_base[1], loaded_cand[1]
     result = diff_calls(base_calls, cand_calls, options)
     for side, info in (("base_steps", base_info), ("cand_steps", cand_info)):
         if not result.summary[side]:
@@ -103,6 +114,7 @@ def diff(
                 "(use --skip-steps 0)"
             )
     doc = document(result, base_info, cand_info, options, fail_on)
-    click.echo(get_diff_renderer(fmt).render(doc, show_all=show_all), nl=False)
-    if doc["summary"]["failed"]:
-        raise click.exceptions.Exit(1)
+    click.echo(get_renderer("diff", fmt).render(DiffView(doc, show_all)), nl=False)
+    code = result.exit_code(fail_on)
+    if code:
+        raise click.exceptions.Exit(code)

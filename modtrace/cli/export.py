@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from modtrace.cli._options import db_option, format_option, quiet_option, rank_option
+from modtrace.cli._steps import step_on_option
 
 if TYPE_CHECKING:
     import polars as pl
@@ -207,13 +208,14 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
     with modtrace.api.open(db) as database:
         data = load_run(database, run, quiet=quiet)
         if fmt == "perfetto":
-            from modtrace.renderers.perfetto import PerfettoRenderer
+            from modtrace.renderers import get_renderer
+            from modtrace.renderers.perfetto import Trace
 
             with progress_bar("writing trace", data.spans.height, quiet=quiet) as advance, atomic_text(output) as out:
-                n = PerfettoRenderer(progress=advance).write(
-                    out, data.spans, data.anchors, data.thread_names, run=data.info
+                get_renderer("trace", fmt, progress=advance).write(
+                    Trace(data.spans, data.anchors, data.thread_names, data.info), out
                 )
-            written = [(output, n, "spans")]
+            written = [(output, data.spans.height, "spans")]  # one slice per span
         else:
             written = []
             if what == "all":
@@ -249,33 +251,43 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="HTML file to write (- for stdout).")
 @click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the median-time step).")
 @rank_option("Rank shown in the flame chart (default: the lowest).")
+@step_on_option
 @quiet_option()
-def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None, quiet: bool) -> None:
+def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None,
+           step_on: str | None, quiet: bool) -> None:
     """Write one self-contained HTML file about RUN: a flame chart of a step
     (forward, backward, recompute), per-step times, the nesting issues and,
     with --vs BASE, the diff against BASE.  It needs no network to view."""
+    from dataclasses import replace
+
     import modtrace.api
     from modtrace.errors import UsageError
-    from modtrace.renderers.html_report import HtmlReportRenderer, report_data
+    from modtrace.renderers import get_renderer
+    from modtrace.renderers.html_report import report_data
 
     _check_output_file(output)
     with modtrace.api.open(db) as database:
         data = load_run(database, run, quiet=quiet)
+        stepped = database.steps(data.info["id"], data.spans, step_on=step_on)
+        data = replace(data, spans=stepped.frame)
         diff = None
         base_info = None
         if base is not None:
             base_data = load_run(database, base, quiet=quiet)
             if base_data.info["id"] == data.info["id"]:
                 raise UsageError(f"--vs {base}: is the same run as {run}")
-            diff = database.diff_spans(base_data.spans, data.spans)
+            base_stepped = database.steps(base_data.info["id"], base_data.spans, step_on=step_on)
+            (base_spans, spans), _ = modtrace.api.like_with_like(
+                [(base_data.info["name"], base_stepped), (data.info["name"], stepped)], None)
+            diff = database.diff_spans(base_spans, spans)
             base_info = base_data.info
     if rank is not None and data.spans.height and rank not in set(data.spans["rank"].unique().to_list()):
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
         payload = report_data(
-            data.info, data.spans, data.issues, step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
+            data.info, data.spans, data.issues, steps=modtrace.api.step_table(data.spans), step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
         )
-    html = HtmlReportRenderer().render(payload)
+    html = get_renderer("report", "html").render(payload)
     with atomic_text(output) as out:
         out.write(html)
     if not quiet and output != "-":

@@ -40,7 +40,7 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
     """
     import modtrace.api
     from modtrace.errors import UsageError
-    from modtrace.renderers import get_renderer
+    from modtrace.renderers import Table, get_renderer
 
     if list_:
         if query is not None:
@@ -49,7 +49,7 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
             [item.name, item.purpose, " ".join(f":{p}" for p in item.param_names)]
             for item in modtrace.api.query_library()
         ]
-        click.echo(get_renderer(fmt).render(["name", "purpose", "parameters"], rows), nl=False)
+        click.echo(get_renderer("rows", fmt).render(Table(["name", "purpose", "parameters"], rows)), nl=False)
         return
     if query is None:
         raise UsageError("give a query: a NAME from `modtrace query --list`, a .sql PATH or an SQL statement")
@@ -62,4 +62,4 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
             raise UsageError("give the run once: --run RUN or --param run_id=RUN")
         given["run_id"] = run
     result = modtrace.api.query(db, chosen, given)
-    click.echo(get_renderer(fmt).render(result.columns, result.rows), nl=False)
+    click.echo(get_renderer("rows", fmt).render(Table(result.columns, result.rows)), nl=False)

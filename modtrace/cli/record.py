@@ -20,6 +20,7 @@ import click
 
 from modtrace.cli._options import db_option, quiet_option
 from modtrace.errors import UsageError
+from modtrace.step_rules import STEP_RULES
 
 AUTO_NAME_ATTEMPTS = 50
 
@@ -93,6 +94,11 @@ def check_run_name(name: str) -> str:
 @click.option("-m", "module", metavar="MODULE", default=None, help="Run a library module as a script, like python -m.")
 @quiet_option("No progress line and no summary on stderr.")
 @click.option("--no-analyze", is_flag=True, help="Skip building spans and nesting issues when the run ends.")
+@click.option("--step-on", type=click.Choice(STEP_RULES), default="auto", show_default=True,
+              help="What makes a step: optimizer steps when the run makes any, else each root call (auto); "
+                   "optimizer; root (each outermost module call on the main thread: one per generate() token, "
+                   "per request, per batch); manual (Recorder.step() only). Root calls are always recorded, "
+                   "so tree, diff and report can choose again with --step-on.")
 @click.argument("target_args", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 @click.pass_context
 def record(
@@ -103,6 +109,7 @@ def record(
     module: str | None,
     quiet: bool,
     no_analyze: bool,
+    step_on: str,
     target_args: tuple[str, ...],
 ) -> int:
     """Run SCRIPT (or -m MODULE) as python would, recording its module calls.
@@ -136,7 +143,7 @@ def record(
     check_target(target)
     command = shlex.join(["modtrace", "record", *ctx.meta.get("modtrace.record.args", [])])
     return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
-                   quiet=quiet, analyze=not no_analyze)
+                   quiet=quiet, analyze=not no_analyze, step_on=step_on)
 
 
 def _record(
@@ -148,6 +155,7 @@ def _record(
     command: str,
     quiet: bool,
     analyze: bool,
+    step_on: str = "auto",
 ) -> int:
     from datetime import datetime
 
@@ -168,7 +176,7 @@ def _record(
 
     try:
         return _record_under(target, run_name, auto, db=db, tags=tags, command=command, meta=meta,
-                             quiet=quiet, analyze=analyze)
+                             quiet=quiet, analyze=analyze, step_on=step_on)
     except Terminated:
         # SIGTERM before the target started or after it ended; a started
         # recorder finishes from its atexit hook.
@@ -177,14 +185,15 @@ def _record(
 
 def _record_under(
     target: Any, run_name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
-    meta: dict[str, Any], quiet: bool, analyze: bool,
+    meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto",
 ) -> int:
     from modtrace import progress as progress_mod
     from modtrace.errors import Terminated
     from modtrace.runner import EXIT_TERMINATED, Outcome, SigtermGuard, execute
 
     with SigtermGuard() as guard:
-        rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze)
+        rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze,
+                              step_on=step_on)
         line = None
         if progress_mod.wanted(sys.stderr, quiet):
             line = progress_mod.ProgressLine(
@@ -212,7 +221,7 @@ def _record_under(
 
 def _start_recorder(
     name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
-    meta: dict[str, Any], analyze: bool,
+    meta: dict[str, Any], analyze: bool, step_on: str = "auto",
 ) -> Any:
     """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
     from modtrace.errors import RunNameTaken
@@ -221,7 +230,7 @@ def _start_recorder(
     attempt = 1
     while True:
         candidate = name if attempt == 1 else f"{name}-{attempt}"
-        rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze)
+        rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze, step_on=step_on)
         try:
             rec.__enter__()  # Recorder.start
         except RunNameTaken:

@@ -7,6 +7,7 @@ import json
 import click
 
 from modtrace.cli._options import db_option, format_option
+from modtrace.cli._steps import rule_label
 
 
 def _duration(seconds: float | None) -> str:
@@ -28,23 +29,26 @@ def _duration(seconds: float | None) -> str:
 def runs(db: str | None, limit: int | None, fmt: str) -> None:
     """List recorded runs, newest first."""
     import modtrace.api
-    from modtrace.renderers import get_renderer
+    from modtrace.renderers import Table, get_renderer
 
     with modtrace.api.open(db) as database:
         rows = database.run_list(limit)
-    columns = ["id", "name", "status", "started", "duration", "events", "steps", "ranks"]
+    for r in rows:
+        r["step_on"] = rule_label(r["step_on"], r.pop("step_rule"))
+    columns = ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks"]
     if fmt == "table":
         out = [
-            [r["id"], r["name"], r["status"], r["started_at"], _duration(r["duration_s"]), r["events"], r["steps"], r["ranks"]]
+            [r["id"], r["name"], r["status"], r["started_at"], _duration(r["duration_s"]), r["events"], r["steps"],
+             r["step_on"], r["ranks"]]
             for r in rows
         ]
         if not out:
             click.echo(f"no runs in {database.label}")
             return
     else:
-        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "ranks"]
+        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks"]
         out = [[r[c] for c in columns] for r in rows]
-    click.echo(get_renderer(fmt).render(columns, out), nl=False)
+    click.echo(get_renderer("rows", fmt).render(Table(columns, out)), nl=False)
 
 
 @click.command()
@@ -57,7 +61,7 @@ def show(run: str, db: str | None, fmt: str) -> None:
     RUN is a run name, a numeric id, @ (the newest run) or @~N.
     """
     import modtrace.api
-    from modtrace.renderers import get_renderer
+    from modtrace.renderers import Table, get_renderer
 
     with modtrace.api.open(db) as database:
         info = database.details(run)
@@ -65,4 +69,4 @@ def show(run: str, db: str | None, fmt: str) -> None:
         click.echo(json.dumps(info, indent=2, default=str))
         return
     rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in info.items()]
-    click.echo(get_renderer("table").render(["field", "value"], rows), nl=False)
+    click.echo(get_renderer("rows", "table").render(Table(["field", "value"], rows)), nl=False)

@@ -1,94 +1,90 @@
-"""Renderers: small classes that turn rows into text, chosen by ``--format``.
+"""Renderers: small classes that turn a model into text, chosen by ``--format``.
 
-A renderer takes column names and rows (sequences of plain Python values)
-and returns a string.  Nothing here opens a database or runs analysis.
+Every renderer implements ``base.Renderer`` (``render(model) -> str``,
+``write(model, out)``) and is registered here under its kind and its
+``--format`` name; ``get_renderer(kind, name)`` is the only way the CLI picks
+one.  The registry names classes by module path, so choosing a renderer
+imports only that renderer's module (the HTML and trace renderers need
+polars; a table of runs does not).
+
+=========  ===================  ==========================================
+kind       model                formats
+=========  ===================  ==========================================
+rows       ``rows.Table``       table, json, csv, markdown
+tree       ``tree.TreeView``    table, json
+diff       ``diff.DiffView``    table, json, csv, markdown
+report     the report's model   html (``html_report.report_data``)
+trace      ``perfetto.Trace``   perfetto
+=========  ===================  ==========================================
+
+Nothing here opens a database or runs analysis: models are built by the
+caller (plain values, or frames for the report and the trace).
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-from collections.abc import Sequence
-from typing import Any, ClassVar
+import importlib
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-Row = Sequence[Any]
+from modtrace.renderers.base import Progress, Renderer
+from modtrace.renderers.rows import Row, Table
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
-class Renderer:
-    name: ClassVar[str]
+    from modtrace.renderers.diff import DiffView
+    from modtrace.renderers.perfetto import Trace
+    from modtrace.renderers.tree import TreeView
 
-    def render(self, columns: Sequence[str], rows: Sequence[Row], *, title: str | None = None) -> str:
-        raise NotImplementedError
+__all__ = ["REGISTRY", "Progress", "Renderer", "Row", "Table", "formats", "get_renderer"]
 
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
-class TableRenderer(Renderer):
-    """A terminal table drawn by rich; plain when the output is not a terminal."""
-
-    name = "table"
-
-    def render(self, columns: Sequence[str], rows: Sequence[Row], *, title: str | None = None) -> str:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=title, show_lines=False, header_style="bold", box=None, pad_edge=False)
-        for col in columns:
-            table.add_column(col, overflow="fold")
-        for row in rows:
-            table.add_row(*(_cell(v) for v in row))
-        buf = io.StringIO()
-        console = Console(file=buf, width=200, force_terminal=False, color_system=None, highlight=False)
-        console.print(table)
-        return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
-
-
-class JsonRenderer(Renderer):
-    name = "json"
-
-    def render(self, columns: Sequence[str], rows: Sequence[Row], *, title: str | None = None) -> str:
-        return json.dumps([dict(zip(columns, row, strict=True)) for row in rows], indent=2, default=str) + "\n"
-
-
-class CsvRenderer(Renderer):
-    name = "csv"
-
-    def render(self, columns: Sequence[str], rows: Sequence[Row], *, title: str | None = None) -> str:
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow(["" if v is None else v for v in row])
-        return buf.getvalue()
-
-
-class MarkdownRenderer(Renderer):
-    name = "markdown"
-
-    def render(self, columns: Sequence[str], rows: Sequence[Row], *, title: str | None = None) -> str:
-        def esc(v: Any) -> str:
-            return _cell(v).replace("|", "\\|").replace("\n", " ")
-
-        out = []
-        if title:
-            out.append(f"### {title}\n")
-        out.append("| " + " | ".join(columns) + " |")
-        out.append("|" + "|".join("---" for _ in columns) + "|")
-        out.extend("| " + " | ".join(esc(v) for v in row) + " |" for row in rows)
-        return "\n".join(out) + "\n"
-
-
-RENDERERS: dict[str, type[Renderer]] = {
-    r.name: r for r in (TableRenderer, JsonRenderer, CsvRenderer, MarkdownRenderer)
+REGISTRY: dict[str, dict[str, str]] = {
+    "rows": {
+        "table": "modtrace.renderers.rows:TableRenderer",
+        "json": "modtrace.renderers.rows:JsonRenderer",
+        "csv": "modtrace.renderers.rows:CsvRenderer",
+        "markdown": "modtrace.renderers.rows:MarkdownRenderer",
+    },
+    "tree": {
+        "table": "modtrace.renderers.tree:TreeTextRenderer",
+        "json": "modtrace.renderers.tree:TreeJsonRenderer",
+    },
+    "diff": {
+        "table": "modtrace.renderers.diff:DiffTableRenderer",
+        "json": "modtrace.renderers.diff:DiffJsonRenderer",
+        "csv": "modtrace.renderers.diff:DiffCsvRenderer",
+        "markdown": "modtrace.renderers.diff:DiffMarkdownRenderer",
+    },
+    "report": {"html": "modtrace.renderers.html_report:HtmlReportRenderer"},
+    "trace": {"perfetto": "modtrace.renderers.perfetto:PerfettoRenderer"},
 }
 
 
-def get_renderer(name: str) -> Renderer:
-    return RENDERERS[name]()
+def formats(kind: str) -> tuple[str, ...]:
+    """The ``--format`` names of a kind of model."""
+    return tuple(REGISTRY[kind])
+
+
+@overload
+def get_renderer(kind: Literal["rows"], name: str, *, progress: Progress | None = None) -> Renderer[Table]: ...
+@overload
+def get_renderer(kind: Literal["tree"], name: str, *, progress: Progress | None = None) -> Renderer[TreeView]: ...
+@overload
+def get_renderer(kind: Literal["diff"], name: str, *, progress: Progress | None = None) -> Renderer[DiffView]: ...
+@overload
+def get_renderer(
+    kind: Literal["report"], name: str, *, progress: Progress | None = None
+) -> Renderer[Mapping[str, Any]]: ...
+@overload
+def get_renderer(kind: Literal["trace"], name: str, *, progress: Progress | None = None) -> Renderer[Trace]: ...
+def get_renderer(kind: str, name: str, *, progress: Progress | None = None) -> Renderer[Any]:
+    """The renderer of ``kind`` models registered as ``name`` (a ``--format`` value)."""
+    try:
+        target = REGISTRY[kind][name]
+    except KeyError:
+        known = ", ".join(REGISTRY.get(kind, {})) or "none"
+        raise ValueError(f"no {kind!r} renderer named {name!r} (known: {known})") from None
+    module, _, cls_name = target.partition(":")
+    cls: type[Renderer[Any]] = getattr(importlib.import_module(module), cls_name)
+    return cls(progress=progress)
+

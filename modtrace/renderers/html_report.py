@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any
 
 import polars as pl
 
 from modtrace.contracts import PHASES
 from modtrace.errors import UsageError
+from modtrace.renderers.base import Progress, Renderer
 
 STATUSES: tuple[str, ...] = ("ok", "error", "early_stop", "closed_at_end_of_backward", "no_enter", "unclosed")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -28,8 +29,6 @@ FLAME_SPAN_BUDGET = 60_000  # spans embedded for the flame chart, over all embed
 ISSUE_ROWS = 500
 TIMING_ROWS = 300
 TOP_MODULES = 30
-
-Progress = Callable[[int], None]
 
 
 def flame_depths(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]) -> list[int]:
@@ -60,31 +59,6 @@ def _clean(value: Any) -> Any:
 
 def _rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in frame.iter_rows(named=True)]
-
-
-def step_table(spans: pl.DataFrame) -> pl.DataFrame:
-    """Spans -> one row per (rank, step): forward, backward and recompute time, wall time, spans.
-
-    Forward and backward are the summed durations of that phase's root spans;
-    recompute is the time in outermost recompute spans (inside backward, so
-    also counted there); wall runs from the step's first enter to its last exit.
-    """
-    parents = spans.select("rank", pl.col("span_id").alias("parent_span_id"), pl.col("phase").alias("_pphase"))
-    sp = spans.join(parents, on=["rank", "parent_span_id"], how="left", maintain_order="left")
-    phase = pl.col("phase").cast(pl.String)
-    top_recompute = (phase == "recompute") & (pl.col("_pphase").cast(pl.String).fill_null("") != "recompute")
-    return (
-        sp.group_by("rank", "step")
-        .agg(
-            pl.col("duration_ns").filter((phase == "forward") & (pl.col("depth") == 0)).sum().alias("forward_ns"),
-            pl.col("duration_ns").filter((phase == "backward") & (pl.col("depth") == 0)).sum().alias("backward_ns"),
-            pl.col("duration_ns").filter(top_recompute).sum().alias("recompute_ns"),
-            (pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max()) - pl.col("start_ns").min()).alias("wall_ns"),
-            pl.len().alias("spans"),
-            pl.col("end_ns").is_null().sum().alias("unclosed"),
-        )
-        .sort("rank", "step")
-    )
 
 
 def default_step(steps: pl.DataFrame) -> int | None:
@@ -211,19 +185,22 @@ def report_data(
     spans: pl.DataFrame,
     issues: pl.DataFrame,
     *,
+    steps: pl.DataFrame,
     step: int | None = None,
     rank: int | None = None,
     diff: Any = None,
     base_info: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """The report's model: run metadata, per-step times, flame chart data, top modules, issues, diff."""
+    """The report's model: run metadata, per-step times, flame chart data, top modules, issues, diff.
+
+    ``steps`` is ``modtrace.analysis.step_time.step_table(spans)``: step time, its phases and wall time.
+    """
     from modtrace._version import __version__
 
     ranks = sorted(set(spans["rank"].unique().to_list())) if spans.height else []
     if rank is None:
         rank = ranks[0] if ranks else 0
-    steps = step_table(spans)
     if progress is not None:
         progress(spans.height // 2)
     mine = steps.filter(pl.col("rank") == rank)
@@ -264,12 +241,14 @@ def _html_text(value: Any) -> str:
     return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
-class HtmlReportRenderer:
+class HtmlReportRenderer(Renderer[Mapping[str, Any]]):
     """Renders ``report_data``'s model as one HTML document with everything inlined."""
 
-    name: ClassVar[str] = "html"
+    kind = "report"
+    name = "html"
 
-    def render(self, data: Mapping[str, Any]) -> str:
+    def render(self, model: Mapping[str, Any]) -> str:
+        data = model
         template = _asset("report.html")
         title = f"modtrace report: {data['run'].get('name')}"
         if data.get("diff"):

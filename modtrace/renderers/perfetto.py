@@ -21,17 +21,29 @@ parses them to nanosecond precision; the origin itself is in ``otherData``.
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, TextIO
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 import polars as pl
 
 from modtrace.contracts import PHASES
+from modtrace.renderers.base import Renderer
 
 CHUNK_ROWS = 50_000
 
-Progress = Callable[[int], None]
+
+@dataclass(frozen=True)
+class Trace:
+    """What a trace shows of one run: its spans, each rank's wall-clock anchor, thread names and
+    the run's metadata (name, id, modtrace_version)."""
+
+    spans: pl.DataFrame
+    anchors: Mapping[int, int]
+    thread_names: Mapping[tuple[int, int], str | None]
+    run: Mapping[str, Any]
 
 
 def assign_lanes(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]) -> list[int]:
@@ -151,24 +163,20 @@ def step_frame(trace: pl.DataFrame) -> pl.DataFrame:
     return steps.with_columns(pl.Series("lane", lanes, dtype=pl.Int32))
 
 
-class PerfettoRenderer:
-    """Writes the trace of one run as a Chrome trace event JSON object."""
+class PerfettoRenderer(Renderer[Trace]):
+    """Writes the trace of one run as a Chrome trace event JSON object, chunk by chunk: one slice
+    per span."""
 
-    name: ClassVar[str] = "perfetto"
+    kind = "trace"
+    name = "perfetto"
 
-    def __init__(self, progress: Progress | None = None) -> None:
-        self.progress = progress
+    def render(self, model: Trace) -> str:
+        buf = io.StringIO()
+        self.write(model, buf)
+        return buf.getvalue()
 
-    def write(
-        self,
-        out: TextIO,
-        spans: pl.DataFrame,
-        anchors: Mapping[int, int],
-        thread_names: Mapping[tuple[int, int], str | None],
-        *,
-        run: Mapping[str, Any],
-    ) -> int:
-        """Write the trace to ``out``; returns the number of span slices written."""
+    def write(self, model: Trace, out: TextIO) -> None:
+        spans, anchors, thread_names, run = model.spans, model.anchors, model.thread_names, model.run
         origin = min(anchors.values()) if anchors else 0
         trace = trace_frame(spans, anchors, origin)
         steps = step_frame(trace)
@@ -217,17 +225,14 @@ class PerfettoRenderer:
         )["line"]
         emit(step_lines.to_list())
 
-        written = 0
         for start in range(0, trace.height, CHUNK_ROWS):
             chunk = trace.slice(start, CHUNK_ROWS).join(
                 tid_frame, on=["rank", "thread_id", "phase", "lane"], how="left", maintain_order="left"
             )
             emit(chunk.select(self._span_line().alias("line"))["line"].to_list())
-            written += chunk.height
             if self.progress is not None:
                 self.progress(chunk.height)
         out.write("\n]}\n")
-        return written
 
     @staticmethod
     def _span_line() -> pl.Expr:

@@ -1,16 +1,29 @@
 """Renderers for the module call tree (``modtrace tree``).
 
-Both take the nodes of ``modtrace.analysis.aggregate`` as plain dicts, in
-tree pre-order with their ``level``; nothing here computes.
+Both take a ``TreeView``: the nodes of ``modtrace.analysis.aggregate`` as
+plain dicts, in tree pre-order with their ``level``; nothing here computes.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from modtrace.renderers.base import Renderer
+
 Node = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TreeView:
+    nodes: Sequence[Node]
+    title: str | None = None
+
+
+class TreeRenderer(Renderer[TreeView]):
+    kind = "tree"
 
 _JSON_KEYS = (
     "fqn", "module_type", "phase", "calls", "steps", "inclusive_total_ns", "self_total_ns",
@@ -29,20 +42,20 @@ def format_ns(ns: float | int | None) -> str:
     return f"{value:.0f} ns"
 
 
-class TreeTextRenderer:
+class TreeTextRenderer(TreeRenderer):
     """An indented table: one line per node, children under their parent."""
 
     name = "table"
     columns = ("module", "type", "phase", "calls", "incl/step", "self/step", "incl total", "self total", "% step")
 
-    def render(self, nodes: Sequence[Node], *, title: str | None = None) -> str:
+    def render(self, model: TreeView) -> str:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=title, box=None, pad_edge=False, header_style="bold")
+        table = Table(title=model.title, box=None, pad_edge=False, header_style="bold")
         for col in self.columns:
             table.add_column(col, justify="left" if col in ("module", "type", "phase") else "right", no_wrap=True)
-        for node in nodes:
+        for node in model.nodes:
             phase = str(node["phase"])
             table.add_row(
                 "  " * int(node["level"]) + str(node["fqn"]),
@@ -61,15 +74,15 @@ class TreeTextRenderer:
         return "\n".join(line.rstrip() for line in cap.get().splitlines()) + "\n"
 
 
-class TreeJsonRenderer:
+class TreeJsonRenderer(TreeRenderer):
     """Nested JSON: a list of root nodes, each with its ``children``; stable keys."""
 
     name = "json"
 
-    def render(self, nodes: Sequence[Node], *, title: str | None = None) -> str:
+    def render(self, model: TreeView) -> str:
         roots: list[dict[str, Any]] = []
         path: list[dict[str, Any]] = []
-        for node in nodes:
+        for node in model.nodes:
             item: dict[str, Any] = {k: (str(node[k]) if k == "phase" else node[k]) for k in _JSON_KEYS}
             item["children"] = []
             level = int(node["level"])
@@ -78,5 +91,3 @@ class TreeJsonRenderer:
             path.append(item)
         return json.dumps(roots, indent=2) + "\n"
 
-
-TREE_RENDERERS = {r.name: r for r in (TreeTextRenderer, TreeJsonRenderer)}

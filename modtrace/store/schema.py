@@ -34,7 +34,7 @@ from modtrace.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -63,6 +63,7 @@ runs = Table(
     Column("modtrace_version", String(32), nullable=True, comment="modtrace version that recorded the run."),
     Column("tags", Text, nullable=False, server_default="{}", comment="User tags as a JSON object of strings."),
     Column("error", Text, nullable=True, comment="Summary of the exception or signal that ended a failed or interrupted run."),
+    Column("step_on", String(16), nullable=False, server_default="optimizer", comment="What starts a step, as asked of the recorder: auto (optimizer steps when the run made any, else root calls) | optimizer (optimizer steps and Recorder.step()) | root (each root call, see root_calls) | manual (Recorder.step() only)."),
     CheckConstraint(f"status IN ({_RUN_STATUSES})", name="ck_runs_status"),
     UniqueConstraint("name", name="uq_runs_name"),
     comment="One row per recorded run (one training or inference job, possibly many ranks).",
@@ -150,6 +151,20 @@ events = Table(
     comment="Raw enter/exit events in compact form; query the event_log view for readable values.",
 )
 
+root_calls = Table(
+    "root_calls",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the call."),
+    Column("seq", BigInteger, nullable=False, comment="events.seq of the call's enter event (spans.span_id of its forward span)."),
+    Column("call_id", BigInteger, nullable=False, comment="events.call_id of the call."),
+    Column("kind", Text, nullable=True, comment="The call's input shape, the kind of the step it starts: its first tensor argument as NAME=SHAPE (input_ids=1x7); NULL when it has none."),
+    PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_root_calls"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_root_calls_run"),
+    sqlite_with_rowid=False,
+    comment="Root calls: the outermost module calls on the main thread (each model(...) of a generate() or serving loop). Steps start at them when a run's steps follow root calls.",
+)
+
 span_rows = Table(
     "span_rows",
     metadata,
@@ -204,8 +219,9 @@ nesting_issues = Table(
 PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
     "runs": (
         "id", "name", "status", "started_at", "ended_at", "command", "hostname", "world_size",
-        "python_version", "torch_version", "modtrace_version", "tags",
+        "python_version", "torch_version", "modtrace_version", "tags", "step_on",
     ),
+    "root_calls": ("run_id", "rank", "seq", "call_id", "kind"),
     "modules": ("run_id", "module_id", "fqn", "module_type", "parent_module_id"),
     "event_log": (
         "run_id", "seq", "ts_ns", "kind", "fqn", "module_type", "phase", "call_id", "step",

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from modtrace.contracts import DEVICE_ROW, EVENT_ROW, MODULE_ROW, THREAD_ROW
+from modtrace.contracts import DEVICE_ROW, EVENT_ROW, MODULE_ROW, ROOT_ROW, THREAD_ROW
 from modtrace.store.engine import Store
 
 # Order of the values in the tuples the tracker builds (modtrace.contracts).
@@ -29,6 +29,7 @@ EVENT_COLUMNS: tuple[str, ...] = EVENT_ROW.names
 MODULE_COLUMNS: tuple[str, ...] = MODULE_ROW.names
 THREAD_COLUMNS: tuple[str, ...] = THREAD_ROW.names
 DEVICE_COLUMNS: tuple[str, ...] = DEVICE_ROW.names
+ROOT_COLUMNS: tuple[str, ...] = ROOT_ROW.names
 
 # Rows per multi-row statement: 64 x 13 = 832 bound values, under the 999
 # that SQLite builds before 3.32 allow.
@@ -59,6 +60,7 @@ class RankWriter:
             "modules": _insert_sql("modules", MODULE_COLUMNS, run_id, rank, style),
             "threads": _insert_sql("threads", THREAD_COLUMNS, run_id, rank, style),
             "devices": _insert_sql("devices", DEVICE_COLUMNS, run_id, rank, style),
+            "root_calls": _insert_sql("root_calls", ROOT_COLUMNS, run_id, rank, style),
         }
         self._conn: Connection | None = None
 
@@ -69,8 +71,10 @@ class RankWriter:
         threads: Sequence[tuple[Any, ...]] = (),
         devices: Sequence[tuple[Any, ...]] = (),
         progress: tuple[int, int] | None = None,
+        roots: Sequence[tuple[Any, ...]] = (),
     ) -> None:
-        """Write one batch in one transaction; ``progress`` is (event_count, step_count).
+        """Write one batch in one transaction; ``progress`` is (event_count, step_count),
+        ``roots`` the batch's root calls (``ROOT_COLUMNS``).
 
         On failure nothing of the batch is kept and the connection is dropped
         (the next write opens a new one)."""
@@ -83,6 +87,7 @@ class RankWriter:
                 self._many(conn, "threads", threads)
                 self._many(conn, "devices", devices)
                 self._events(conn, events)
+                self._many(conn, "root_calls", roots)
                 if progress is not None:
                     conn.exec_driver_sql(
                         f"UPDATE run_ranks SET event_count = {self._mark}, step_count = {self._mark}"

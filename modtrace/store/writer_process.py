@@ -134,9 +134,10 @@ class WriterProcess:
         threads: Sequence[tuple[Any, ...]] = (),
         devices: Sequence[tuple[Any, ...]] = (),
         progress: tuple[int, int] | None = None,
+        roots: Sequence[tuple[Any, ...]] = (),
     ) -> bytes:
         """A batch as a frame (the program's only per-event cost)."""
-        return _frame(("write", list(events), list(modules), list(threads), list(devices), progress))
+        return _frame(("write", list(events), list(modules), list(threads), list(devices), progress, list(roots)))
 
     def send_nowait(self, frame: bytes) -> bool:
         """Hand a frame over if the pipe has room for all of it now; False
@@ -336,12 +337,12 @@ def main() -> None:
             last_arrival = now
             if interval and not inbox.has_frame():
                 inbox.wait(rng.uniform(0.0, interval))
-            _, events, modules, threads, devices, progress = message
+            _, events, modules, threads, devices, progress, roots = message
             if failed:  # batches after a refused one would leave a gap
                 reply: tuple[Any, ...] = ("skipped",)
             else:
                 try:
-                    writer.write(events, modules, threads, devices, progress)
+                    writer.write(events, modules, threads, devices, progress, roots)
                 except Exception as exc:
                     failed = True
                     reply = ("error", one_line(exc))

@@ -306,7 +306,7 @@
     ctx.clearRect(0, 0, W, H);
     if (!mySteps.length) return;
     var max = 0;
-    mySteps.forEach(function (s) { max = Math.max(max, s.forward_ns + s.backward_ns, s.wall_ns); });
+    mySteps.forEach(function (s) { max = Math.max(max, s.step_ns, s.wall_ns); });
     var left = 64, bottom = 20, top = 10;
     var bw = (W - left - 8) / mySteps.length;
     var yscale = (H - bottom - top) / (max || 1);
@@ -319,7 +319,7 @@
     mySteps.forEach(function (s, i) {
       var x = left + i * bw;
       var w = Math.max(bw - (bw > 4 ? 2 : 0), 1);
-      var fy = s.forward_ns * yscale, by = (s.backward_ns - s.recompute_ns) * yscale, ry = s.recompute_ns * yscale;
+      var fy = s.forward_ns * yscale, by = s.backward_ns * yscale, ry = s.recompute_ns * yscale;
       var y = H - bottom;
       ctx.fillStyle = COLORS.forward; ctx.fillRect(x, y - fy, w, fy); y -= fy;
       ctx.fillStyle = COLORS.backward; ctx.fillRect(x, y - by, w, by); y -= by;
@@ -350,9 +350,10 @@
   var stepCols = (multiRank ? [{ key: "rank", label: "rank", num: true }] : []).concat([
     { key: "step", label: "step", num: true },
     { key: "wall_ns", label: "wall", num: true, fmt: fmtNs },
+    { key: "step_ns", label: "in modules", num: true, fmt: fmtNs },
     { key: "forward_ns", label: "forward", num: true, fmt: fmtNs },
     { key: "backward_ns", label: "backward", num: true, fmt: fmtNs },
-    { key: "recompute_ns", label: "of which recompute", num: true, fmt: fmtNs },
+    { key: "recompute_ns", label: "recompute", num: true, fmt: fmtNs },
     { key: "spans", label: "spans", num: true, fmt: function (v) { return fmtNum(v); } },
     { key: "unclosed", label: "unclosed", num: true, fmt: function (v) { return v ? fmtNum(v) : ""; }, cls: function (v) { return v ? "sev-error" : ""; } },
   ]);

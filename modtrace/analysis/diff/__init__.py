@@ -1,0 +1,74 @@
+"""Diff: the calls of two runs -> what changed between them, and which module to blame.
+
+Everything here is a pure function of frames; the CLI reads them from the
+store (``modtrace.store.samples``) and hands the result to a renderer.  The
+stages, one module each, in the order a diff runs them:
+
+``frames``     the contracts: ``RunCalls`` (``CALL_SCHEMA`` and lookups), the
+               (module, phase) key, ``DiffOptions``, ``DiffResult``
+``samples``    a run's compared steps and per-step samples, with shares of
+               the step
+``stats``      Mann-Whitney U, Holm, order-statistic intervals, a Laplace
+               noise null from the MAD
+``verdicts``   per (module, phase) statistics and the verdict rules
+``structure``  modules, phases, calls, devices and streams that changed
+``order``      the first call-order divergence and its excerpt
+``run``        ``diff_runs`` / ``diff_spans``: all of it, one ``DiffResult``
+
+``DiffResult.exit_code(fail_on)`` is what ``modtrace diff`` exits with.
+"""
+
+from __future__ import annotations
+
+from modtrace.analysis.diff.frames import (
+    CALL_SCHEMA,
+    EXCERPT_SCHEMA,
+    FAIL_ON,
+    METRICS,
+    PHASES,
+    PPB,
+    SAMPLE_SCHEMA,
+    SHARE_METRICS,
+    STRUCTURE_KINDS,
+    STRUCTURE_SCHEMA,
+    TIMING_COLUMNS,
+    VERDICTS,
+    DiffOptions,
+    DiffResult,
+    Divergence,
+    RunCalls,
+)
+from modtrace.analysis.diff.order import call_sequences, first_divergence
+from modtrace.analysis.diff.run import diff_runs, diff_spans
+from modtrace.analysis.diff.samples import (
+    calls_of_spans,
+    compared_calls,
+    compared_samples,
+    fill_steps,
+    module_keys,
+    module_lookup,
+    step_units,
+    with_mkey,
+)
+from modtrace.analysis.diff.stats import (
+    holm,
+    mann_whitney,
+    median_summary,
+    min_p_value,
+    normal_quantile,
+    rank_sums,
+    sort_within,
+    two_sided_p,
+)
+from modtrace.analysis.diff.structure import collapse_subtrees, compare_structure, placement
+from modtrace.analysis.diff.verdicts import compare_timing
+
+__all__ = [
+    "CALL_SCHEMA", "EXCERPT_SCHEMA", "FAIL_ON", "METRICS", "PHASES", "PPB", "SAMPLE_SCHEMA", "SHARE_METRICS",
+    "STRUCTURE_KINDS", "STRUCTURE_SCHEMA", "TIMING_COLUMNS", "VERDICTS",
+    "DiffOptions", "DiffResult", "Divergence", "RunCalls",
+    "call_sequences", "calls_of_spans", "collapse_subtrees", "compare_structure", "compare_timing",
+    "compared_calls", "compared_samples", "diff_runs", "diff_spans", "fill_steps", "first_divergence", "holm",
+    "mann_whitney", "median_summary", "min_p_value", "module_keys", "module_lookup", "normal_quantile",
+    "placement", "rank_sums", "sort_within", "step_units", "two_sided_p", "with_mkey",
+]

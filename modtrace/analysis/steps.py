@@ -1,0 +1,124 @@
+"""Steps: which rule a run's steps follow, the steps under it, and their kinds.
+
+The recorder writes two things a step can be made of: the recorded step
+counter (``events.step``, advanced by optimizer steps and ``Recorder.step()``,
+or by ``Recorder.step()`` alone under ``manual``), and root calls
+(``root_calls``: each outermost module call on the main thread, with its
+input shape).  Which of them makes the steps is decided here, after the
+fact, so ``tree``, ``diff`` and ``report`` can choose again (``--step-on``):
+
+``resolve_rule`` (``modtrace.step_rules``)
+    ``auto`` (the recorder's default) -> the recorded steps when the run
+    made any, else root calls.  A training loop keeps its optimizer steps
+    (gradient accumulation: several root calls per step; Lightning: forward
+    and backward inside ``optimizer.step``), an inference loop gets one step
+    per ``model(...)``.
+``assign_steps``
+    A frame with ``rank``, ``span_id`` and ``step`` (spans, or a diff's
+    calls) -> the same frame with ``step`` under the rule.  Under ``root`` a
+    step starts at every root call and at every recorded step boundary, and
+    holds every span entered until the next one (the backward of a forward
+    included); steps are numbered from 0 per rank, in order.
+``step_kinds``
+    The kind of each step: the input shape of the first root call in it
+    (``input_ids=1x7`` for a prompt, ``input_ids=1x1`` for a decode step),
+    null for a step without one.  ``kind_counts``, ``common_kind`` and
+    ``of_kind`` let a comparison put like next to like.
+
+Pure functions of frames; nothing here reads a database.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from modtrace.contracts import ROOT_FRAME, STEP_RULES
+from modtrace.step_rules import StepRuleError, resolve_rule
+
+__all__ = ["STEP_RULES", "StepRuleError", "assign_steps", "common_kind", "kind_counts", "of_kind", "resolve_rule",
+           "step_kinds"]
+
+ALL_KINDS = "all"
+
+# root_calls as the analysis reads them
+ROOT_SCHEMA: dict[str, pl.DataType] = ROOT_FRAME.polars()
+KIND_SCHEMA: dict[str, pl.DataType] = {"rank": pl.Int32(), "step": pl.Int32(), "kind": pl.String()}
+
+
+def assign_steps(frame: pl.DataFrame, roots: pl.DataFrame, rule: str) -> pl.DataFrame:
+    """``frame`` (``rank``, ``span_id``, ``step``, any other columns) with ``step`` under ``rule``.
+
+    The recorded steps (``optimizer``, ``manual``) are the frame's own.
+    Under ``root`` (``roots``: ``ROOT_SCHEMA``) a step is a pair (recorded
+    step, root calls entered so far), numbered densely per rank; rows keep
+    their order.
+    """
+    if rule != "root" or frame.height == 0:
+        return frame
+    dtype = frame.schema["step"]
+    bounds = (
+        roots.select(pl.col("rank").cast(pl.Int32), pl.col("seq").cast(pl.Int64).alias("_root"))
+        .sort("rank", "_root")
+        .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over("rank").alias("_ord"))
+        .sort("_root")
+    )
+    tagged = frame.with_row_index("_row").with_columns(pl.col("rank").cast(pl.Int32).alias("_rk"),
+                                                       pl.col("span_id").cast(pl.Int64).alias("_at"))
+    joined = tagged.sort("_at").join_asof(
+        bounds.rename({"rank": "_rk"}), left_on="_at", right_on="_root", by="_rk", strategy="backward",
+        check_sortedness=False,
+    )
+    width = int(bounds.height) + 1
+    pair = pl.col("step").cast(pl.Int64) * width + pl.col("_ord").fill_null(0)
+    return (
+        joined.with_columns((pair.rank("dense").over("_rk") - 1).cast(dtype).alias("step"))
+        .sort("_row")
+        .drop("_row", "_rk", "_at", "_root", "_ord")
+    )
+
+
+def step_kinds(frame: pl.DataFrame, roots: pl.DataFrame) -> pl.DataFrame:
+    """Every (rank, step) of ``frame`` (steps already assigned) with its kind (``KIND_SCHEMA``):
+    the kind of its first root call, null when none of its spans is a root call."""
+    steps = frame.select(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32)).unique()
+    heads = (
+        frame.select(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32),
+                     pl.col("span_id").cast(pl.Int64))
+        .join(roots.select(pl.col("rank").cast(pl.Int32), pl.col("seq").cast(pl.Int64).alias("span_id"),
+                           pl.col("kind").cast(pl.String)), on=["rank", "span_id"])
+        .sort("span_id")
+        .group_by("rank", "step", maintain_order=True)
+        .agg(pl.col("kind").first())
+    )
+    return steps.join(heads, on=["rank", "step"], how="left").sort("rank", "step").select(list(KIND_SCHEMA))
+
+
+def kind_counts(kinds: pl.DataFrame) -> list[tuple[str | None, int]]:
+    """(kind, steps) of ``step_kinds``, most steps first (then by name; no kind last among equals)."""
+    counts = kinds.group_by("kind").agg(pl.len().alias("n")).rows()
+    return sorted(((k, int(n)) for k, n in counts), key=lambda kn: (-kn[1], kn[0] is None, kn[0] or ""))
+
+
+def common_kind(*kinds: pl.DataFrame) -> str | None:
+    """The kind with the most steps over these runs among the kinds every one of them has;
+    None when they have at most one kind between them (nothing to choose) or none in common.
+    Steps without a root call have no kind: they are never chosen, and never make a choice."""
+    sets = [set(k["kind"].to_list()) - {None} for k in kinds]
+    if len(set().union(*sets)) <= 1:
+        return None
+    shared = set.intersection(*sets)
+    total: dict[str, int] = {}
+    for k in kinds:
+        for kind, n in kind_counts(k):
+            if kind is not None and kind in shared:
+                total[kind] = total.get(kind, 0) + n
+    if not total:
+        return None
+    return sorted(total.items(), key=lambda kn: (-kn[1], kn[0]))[0][0]
+
+
+def of_kind(frame: pl.DataFrame, kinds: pl.DataFrame, kind: str | None) -> pl.DataFrame:
+    """The rows of ``frame`` in steps of ``kind`` (null: steps without a root call)."""
+    chosen = kinds.filter(pl.col("kind").is_null() if kind is None else pl.col("kind") == kind)
+    keys = chosen.select(pl.col("rank").cast(frame.schema["rank"]), pl.col("step").cast(frame.schema["step"]))
+    return frame.join(keys, on=["rank", "step"], how="semi")

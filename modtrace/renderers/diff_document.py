@@ -1,0 +1,185 @@
+"""The document of ``modtrace diff``: what its four renderers (``renderers.diff``) read.
+
+``document`` turns a ``DiffResult`` into the JSON document below (plain
+values, times in microseconds).  Its keys are stable: new keys may be added,
+existing ones are not renamed or removed without bumping ``format``.
+
+    format        "modtrace.diff/1"
+    base, cand    {run, run_id, db, rank (null: all ranks), steps (compared
+                  (rank, step) samples), step_us (median time in root spans
+                  per step)}
+    options       {threshold_pct, min_delta_us, alpha, skip_steps, phases
+                  (null: all), fail_on, absolute (true: shares of the step
+                  were not required to move)}
+    summary       {compared, regressions, improvements, inherited,
+                  structure_changes, step_ratio (cand/base median step
+                  time), step_p_value (Mann-Whitney over the step times),
+                  step_changed (step time changed significantly by more
+                  than the threshold), min_p_value (smallest p the test can
+                  reach with these step counts), failed (bool, per
+                  fail_on: ``DiffResult.failed``), exit_code}
+    timing        [{fqn, phase, verdict (regression | improvement |
+                  inherited | unchanged), impact_us (change of median self
+                  time per step), impact_pct (of the base step time),
+                  steps_base, steps_cand, calls_base, calls_cand (median
+                  calls per step), self: STATS, inclusive: STATS,
+                  self_share: SHARE, inclusive_share: SHARE}], sorted
+                  regressions first by impact, then improvements,
+                  inherited, unchanged
+                  STATS = {base_us, cand_us (median per step), delta_us,
+                  ratio (null when base is 0), ci_low_us, ci_high_us
+                  (interval of delta_us at 1 - alpha), p_value (Mann-Whitney
+                  U, two-sided), p_adjusted (Holm over every compared
+                  module and phase; the verdict uses this one)}
+                  SHARE = the module's time as a share of its step's time
+                  (time in root spans), per step: {base_pct, cand_pct
+                  (median, percent of the step), delta_pct (percentage
+                  points), ratio (cand/base share; null when base is 0),
+                  vs_rest_ratio (cand/base of share / (1 - share): how much
+                  the module slowed relative to the rest of the step; 1
+                  when everything slowed alike), vs_typical_ratio
+                  (vs_rest_ratio over the median vs_rest_ratio of all the
+                  modules compared), noise_p_adjusted (how likely so large
+                  a vs_typical_ratio is as run-to-run noise, from the spread
+                  of all the modules' ratios, Laplace, Holm), ci_low_pct,
+                  ci_high_pct, p_value, p_adjusted}.  Unless
+                  options.absolute, a regression (improvement) also needs
+                  the self share's p_adjusted < alpha, vs_typical_ratio above
+                  1 + threshold (below 1 - threshold) and noise_p_adjusted <
+                  alpha; inherited, the same of the inclusive share (or a
+                  descendant that is a regression or improvement).
+    structure     [{kind, fqn, phase, base, cand, message}]; kind is one of
+                  module_removed, module_added, phase_removed, phase_added,
+                  calls_changed, device_changed, stream_changed,
+                  order_changed
+    order         null, or {rank_base, rank_cand, step_base, step_cand,
+                  position (1-based call of the step where the sequences
+                  first differ), excerpt: [{op ("=" same, "-" base only,
+                  "+" candidate only, "~" differs), base_pos, cand_pos,
+                  base, cand}]}
+
+The table, markdown and csv renderers read only this document.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from modtrace.analysis.diff import DiffOptions, DiffResult
+
+FORMAT = "modtrace.diff/1"
+_STATS = ("base", "cand", "delta", "ratio", "ci_low", "ci_high", "p_value")
+
+
+def _us(ns: float | None) -> float | None:
+    return None if ns is None else round(float(ns) / 1000.0, 3)
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else float(f"{float(value):.{digits}g}")
+
+
+def _stats(row: dict[str, Any], metric: str) -> dict[str, Any]:
+    return {
+        "base_us": _us(row[f"{metric}_base_ns"]),
+        "cand_us": _us(row[f"{metric}_cand_ns"]),
+        "delta_us": _us(row[f"{metric}_delta_ns"]),
+        "ratio": _round(row[f"{metric}_ratio"], 6),
+        "ci_low_us": _us(row[f"{metric}_ci_low_ns"]),
+        "ci_high_us": _us(row[f"{metric}_ci_high_ns"]),
+        "p_value": _round(row[f"{metric}_p_value"]),
+        "p_adjusted": _round(row[f"{metric}_p_adjusted"]),
+    }
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else round(float(fraction) * 100, 4)
+
+
+def _share(row: dict[str, Any], metric: str) -> dict[str, Any]:
+    m = f"{metric}_share"
+    return {
+        "base_pct": _pct(row[f"{m}_base"]),
+        "cand_pct": _pct(row[f"{m}_cand"]),
+        "delta_pct": _pct(row[f"{m}_delta"]),
+        "ratio": _round(row[f"{m}_ratio"], 6),
+        "vs_rest_ratio": _round(row[f"{metric}_vs_rest"], 6),
+        "vs_typical_ratio": _round(row[f"{metric}_vs_typical"], 6),
+        "noise_p_adjusted": _round(row[f"{metric}_noise_p_adjusted"]),
+        "ci_low_pct": _pct(row[f"{m}_ci_low"]),
+        "ci_high_pct": _pct(row[f"{m}_ci_high"]),
+        "p_value": _round(row[f"{m}_p_value"]),
+        "p_adjusted": _round(row[f"{m}_p_adjusted"]),
+    }
+
+
+def document(
+    result: DiffResult,
+    base: dict[str, Any],
+    cand: dict[str, Any],
+    options: DiffOptions,
+    fail_on: str,
+) -> dict[str, Any]:
+    """The JSON document of a diff (see the module docstring for its keys)."""
+    s = result.summary
+    summary = {
+        "compared": s["compared"],
+        "regressions": s["regressions"],
+        "improvements": s["improvements"],
+        "inherited": s["inherited"],
+        "structure_changes": s["structure_changes"],
+        "step_ratio": _round(s["step_ratio"], 6),  # type: ignore[arg-type]
+        "step_p_value": _round(s["step_p_value"]),  # type: ignore[arg-type]
+        "step_changed": s["step_changed"],
+        "min_p_value": _round(s["min_p_value"]),  # type: ignore[arg-type]
+    }
+    summary["failed"] = result.failed(fail_on)
+    summary["exit_code"] = result.exit_code(fail_on)
+    timing = [
+        {
+            "fqn": r["fqn"],
+            "phase": r["phase"],
+            "verdict": r["verdict"],
+            "impact_us": _us(r["impact_ns"]),
+            "impact_pct": _round(r["impact_pct"]),
+            "steps_base": r["n_base"],
+            "steps_cand": r["n_cand"],
+            "calls_base": r["calls_base"],
+            "calls_cand": r["calls_cand"],
+            "self": _stats(r, "self"),
+            "inclusive": _stats(r, "incl"),
+            "self_share": _share(r, "self"),
+            "inclusive_share": _share(r, "incl"),
+        }
+        for r in result.timing.iter_rows(named=True)
+    ]
+    order = None
+    if result.divergence is not None:
+        d = result.divergence
+        order = {
+            "rank_base": d.rank_base,
+            "rank_cand": d.rank_cand,
+            "step_base": d.step_base,
+            "step_cand": d.step_cand,
+            "position": d.position,
+            "excerpt": d.excerpt.to_dicts(),
+        }
+    return {
+        "format": FORMAT,
+        "base": {**base, "steps": s["base_steps"], "step_us": _us(s["base_step_ns"])},  # type: ignore[arg-type]
+        "cand": {**cand, "steps": s["cand_steps"], "step_us": _us(s["cand_step_ns"])},  # type: ignore[arg-type]
+        "options": {
+            "threshold_pct": round(options.threshold * 100, 6),
+            "min_delta_us": round(options.min_delta_ns / 1000, 6),
+            "alpha": options.alpha,
+            "skip_steps": options.skip_steps,
+            "phases": list(options.phases) if options.phases is not None else None,
+            "fail_on": fail_on,
+            "absolute": options.absolute,
+        },
+        "summary": summary,
+        "timing": timing,
+        "structure": result.structure.to_dicts(),
+        "order": order,
+    }

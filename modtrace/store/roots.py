@@ -1,0 +1,47 @@
+"""Reads of what a run's steps can be made of: its step rule and its root calls.
+
+``modtrace.analysis.steps`` decides the steps from these; this module only
+reads them (plain rows, no analysis import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from modtrace.store.engine import Store
+from modtrace.store.schema import root_calls, run_ranks, runs
+
+
+@dataclass(frozen=True)
+class StepBasis:
+    """A run's (or some ranks') step rule as recorded, whether its recorded
+    step counter ever advanced, and its root calls (rank, seq, kind)."""
+
+    step_on: str
+    made_steps: bool
+    roots: list[tuple[int, int, str | None]]
+
+
+def read_step_basis(store: Store, run_id: int, ranks: Sequence[int] | None = None) -> StepBasis:
+    with store.engine.connect() as conn:
+        step_on = conn.execute(select(runs.c.step_on).where(runs.c.id == run_id)).scalar()
+        counted = select(func.max(run_ranks.c.step_count)).where(run_ranks.c.run_id == run_id)
+        rows = select(root_calls.c.rank, root_calls.c.seq, root_calls.c.kind).where(root_calls.c.run_id == run_id)
+        if ranks is not None:
+            counted = counted.where(run_ranks.c.rank.in_(list(ranks)))
+            rows = rows.where(root_calls.c.rank.in_(list(ranks)))
+        made = conn.execute(counted).scalar()
+        roots = [(int(r), int(s), k) for r, s, k in conn.execute(rows.order_by(root_calls.c.rank, root_calls.c.seq))]
+    return StepBasis(str(step_on or "optimizer"), bool(made), roots)
+
+
+def root_call_counts(store: Store, run_ids: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
+    """Root calls per (run_id, rank)."""
+    q = select(root_calls.c.run_id, root_calls.c.rank, func.count()).group_by(root_calls.c.run_id, root_calls.c.rank)
+    if run_ids is not None:
+        q = q.where(root_calls.c.run_id.in_(list(run_ids)))
+    with store.engine.connect() as conn:
+        return {(int(a), int(b)): int(n) for a, b, n in conn.execute(q)}
