@@ -143,17 +143,21 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
 @click.argument("run")
 @db_option
 @format_option("table", "json")
+@click.option("--all", "show_all", is_flag=True, help="List every info issue instead of one line per kind, module and phase.")
 @click.pass_context
-def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
+def check(ctx: click.Context, run: str, db: str | None, fmt: str, show_all: bool) -> None:
     """List RUN's nesting issues; exit 1 when any is an error.
 
     Issues are calls whose events do not nest: a lost or repeated event, a
     crossed exit, a call never exited; and, as info, unusual but healthy
     closes (a forward that raised, an early-stopped recompute, a backward
-    closed at the end of the graph task).
+    closed at the end of the graph task).  Errors and warnings are listed
+    one by one; info issues one line per kind, module and phase, with how
+    many times and the first step, unless --all.  The JSON lists every issue.
     """
     import polars as pl
 
+    from modtrace.analysis.nesting import summarize_issues
     from modtrace.renderers import Table, get_renderer
     from modtrace.store.engine import open_store
     from modtrace.store.runs import resolve_run
@@ -170,9 +174,13 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
         click.echo(get_renderer("rows", "json").render(Table(columns, out)), nl=False)
     elif issues.height == 0:
         click.echo(f"run {ref.name}: no nesting issues")
-    else:
+    elif show_all:
         out = issues.select("severity", "kind", "rank", "seq", "message").rows()
         click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "message"], out)), nl=False)
+        click.echo(f"run {ref.name}: {_counts(issues)}")
+    else:
+        out = summarize_issues(issues).select("severity", "kind", "rank", "seq", "count", "message").rows()
+        click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "count", "message"], out)), nl=False)
         click.echo(f"run {ref.name}: {_counts(issues)}")
     if (issues["severity"] == "error").any():
         ctx.exit(1)
