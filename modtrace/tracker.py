@@ -35,9 +35,8 @@ How each phase is seen:
   forward call not yet recomputed in this graph task, nested calls take the
   next unused call of that module made under the linked parent.  Forward
   calls are kept for this while a root call made with or before them is
-  alive (its autograd graph or its open forward keeps it) or until the next
-  step; a recompute with no call to link to gets a call id of its own, which
-  the analysis reports (``recompute_unlinked``).
+  alive (its autograd graph or its open forward keeps it) and until the next
+  step; a recompute with no call to link to gets a call id of its own.
 """
 
 from __future__ import annotations
@@ -72,6 +71,7 @@ _EXIT = int(Kind.EXIT)
 _FORWARD = int(Phase.FORWARD)
 _BACKWARD = int(Phase.BACKWARD)
 _RECOMPUTE = int(Phase.RECOMPUTE)
+_SILENT = -1  # phase of a frame that records nothing (the module of a compile wrapper, run eagerly)
 _OK = int(Status.OK)
 _ERROR = int(Status.ERROR)
 _EARLY_STOP = int(Status.EARLY_STOP)
@@ -311,6 +311,11 @@ class Tracker:
         stack = st.stack
         root = False
         parent = stack[-1] if stack else None
+        if parent is not None and parent.module_id == info.module_id and getattr(parent.module, "_orig_mod", None) is mod:
+            # torch.compile's wrapper running its module eagerly (compilation
+            # disabled, or a graph break): the wrapper's call is this call.
+            stack.append(_Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, task, st.tid))
+            return
         if task == -1:
             phase = _FORWARD
             if parent is None and self.step != self._pruned_step:
@@ -381,6 +386,8 @@ class Tracker:
             return
         st, frame = found
         frame.module = None
+        if frame.phase == _SILENT:
+            return
         device_id = frame.device_id
         task = frame.task
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
@@ -451,7 +458,7 @@ class Tracker:
         exc_type = sys.exc_info()[0]
         early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
         status = _EARLY_STOP if early else _ERROR
-        if status == _ERROR and frame.phase == _FORWARD:
+        if status == _ERROR and frame.phase in (_FORWARD, _SILENT):
             # The backward hooks of calls made inside the failed one must never fire.
             frame.failed = True
             self._failures += 1
@@ -486,6 +493,8 @@ class Tracker:
         return frame
 
     def _exit_forward(self, st: _ThreadState, frame: _Call, status: int) -> None:
+        if frame.phase == _SILENT:
+            return
         stream = self._stream(frame.device_id) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, frame.device_id, stream, status, None if frame.task == -1 else frame.task, 0))
