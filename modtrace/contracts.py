@@ -154,6 +154,12 @@ ISSUE_FRAME = Contract("issues frame", (
     ("phase", "Phase"), ("call_id", "Int64"), ("step", "Int32"), ("thread_id", "Int32"), ("message", "String"),
 ))
 ISSUE_ROW = Contract("issue row", tuple((c, "String" if c == "phase" else d) for c, d in ISSUE_FRAME.columns))
+# The issues as ``check`` lists them: errors and warnings one by one, info issues one row per
+# (kind, fqn, phase) with how many rows it stands for (analysis.nesting.summarize_issues).
+ISSUE_SUMMARY_FRAME = Contract("issue summary frame", (
+    ("severity", "String"), ("kind", "String"), ("rank", "Int32"), ("seq", "Int64"), ("step", "Int32"),
+    ("phase", "Phase"), ("fqn", "String"), ("count", "UInt32"), ("message", "String"),
+))
 
 # One root call (the outermost module call on the main thread) as the tracker notes it (table
 # root_calls adds run_id and rank): the seq of its enter event, its call id, its input kind
@@ -170,5 +176,5 @@ CALL_FRAME = Contract("call frame", (
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
-    SPAN_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
+    SPAN_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
 )

@@ -17,16 +17,26 @@ How each phase is seen:
   an *exit* entry.  One pre-hook per node dispatches all entries of that node
   at once, exits first (innermost first), then enters (outermost first), so
   the ties that torch's per-module hooks produce (a parent and its child
-  sharing a tensor) come out already nested.  A backward span still open
-  when an unrelated module's backward starts has finished (the engine runs
-  one node at a time per device) and is closed then; spans no hook ever
-  closes (inputs that need no grad) are closed, innermost first, when the
-  graph task ends, with status ``closed_at_end_of_backward``.
+  sharing a tensor) come out already nested.  Backward nesting follows the
+  call tree recorded in forward: a call's parent is the call that was open
+  on its thread when it started, whoever owns the module (a registered
+  child, a module borrowed from a list, one built inside the forward).  A
+  backward span still open when the backward of a call that is not its
+  descendant starts has finished (the engine runs one node at a time per
+  device) and is closed then; spans no hook ever closes (inputs that need no
+  grad) are closed, innermost first, when the graph task ends, with status
+  ``closed_at_end_of_backward``.  Rows of one dispatch are marked as ties
+  only while the analysis' tie order (exits first, then enters by module
+  depth) is the order they were written in, so the analysis never moves an
+  exit before its own enter.
 * recompute: forward hooks firing inside a backward graph task are
   activation-checkpoint recomputation.  Their call id is the original
   forward call's: the outermost recomputed call takes the module's latest
   forward call not yet recomputed in this graph task, nested calls take the
-  next unused call of that module made under the linked parent.
+  next unused call of that module made under the linked parent.  Forward
+  calls are kept for this while a root call made with or before them is
+  alive (its autograd graph or its open forward keeps it) and until the next
+  step; a recompute with no call to link to gets a call id of its own.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -51,6 +61,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from modtrace.codes import Kind, Phase, Status
 from modtrace.input_kind import input_kind
+from modtrace.module_names import ModuleInfo, ModuleNames, iter_tensors
 
 Event = tuple[Any, ...]
 Append = Callable[[Event], Any]
@@ -60,6 +71,7 @@ _EXIT = int(Kind.EXIT)
 _FORWARD = int(Phase.FORWARD)
 _BACKWARD = int(Phase.BACKWARD)
 _RECOMPUTE = int(Phase.RECOMPUTE)
+_SILENT = -1  # phase of a frame that records nothing (the module of a compile wrapper, run eagerly)
 _OK = int(Status.OK)
 _ERROR = int(Status.ERROR)
 _EARLY_STOP = int(Status.EARLY_STOP)
@@ -68,8 +80,6 @@ _CLOSED_AT_END = int(Status.CLOSED_AT_END_OF_BACKWARD)
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
-# Recent forward calls kept per module for linking recomputation to them.
-_RECENT_CALLS = 256
 _RAISED = object()  # marks the post-hook call torch makes when a forward raised
 
 
@@ -85,12 +95,16 @@ class _Call:
     recompute), then, when it built autograd graph, the backward bookkeeping
     that node hooks refer to."""
 
-    __slots__ = ("module", "module_id", "call_id", "device_id", "phase", "task", "tid", "exit_nodes",
-                 "bw_task", "exits_seen", "n_exit", "closed")
+    __slots__ = ("module", "module_id", "depth", "parent", "call_id", "device_id", "phase", "task", "tid",
+                 "exit_nodes", "bw_task", "exits_seen", "n_exit", "closed", "failed", "__weakref__")
 
-    def __init__(self, module: nn.Module, module_id: int, call_id: int, device_id: int | None, phase: int, task: int, tid: int) -> None:
+    def __init__(self, module: nn.Module, info: ModuleInfo, parent: _Call | None, call_id: int,
+                 device_id: int | None, phase: int, task: int, tid: int) -> None:
         self.module: nn.Module | None = module  # dropped once the forward returns
-        self.module_id = module_id
+        self.module_id = info.module_id
+        self.depth = info.depth
+        self.parent = parent  # the call open on this thread when this one started
+
         self.call_id = call_id
         self.device_id = device_id
         self.phase = phase
@@ -101,6 +115,24 @@ class _Call:
         self.exits_seen = 0
         self.n_exit = 0  # input nodes whose gradient must be ready before the exit
         self.closed = True
+        self.failed = False  # the forward raised: the backward of calls inside it never runs
+
+    def descends_from(self, other: _Call) -> bool:
+        parent = self.parent
+        while parent is not None:
+            if parent is other:
+                return True
+            parent = parent.parent
+        return False
+
+    def cancelled(self) -> bool:
+        """Made inside a forward that raised."""
+        parent = self.parent
+        while parent is not None:
+            if parent.failed:
+                return True
+            parent = parent.parent
+        return False
 
 
 class _ThreadState:
@@ -110,17 +142,6 @@ class _ThreadState:
         self.tid = tid
         self.stack: list[_Call] = []
         self.main = threading.current_thread() is threading.main_thread()
-
-
-class _ModuleInfo:
-    __slots__ = ("module_id", "fqn", "ancestors", "recent")
-
-    def __init__(self, module_id: int, fqn: str, ancestors: frozenset[int]) -> None:
-        self.module_id = module_id
-        self.fqn = fqn
-        self.ancestors = ancestors
-        # (call id, parent call id) of recent forward calls, to link recomputation
-        self.recent: deque[tuple[int, int]] = deque(maxlen=_RECENT_CALLS)
 
 
 class Tracker:
@@ -152,21 +173,22 @@ class Tracker:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._thread_count = 0
-        # modules: id(module) -> info; fqn and ids persist after a module dies
-        self._mods: dict[int, _ModuleInfo] = {}
-        self._mod_refs: dict[int, weakref.ref[nn.Module]] = {}
-        self._root_names: dict[str, int] = {}
-        self.fqns: list[str] = []
-        self._anc: list[frozenset[int]] = []  # module id -> ids of its owning modules
+        self._names = ModuleNames(self._lock)
+        self.fqns = self._names.fqns
+        self.new_modules = self._names.new_modules
+        # Forward calls that a checkpoint may recompute: every module's
+        # ``recent`` entries in call order, and the root calls still alive
+        # (open, or kept by their autograd graph) that keep them.
+        self._recent_order: deque[ModuleInfo] = deque()
+        self._live_roots: weakref.WeakSet[_Call] = weakref.WeakSet()
+        self._pruned_step = 0
+        self._failures = 0  # forwards that raised (their inner calls' backward is cancelled)
         self._devices: dict[torch.device, int] = {}
         self._cuda_devices: set[int] = set()
         self._device_objs: list[torch.device] = []
         # backward: graph task -> open calls (a stack, innermost last)
         self._bw: dict[int, list[_Call]] = {}
         self._recomputed: dict[int, set[int]] = {}
-        # (thread, first, last) call ids made inside forwards that raised
-        self._cancelled: deque[tuple[int, int, int]] = deque(maxlen=64)
-        self.new_modules: list[tuple[int, str, str, int | None]] = []
         self.new_threads: list[tuple[int, int, str]] = []
         self.new_devices: list[tuple[int, str]] = []
         # root calls (outermost on the main thread): (enter seq, call id, kind)
@@ -208,6 +230,11 @@ class Tracker:
     def active(self) -> bool:
         return self._active
 
+    def _open_forward_calls(self) -> int:
+        """Forward calls open on this thread."""
+        st = getattr(self._local, "st", None)
+        return len(st.stack) if st is not None else 0
+
     def fqn(self, module_id: int) -> str:
         return self.fqns[module_id]
 
@@ -223,74 +250,8 @@ class Tracker:
         self.new_threads.append((tid, threading.get_ident(), cur.name))
         return st
 
-    def _info(self, mod: nn.Module, st: _ThreadState) -> _ModuleInfo:
-        with self._lock:
-            info = self._mods.get(id(mod))
-            if info is not None:
-                return info
-            target = getattr(mod, "_orig_mod", None) if type(mod).__name__ == "OptimizedModule" else None
-            if target is not None and id(target) in self._mods:
-                return self._alias(mod, self._mods[id(target)])
-            for frame in reversed(st.stack):  # a child added after its parent was named
-                owner = frame.module
-                if owner is not None and self._name_tree(owner, self._mods[id(owner)].fqn, find=mod):
-                    return self._mods[id(mod)]
-            root = target if target is not None else mod
-            base = type(root).__name__
-            n = self._root_names.get(base, 0)
-            self._root_names[base] = n + 1
-            self._name_tree(root, base if n == 0 else f"{base}#{n}")
-            if target is not None:
-                return self._alias(mod, self._mods[id(target)])
-            return self._mods[id(mod)]
-
-    def _alias(self, wrapper: nn.Module, info: _ModuleInfo) -> _ModuleInfo:
-        # torch.compile's OptimizedModule is the module it wraps: no extra level.
-        self._remember(wrapper, info)
-        return info
-
-    def _remember(self, mod: nn.Module, info: _ModuleInfo) -> None:
-        key = id(mod)
-        self._mods[key] = info
-
-        def forget(_ref: object, key: int = key) -> None:
-            self._mods.pop(key, None)
-            self._mod_refs.pop(key, None)
-
-        self._mod_refs[key] = weakref.ref(mod, forget)
-
-    def _name_tree(self, root: nn.Module, root_fqn: str, find: nn.Module | None = None) -> bool:
-        """Name ``root``'s unnamed descendants; with ``find``, only if it is among them."""
-        if find is not None and not any(sub is find for sub in root.modules()):
-            return False
-        ids: dict[str, int] = {}
-        root_info = self._mods.get(id(root))
-        for name, sub in root.named_modules(remove_duplicate=True):
-            parts = [p for p in name.split(".") if p and p != "_orig_mod"] if name else []
-            fqn = ".".join([root_fqn, *parts])
-            if id(sub) in self._mods:
-                ids[fqn] = self._mods[id(sub)].module_id
-                continue
-            if type(sub).__name__ == "OptimizedModule" and fqn in ids:
-                continue
-            parent_fqn = fqn.rsplit(".", 1)[0] if parts else None
-            parent_id = ids.get(parent_fqn) if parent_fqn else None
-            if parent_id is None and root_info is not None and parts and parent_fqn == root_fqn:
-                parent_id = root_info.module_id
-            ancestors: frozenset[int] = frozenset()
-            if parent_id is not None:
-                ancestors = self._ancestors_of(parent_id) | {parent_id}
-            module_id = len(self.fqns)
-            self.fqns.append(fqn)
-            self._anc.append(ancestors)
-            info = _ModuleInfo(module_id, fqn, ancestors)
-            self._remember(sub, info)
-            ids[fqn] = module_id
-            self.new_modules.append((module_id, fqn, type(sub).__name__, parent_id))
-        return True
-
-    def _ancestors_of(self, module_id: int) -> frozenset[int]:
-        return self._anc[module_id]
+    def _info(self, mod: nn.Module, st: _ThreadState) -> ModuleInfo:
+        return self._names.info(mod, (frame.module for frame in reversed(st.stack)))
 
     def _device(self, dev: torch.device) -> int:
         device_id = self._devices.get(dev)
@@ -327,7 +288,7 @@ class Tracker:
             st: _ThreadState = self._local.st
         except AttributeError:
             st = self._thread()
-        info = self._mods.get(id(mod)) or self._info(mod, st)
+        info = self._names.get(mod) or self._info(mod, st)
         task = _graph_task_id()
         dev = None
         grad_inputs = None
@@ -347,19 +308,28 @@ class Tracker:
             device_id = self._device(dev)
         stack = st.stack
         root = False
+        parent = stack[-1] if stack else None
+        if parent is not None and parent.module_id == info.module_id and getattr(parent.module, "_orig_mod", None) is mod:
+            # torch.compile's wrapper running its module eagerly (compilation
+            # disabled, or a graph break): the wrapper's call is this call.
+            stack.append(_Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, task, st.tid))
+            return
         if task == -1:
             phase = _FORWARD
+            if parent is None and self.step != self._pruned_step:
+                self._prune_recent()
             call_id = next(self._call_ids)
-            if stack:
-                info.recent.append((call_id, stack[-1].call_id))
-            else:
-                info.recent.append((call_id, 0))
+            info.recent.append((call_id, parent.call_id if parent is not None else 0))
+            self._recent_order.append(info)
+            if parent is None:
                 root = st.main and self._note_roots
         else:
             phase = _RECOMPUTE
             call_id = self._link_recompute(info, stack, task)
         module_id = info.module_id
-        frame = _Call(mod, module_id, call_id, device_id, phase, task, st.tid)
+        frame = _Call(mod, info, parent, call_id, device_id, phase, task, st.tid)
+        if parent is None and task == -1:
+            self._live_roots.add(frame)
         if grad_inputs is not None and _grad_enabled():
             frame.exit_nodes = grad_inputs
         stack.append(frame)
@@ -381,7 +351,7 @@ class Tracker:
         self.new_roots.append((seq, call_id, input_kind(mod, args, kwargs)))
         self.roots += 1
 
-    def _link_recompute(self, info: _ModuleInfo, stack: list[_Call], task: int) -> int:
+    def _link_recompute(self, info: ModuleInfo, stack: list[_Call], task: int) -> int:
         used = self._recomputed.get(task)
         if used is None:
             used = self._recomputed[task] = set()
@@ -414,6 +384,8 @@ class Tracker:
             return
         st, frame = found
         frame.module = None
+        if frame.phase == _SILENT:
+            return
         device_id = frame.device_id
         task = frame.task
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
@@ -484,10 +456,10 @@ class Tracker:
         exc_type = sys.exc_info()[0]
         early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
         status = _EARLY_STOP if early else _ERROR
-        if status == _ERROR and frame.phase == _FORWARD:
-            # Calls made inside the failed one have ids above it on this
-            # thread: their backward hooks must never fire.
-            self._cancelled.append((frame.tid, frame.call_id, next(self._call_ids)))
+        if status == _ERROR and frame.phase in (_FORWARD, _SILENT):
+            # The backward hooks of calls made inside the failed one must never fire.
+            frame.failed = True
+            self._failures += 1
         self._exit_forward(st, frame, status)
         frame.module = None
         frame.exit_nodes = None
@@ -519,6 +491,8 @@ class Tracker:
         return frame
 
     def _exit_forward(self, st: _ThreadState, frame: _Call, status: int) -> None:
+        if frame.phase == _SILENT:
+            return
         stream = self._stream(frame.device_id) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, frame.device_id, stream, status, None if frame.task == -1 else frame.task, 0))
@@ -542,6 +516,12 @@ class Tracker:
         return entries
 
     # -- backward --------------------------------------------------------------
+    #
+    # ``group`` below is the tie state of one dispatch: None before its first
+    # row, -1 while the rows since the last tie=0 row are all exits, else the
+    # module depth of the last enter.  A row is tied to the previous one only
+    # when the analysis' tie order (exits first, then enters by module depth)
+    # keeps it where it was written.
 
     def _dispatch(self, entries: tuple[list[_Call], list[_Call]], leaf: bool, grad_outputs: Any) -> None:
         # Runs for every hooked node in every backward: the events are
@@ -565,15 +545,14 @@ class Tracker:
             tid = self._thread().tid
         append, seq, clock, t0, step = self._append, self._seq, self._clock, self.t0, self.step
         cuda = self._cuda_devices
-        cancelled = self._cancelled
-        tie = 0
+        failures = self._failures
+        group: int | None = None
         for call in exits:
-            if cancelled and self._is_cancelled(call):
+            if failures and call.cancelled():
                 continue
             if call.bw_task != task:
                 if call in enters:  # output is its input (an identity): enter, then exit
-                    self._bw_enter(call, task, open_calls, tid, tie)
-                    tie = 0  # the exit starts a new tie group, so it is never ordered before its enter
+                    group = self._bw_enter(call, task, open_calls, tid, group)
                 else:
                     continue  # its outputs never got a gradient: it had no backward
             if call.closed:
@@ -586,69 +565,85 @@ class Tracker:
                 top = open_calls.pop()
                 top.closed = True  # a descendant nothing closed is done too, innermost first
                 append((next(seq), clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
-                        top.device_id, self._stream(top.device_id) if cuda else None, _OK, task, tie))
-                tie = 1
+                        top.device_id, self._stream(top.device_id) if cuda else None, _OK, task,
+                        1 if group == -1 else 0))
+                group = -1
                 if top is call:
                     break
         for call in reversed(enters):
-            if call.bw_task == task or (cancelled and self._is_cancelled(call)):
+            if call.bw_task == task or (failures and call.cancelled()):
                 continue
-            ancestors = self._anc[call.module_id]
             if open_calls:
                 top = open_calls[-1]
-                if top.module_id != call.module_id and top.module_id not in ancestors:
-                    tie = self._bw_enter(call, task, open_calls, tid, tie)
+                if top is not call.parent and not call.descends_from(top):
+                    group = self._bw_enter(call, task, open_calls, tid, group)
                     continue
             call.bw_task = task
             call.exits_seen = 0
             call.closed = False
             open_calls.append(call)
+            depth = call.depth
             append((next(seq), clock() - t0, _ENTER, call.module_id, _BACKWARD, call.call_id, step, tid,
-                    call.device_id, self._stream(call.device_id) if cuda else None, _OK, task, tie))
-            tie = 1
+                    call.device_id, self._stream(call.device_id) if cuda else None, _OK, task,
+                    1 if group is not None and depth >= group else 0))
+            group = depth
         return None
 
-    def _is_cancelled(self, call: _Call) -> bool:
-        for tid, lo, hi in self._cancelled:
-            if call.tid == tid and lo < call.call_id < hi:
-                return True
-        return False
-
-    def _bw_enter(self, call: _Call, task: int, open_calls: list[_Call], tid: int, tie: int) -> int:
+    def _bw_enter(self, call: _Call, task: int, open_calls: list[_Call], tid: int, group: int | None) -> int:
         call.bw_task = task
         call.exits_seen = 0
         call.closed = False
-        ancestors = self._anc[call.module_id]
         while open_calls:
             top = open_calls[-1]
-            if top.module_id == call.module_id or top.module_id in ancestors:
+            if top is call.parent or call.descends_from(top):
                 break
-            # An unrelated module's backward starts: the open one has finished.
+            # The backward of a call outside this one's starts: the open one has finished.
             open_calls.pop()
             top.closed = True
-            tie = self._bw_event(top, _EXIT, _OK, task, tid, tie)
+            group = self._bw_event(top, _EXIT, _OK, task, tid, group)
         open_calls.append(call)
-        return self._bw_event(call, _ENTER, _OK, task, tid, tie)
+        return self._bw_event(call, _ENTER, _OK, task, tid, group)
 
-    def _bw_event(self, call: _Call, kind: int, status: int, task: int, tid: int, tie: int) -> int:
+    def _bw_event(self, call: _Call, kind: int, status: int, task: int, tid: int, group: int | None) -> int:
+        """Append one backward row; returns the dispatch's new tie state."""
+        if kind == _EXIT:
+            tie, group = (1 if group == -1 else 0), -1
+        else:
+            tie, group = (1 if group is not None and call.depth >= group else 0), call.depth
         stream = self._stream(call.device_id) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, kind, call.module_id, _BACKWARD, call.call_id,
                       self.step, tid, call.device_id, stream, status, task, tie))
-        return 1
+        return group
 
     def _end_of_task(self, task: int) -> None:
         open_calls = self._bw.pop(task, None)
         self._recomputed.pop(task, None)
+        if not self._bw and not self._open_forward_calls():
+            self._prune_recent()  # a backward pass ended outside any forward
         if not open_calls or not self._active:
             return
         try:
             tid = self._local.st.tid
         except AttributeError:
             tid = self._thread().tid
-        tie = 0
+        group: int | None = None
         for call in reversed(open_calls):
             call.closed = True
-            tie = self._bw_event(call, _EXIT, _CLOSED_AT_END, task, tid, tie)
+            group = self._bw_event(call, _EXIT, _CLOSED_AT_END, task, tid, group)
+
+    def _prune_recent(self) -> None:
+        """Forget forward calls no checkpoint can recompute any more: those made
+        before every root call still alive (a root call lives while it is open
+        or its autograd graph is)."""
+        self._pruned_step = self.step
+        floor = min((call.call_id for call in list(self._live_roots)), default=None)
+        order = self._recent_order
+        while order:
+            recent = order[0].recent
+            if floor is not None and recent[0][0] >= floor:
+                break
+            recent.popleft()
+            order.popleft()
 
     def close_open_forward(self, status: int = _ERROR) -> int:
         """Close this thread's forward calls left open (an exception no hook saw)."""
@@ -674,25 +669,5 @@ def _grad_tensors(obj: Any) -> list[torch.Tensor] | None:
     """Tensors needing grad in a (possibly nested) output or kwargs structure."""
     if isinstance(obj, _Tensor):
         return [obj] if obj.requires_grad else None
-    found: list[torch.Tensor] = []
-    for t in _iter_tensors(obj, 0):
-        if t.requires_grad:
-            found.append(t)
+    found = [t for t in iter_tensors(obj, _Tensor) if t.requires_grad]
     return found or None
-
-
-def _iter_tensors(obj: Any, depth: int) -> Iterator[torch.Tensor]:
-    if isinstance(obj, _Tensor):
-        yield obj
-    elif depth > 4:
-        return
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
-            yield from _iter_tensors(item, depth + 1)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _iter_tensors(item, depth + 1)
-    elif hasattr(obj, "__dataclass_fields__") or hasattr(obj, "_fields"):
-        values = obj.values() if hasattr(obj, "values") and callable(obj.values) else vars(obj).values() if hasattr(obj, "__dict__") else obj
-        for item in values:
-            yield from _iter_tensors(item, depth + 1)

@@ -57,7 +57,8 @@ def decode(tracker: Tracker, rows: list[tuple[Any, ...]], devices: dict[int, str
     return out
 
 
-def record(fn: Callable[[], Any], *, optimizer_steps: bool = False) -> tuple[list[Ev], Tracker]:
+def record_rows(fn: Callable[[], Any]) -> tuple[list[tuple[Any, ...]], Tracker]:
+    """The tracker's raw event tuples for what ``fn`` runs."""
     rows: list[tuple[Any, ...]] = []
     tracker = Tracker(rows.append, clock=FakeClock())
     tracker.start()
@@ -65,7 +66,32 @@ def record(fn: Callable[[], Any], *, optimizer_steps: bool = False) -> tuple[lis
         fn()
     finally:
         tracker.stop()
+    return rows, tracker
+
+
+def record(fn: Callable[[], Any], *, optimizer_steps: bool = False) -> tuple[list[Ev], Tracker]:
+    rows, tracker = record_rows(fn)
     return decode(tracker, rows), tracker
+
+
+def analysis_moves_rows(tracker: Tracker, rows: list[tuple[Any, ...]]) -> list[int]:
+    """The seqs of rows the analysis' tie normalisation puts elsewhere than
+    the tracker wrote them (empty when it keeps the written order)."""
+    import polars as pl
+
+    from modtrace.analysis.events import normalize_events
+    from modtrace.store.writer import EVENT_COLUMNS
+
+    ev = pl.DataFrame(rows, schema=list(EVENT_COLUMNS), orient="row").with_columns(
+        pl.lit(1).alias("run_id"), pl.lit(0).alias("rank")
+    )
+    mods = pl.DataFrame(
+        [(0, *m) for m in tracker.new_modules],
+        schema=["rank", "module_id", "fqn", "module_type", "parent_module_id"],
+        orient="row",
+    )
+    out = normalize_events(ev, mods)
+    return [s for s, o in zip(out["seq"].to_list(), [r[0] for r in rows], strict=True) if s != o]
 
 
 def problems(events: list[Ev]) -> list[str]:

@@ -225,3 +225,42 @@ def test_healthy_models_have_no_error_or_warning_issues(db_path: Path, scenario:
     bad = issues.filter(pl.col("severity") != "info")
     assert bad.height == 0, bad["message"].to_list()
     assert spans.height > 0 and spans["end_ns"].null_count() == 0
+
+
+def test_check_summarises_info_issues_unless_all(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    record_net(str(db_path), steps=12)
+    rows = json.loads(run_cli("check", "net", "--format", "json").out)
+    assert len(rows) == 60 and {r["severity"] for r in rows} == {"info"}  # the JSON keeps every row
+    groups = {(r["kind"], r["fqn"], r["phase"]) for r in rows}
+    table = run_cli("check", "net")
+    assert table.code == 0
+    lines = table.out.splitlines()
+    assert lines[-1] == "run net: 0 error(s), 0 warning(s), 60 info"
+    body = [line for line in lines[1:-1] if line.startswith("info")]
+    assert len(body) == len(groups) == 5
+    assert all(" 12 " in line for line in body)
+    assert " ".join(table.out.split()).count("(12 times, steps 0 to 11)") == 5
+    every = run_cli("check", "net", "--all")
+    assert len([line for line in every.out.splitlines() if line.startswith("info")]) == 60
+
+
+def test_summary_keeps_errors_and_warnings_whole() -> None:
+    from modtrace.analysis.nesting import ISSUE_SCHEMA, summarize_issues
+
+    def row(seq: int, kind: str, severity: str, fqn: str, step: int) -> dict[str, object]:
+        return {"run_id": 1, "rank": 0, "seq": seq, "kind": kind, "severity": severity, "fqn": fqn,
+                "phase": "backward", "call_id": seq, "step": step, "thread_id": 0, "message": f"{kind} {fqn} {seq}"}
+
+    issues = pl.DataFrame(
+        [row(1, "closed_at_end_of_backward", "info", "A", 0), row(2, "unclosed", "error", "B", 0),
+         row(3, "unclosed", "error", "B", 1), row(4, "closed_at_end_of_backward", "info", "A", 1),
+         row(5, "closed_at_end_of_backward", "info", "C", 1)],
+        schema=ISSUE_SCHEMA,
+    )
+    out = summarize_issues(issues)
+    assert out.select("seq", "kind", "fqn", "count", "message").rows() == [
+        (1, "closed_at_end_of_backward", "A", 2, "closed_at_end_of_backward A 1 (2 times, steps 0 to 1)"),
+        (2, "unclosed", "B", 1, "unclosed B 2"),
+        (3, "unclosed", "B", 1, "unclosed B 3"),
+        (5, "closed_at_end_of_backward", "C", 1, "closed_at_end_of_backward C 5"),
+    ]

@@ -188,5 +188,8 @@ def test_a_tracked_run_goes_through_writer_reader_and_analysis_in_contract_form(
     result = analyze_events(events, modules, devices)
     assert result.spans.schema == pl.Schema(SPAN_FRAME.polars())
     assert result.issues.schema == pl.Schema(ISSUE_FRAME.polars())
+    from modtrace.analysis.nesting import summarize_issues
+
+    assert summarize_issues(result.issues).schema == pl.Schema(contracts.ISSUE_SUMMARY_FRAME.polars())
     assert result.spans.height * 2 == len(rows)
     assert result.issues.filter(pl.col("severity") != "info").height == 0

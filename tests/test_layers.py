@@ -26,6 +26,7 @@ LAYERS: dict[str, str] = {
     "modtrace.device_clock": "tracker",
     "modtrace.input_kind": "tracker",  # the tracker's pre-hook of root calls (torch)
     "modtrace.module_tracker": "tracker",
+    "modtrace.module_names": "tracker",
     "modtrace.store": "store",
     "modtrace.analysis": "analysis",
     "modtrace.renderers": "renderers",

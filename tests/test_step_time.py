@@ -17,8 +17,6 @@ from torch.utils.checkpoint import checkpoint
 
 import modtrace
 from modtrace.analysis.step_time import step_table
-from modtrace.store.analysis_store import read_analysis
-from modtrace.store.engine import open_store
 
 STEPS = 4
 
@@ -59,13 +57,9 @@ def recorded(db_path: Path) -> Any:
                 next(clock)
             opt.step()
             opt.zero_grad()
-    store = open_store(str(db_path))
-    try:
-        stored = read_analysis(store, 1)
-    finally:
-        store.dispose()
-    assert stored is not None
-    return step_table(stored[0])
+    with modtrace.open(str(db_path)) as db:
+        assert db.has_analysis("net")
+        return step_table(db.spans("net"))
 
 
 def test_tree_diff_report_and_sql_agree_on_the_step_time(recorded: Any, db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]

@@ -418,3 +418,245 @@ def test_two_trackers_at_once_each_see_every_call() -> None:
     assert problems(ev_a) == [] and problems(ev_b) == []
     assert [e.short() for e in ev_a] == [e.short() for e in ev_b]
     assert len([e for e in ev_a if e.phase == "backward"]) == 8
+
+
+
+# -- backward nesting follows the forward call tree -----------------------------
+
+
+class Borrows(nn.Module):
+    """Calls a module it does not own (kept in a plain list) on its child's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self._borrowed = [nn.Linear(4, 4)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._borrowed[0](self.inner(x))
+
+
+class BuildsItsLoss(nn.Module):
+    """Returns the output of a loss module it creates on every call (the Hugging Face pattern)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return nn.CrossEntropyLoss()(self.body(x), labels)
+
+
+class Owner(nn.Module):
+    def __init__(self, lin: nn.Linear) -> None:
+        super().__init__()
+        self.lin = lin
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.act(x))
+
+
+class SharedByTwo(nn.Module):
+    """One Linear registered under two owners; a dict and a plain object lend two more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(4, 4)
+        self.first = Owner(shared)
+        self.second = Owner(shared)
+        self.table = {"scale": nn.Linear(4, 4)}
+        self.holder = type("Holder", (), {})()
+        self.holder.norm = nn.LayerNorm(4)
+        object.__setattr__(self, "loss_fn", nn.MSELoss())  # a loss module it calls but does not register
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.holder.norm(self.table["scale"](self.second(self.first(x))))
+        return self.loss_fn(h, torch.zeros_like(h))
+
+
+def _train(model: nn.Module, make_loss: object, steps: int = 3) -> object:
+    def run() -> None:
+        for _ in range(steps):
+            make_loss().backward()  # type: ignore[operator]
+
+    return run
+
+
+@pytest.mark.parametrize("case", ["borrowed", "built_in_forward", "shared_and_lent"])
+def test_backward_nests_by_the_forward_call_tree(case: str) -> None:
+    from tests.recording import analysis_moves_rows, decode, record_rows
+
+    x = torch.randn(2, 4, requires_grad=True)
+    model: nn.Module
+    if case == "borrowed":
+        model = Borrows()
+        run = _train(model, lambda: model(x).sum())
+        expected = [("Borrows", 0), ("Linear", 1), ("Borrows.inner", 1)]
+    elif case == "built_in_forward":
+        model = BuildsItsLoss()
+        labels = torch.tensor([0, 2])
+        run = _train(model, lambda: model(x, labels))
+        expected = [("BuildsItsLoss", 0), ("CrossEntropyLoss", 1), ("BuildsItsLoss.body", 1),
+                    ("BuildsItsLoss.body.2", 2), ("BuildsItsLoss.body.1", 2), ("BuildsItsLoss.body.0", 2)]
+    else:
+        model = SharedByTwo()
+        run = _train(model, lambda: model(x))
+        expected = [("SharedByTwo", 0), ("MSELoss", 1), ("LayerNorm", 1), ("Linear", 1),
+                    ("SharedByTwo.second", 1), ("SharedByTwo.first.lin", 2), ("SharedByTwo.second.act", 2),
+                    ("SharedByTwo.first", 1), ("SharedByTwo.first.lin", 2), ("SharedByTwo.first.act", 2)]
+    rows, tracker = record_rows(run)
+    events = decode(tracker, rows)
+    assert problems(events) == []
+    steps = [[(f, d) for f, d in spans([e for e in events if e.task == task], "backward")]
+             for task in sorted({e.task for e in events if e.phase == "backward"})]
+    assert len(steps) == 3
+    assert all(step == expected for step in steps), steps
+    # every backward exit comes after its own enter, and the analysis keeps that order
+    assert analysis_moves_rows(tracker, rows) == []
+    fwd_calls = {e.call_id for e in events if e.phase == "forward"}
+    assert {e.call_id for e in events if e.phase == "backward"} <= fwd_calls
+
+
+def test_a_module_built_in_every_forward_keeps_one_name_and_one_module_id() -> None:
+    import gc
+
+    from modtrace.tracker import Tracker
+    from tests.recording import FakeClock, decode
+
+    model = BuildsItsLoss()
+    x, labels = torch.randn(2, 4), torch.tensor([1, 0])
+    rows: list[tuple[object, ...]] = []
+    tracker = Tracker(rows.append, clock=FakeClock())
+    counts: list[int] = []
+    tracker.start()
+    try:
+        for _ in range(5):
+            model(x, labels).backward()
+            gc.collect()
+            counts.append(len(tracker.fqns))
+    finally:
+        tracker.stop()
+    events = decode(tracker, rows)
+    loss_ids = {r[3] for r in rows if tracker.fqns[r[3]].startswith("CrossEntropyLoss")}
+    assert {tracker.fqns[i] for i in loss_ids} == {"CrossEntropyLoss"}
+    assert len(loss_ids) == 1
+    assert counts == [counts[0]] * 5  # no new modules row after the first step
+    assert [m[1] for m in tracker.new_modules].count("CrossEntropyLoss") == 1
+    assert problems(events) == []
+
+
+def test_two_live_roots_of_one_class_and_a_freed_name() -> None:
+    import gc
+
+    a, b = mlp(), mlp()
+
+    def run() -> None:
+        nonlocal a
+        a(torch.randn(1, 8))
+        b(torch.randn(1, 8))
+        a(torch.randn(1, 8))
+        c = mlp()
+        c(torch.randn(1, 8))  # a and b alive: the next free number
+        del a
+        gc.collect()
+        d = mlp()
+        d(torch.randn(1, 8))  # a's name was freed: the lowest free one
+        del c
+        gc.collect()
+        e = mlp()
+        e(torch.randn(1, 8))
+
+    events, tracker = record(run)
+    roots = [e.fqn for e in events if e.kind == "enter" and "." not in e.fqn]
+    assert roots == ["Sequential", "Sequential#1", "Sequential", "Sequential#2", "Sequential", "Sequential#2"]
+    # a name keeps one module id: d reuses a's ids, e reuses c's
+    assert len(tracker.new_modules) == 3 * 4
+    assert [m[1] for m in tracker.new_modules if "." not in m[1]] == ["Sequential", "Sequential#1", "Sequential#2"]
+
+
+# -- no silent limits ----------------------------------------------------------------
+
+
+def test_recompute_links_every_call_of_a_module_called_many_times() -> None:
+    class Loop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(300):
+                x = torch.tanh(self.lin(x))
+            return x
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.loop = Loop()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.loop, x, use_reentrant=True)
+
+    model = Net()
+    events, _ = record(lambda: model(torch.randn(2, 4, requires_grad=True)).sum().backward())
+    fwd = [e.call_id for e in events if e.phase == "forward" and e.kind == "enter" and e.fqn == "Net.loop.lin"]
+    rec = [e.call_id for e in events if e.phase == "recompute" and e.kind == "enter" and e.fqn == "Net.loop.lin"]
+    assert len(fwd) == 300
+    assert rec == fwd  # each recomputed call linked to its own forward call, in order
+    assert problems(events) == []
+
+
+def test_backward_of_calls_inside_many_failed_forwards_never_records() -> None:
+    class Boom(Exception):
+        pass
+
+    class Flaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.kept: list[torch.Tensor] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.kept.append(self.a(x))
+            raise Boom
+
+    model = Flaky()
+
+    def run() -> None:
+        for _ in range(100):
+            with pytest.raises(Boom):
+                model(torch.randn(2, 4))
+        torch.stack(model.kept).sum().backward()
+
+    events, _ = record(run)
+    assert [e for e in events if e.phase == "backward"] == []
+    assert problems(events) == []
+
+
+def test_tensors_deep_in_an_output_get_their_backward() -> None:
+    class Deep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> object:
+            out: object = self.lin(x)
+            for _ in range(8):
+                out = {"nested": [out]}
+            return out
+
+    class Top(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.deep = Deep()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.deep(x)
+            for _ in range(8):
+                out = out["nested"][0]  # type: ignore[index]
+            return out.sum()  # type: ignore[attr-defined, no-any-return]
+
+    model = Top()
+    events, _ = record(lambda: model(torch.randn(2, 4, requires_grad=True)).backward())
+    assert problems(events) == []
+    assert spans(events, "backward") == [("Top", 0), ("Top.deep", 1), ("Top.deep.lin", 2)]

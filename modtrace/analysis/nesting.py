@@ -39,6 +39,7 @@ from modtrace.contracts import (
     ERROR_EXIT,
     ISSUE_FRAME,
     ISSUE_KINDS,
+    ISSUE_SUMMARY_FRAME,
 )
 
 ISSUE_COLUMNS: tuple[str, ...] = ISSUE_FRAME.names
@@ -155,3 +156,38 @@ def collect_issues(
         decode(pl.col("phase"), PHASE_ENUM).alias("phase"),
     )
     return issues.select(ISSUE_COLUMNS).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]
+
+
+SUMMARY_COLUMNS: tuple[str, ...] = ISSUE_SUMMARY_FRAME.names
+
+
+def summarize_issues(issues: pl.DataFrame) -> pl.DataFrame:
+    """Issues frame -> one row per error or warning, and one row per (kind, fqn,
+    phase) of the info issues, in order of first occurrence (rank, seq).
+
+    Columns ``SUMMARY_COLUMNS``: an info row's ``rank``, ``seq``, ``step`` and
+    message are its first occurrence's, ``count`` (UInt32) how many rows it
+    stands for; the message says so when there are more than one.  Errors and
+    warnings keep ``count`` 1 and their own message.
+    """
+    info = pl.col("severity") == "info"
+    full = issues.filter(~info).select(
+        "severity", "kind", "rank", "seq", "step", "phase", "fqn", pl.lit(1, dtype=pl.UInt32).alias("count"), "message"
+    )
+    grouped = (
+        issues.filter(info)
+        .sort("rank", "seq")
+        .group_by("kind", "fqn", "phase", maintain_order=True)
+        .agg(
+            pl.col("severity").first(), pl.col("rank").first(), pl.col("seq").first(), pl.col("step").first(),
+            pl.len().cast(pl.UInt32).alias("count"), pl.col("message").first(), pl.col("step").max().alias("_last"),
+        )
+        .with_columns(
+            pl.when(pl.col("count") > 1)
+            .then(pl.format("{} ({} times, steps {} to {})", pl.col("message"), pl.col("count"), pl.col("step"), pl.col("_last")))
+            .otherwise(pl.col("message"))
+            .alias("message")
+        )
+        .select(full.columns)
+    )
+    return pl.concat([full, grouped], how="vertical_relaxed").sort("rank", "seq", "kind").select(SUMMARY_COLUMNS)

@@ -249,6 +249,13 @@ class Database:
         """The run's nesting issues frame (``contracts.ISSUE_FRAME``)."""
         return self.analysis(run).issues
 
+    def issue_summary(self, run: RunLike) -> pl.DataFrame:
+        """The run's issues as ``modtrace check`` lists them: every error and warning, and one row per
+        (kind, module, phase) of the info issues with ``count`` (``analysis.nesting.summarize_issues``)."""
+        from modtrace.analysis.nesting import summarize_issues
+
+        return summarize_issues(self.issues(run))
+
     def spans_table(self, run: RunLike) -> pl.DataFrame:
         """Spans with names as plain strings, ``unclosed`` for a span never exited, and ``wall_start_ns``."""
         from modtrace.api._tables import spans_table

@@ -99,14 +99,17 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
 @click.argument("run")
 @db_option
 @format_option("table", "json")
+@click.option("--all", "show_all", is_flag=True, help="List every info issue instead of one line per kind, module and phase.")
 @click.pass_context
-def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
+def check(ctx: click.Context, run: str, db: str | None, fmt: str, show_all: bool) -> None:
     """List RUN's nesting issues; exit 1 when any is an error.
 
     Issues are calls whose events do not nest: a lost or repeated event, a
     crossed exit, a call never exited; and, as info, unusual but healthy
     closes (a forward that raised, an early-stopped recompute, a backward
-    closed at the end of the graph task).
+    closed at the end of the graph task).  Errors and warnings are listed
+    one by one; info issues one line per kind, module and phase, with how
+    many times and the first step, unless --all.  The JSON lists every issue.
     """
     import polars as pl
 
@@ -116,15 +119,21 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str) -> None:
     with modtrace.api.open(db) as database:
         ref = database.run(run)
         issues = database.issues(ref)
+        summary = database.issue_summary(ref) if fmt == "table" and not show_all else None
     columns = ["severity", "kind", "rank", "seq", "step", "phase", "fqn", "message"]
     if fmt == "json":
         out = issues.with_columns(pl.col("phase").cast(pl.String)).select(columns).rows()
         click.echo(get_renderer("rows", "json").render(Table(columns, out)), nl=False)
     elif issues.height == 0:
         click.echo(f"run {ref.name}: no nesting issues")
-    else:
+    elif show_all:
         out = issues.select("severity", "kind", "rank", "seq", "message").rows()
         click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "message"], out)), nl=False)
+        click.echo(f"run {ref.name}: {_counts(issues)}")
+    else:
+        assert summary is not None
+        out = summary.select("severity", "kind", "rank", "seq", "count", "message").rows()
+        click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "count", "message"], out)), nl=False)
         click.echo(f"run {ref.name}: {_counts(issues)}")
     if (issues["severity"] == "error").any():
         ctx.exit(1)

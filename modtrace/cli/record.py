@@ -99,6 +99,9 @@ def check_run_name(name: str) -> str:
                    "optimizer; root (each outermost module call on the main thread: one per generate() token, "
                    "per request, per batch); manual (Recorder.step() only). Root calls are always recorded, "
                    "so tree, diff and report can choose again with --step-on.")
+@click.option("--eager", is_flag=True,
+              help="Run with torch.compile disabled (TORCH_COMPILE_DISABLE=1): a model compiled as a whole "
+                   "records only its own call, not its submodules'.")
 @click.argument("target_args", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 @click.pass_context
 def record(
@@ -110,6 +113,7 @@ def record(
     quiet: bool,
     no_analyze: bool,
     step_on: str,
+    eager: bool,
     target_args: tuple[str, ...],
 ) -> int:
     """Run SCRIPT (or -m MODULE) as python would, recording its module calls.
@@ -142,8 +146,18 @@ def record(
         check_run_name(run_name)
     check_target(target)
     command = shlex.join(["modtrace", "record", *ctx.meta.get("modtrace.record.args", [])])
+    if eager:
+        disable_compilation()
     return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
                    quiet=quiet, analyze=not no_analyze, step_on=step_on)
+
+
+def disable_compilation() -> None:
+    """torch.compile runs the original code, for this process and its children."""
+    os.environ["TORCH_COMPILE_DISABLE"] = "1"
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:  # read at import: set the live config too
+        dynamo.config.disable = True
 
 
 def _record(

@@ -1,0 +1,101 @@
+"""torch.compile: a compiled region inside an eager model, and a model
+compiled as a whole, recorded with and without ``modtrace record --eager``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import modtrace
+from tests.clients import check_rows, query
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.blocks = nn.ModuleList([Block() for _ in range(2)])
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def train(model: nn.Module, steps: int = 3) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+
+
+def test_regional_compilation_keeps_names_and_nesting(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model = Net()
+    eager_names = {f"Net{n and '.' + n}" for n, _ in model.named_modules()}
+    model.blocks[1] = torch.compile(model.blocks[1], backend="eager")  # type: ignore[assignment]
+    with modtrace.Recorder(db=str(db_path), run="regional"):
+        train(model)
+    names = {f for (f,) in query(str(db_path), "SELECT DISTINCT fqn FROM spans")}
+    # the compiled block is recorded under its own name (no OptimizedModule, no _orig_mod); its insides run compiled
+    assert names == eager_names - {"Net.blocks", "Net.blocks.1.fc1", "Net.blocks.1.fc2"}  # a ModuleList is never called
+    assert query(str(db_path), "SELECT phase, count(*) FROM spans WHERE fqn = 'Net.blocks.1' GROUP BY phase ORDER BY phase") == [
+        ("backward", 3), ("forward", 3)]
+    assert {f for (f,) in query(str(db_path), "SELECT fqn FROM modules")} == eager_names
+    check_rows(run_cli, str(db_path))
+
+
+WHOLE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = torch.compile(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    """
+)
+
+
+def test_whole_model_compilation_and_eager(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "whole.py"
+    script.write_text(WHOLE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCH_COMPILE_DISABLE", None)
+    dbs = {}
+    for flags in ([], ["--eager"]):
+        db = str(tmp_path / f"trace{len(flags)}.db")
+        out = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", db, "-q", *flags, str(script)],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        dbs[bool(flags)] = db
+        check_rows(run_cli, db)
+    spans = "SELECT fqn, phase, count(*) FROM spans GROUP BY fqn, phase ORDER BY fqn, phase"
+    # compiled as a whole: only the compiled module's own call is seen
+    assert query(dbs[False], spans) == [("Sequential", "backward", 3), ("Sequential", "forward", 3)]
+    # --eager: every module
+    assert query(dbs[True], spans) == [
+        (f"Sequential{s}", p, 3) for s in ("", ".0", ".1", ".2") for p in ("backward", "forward")]
