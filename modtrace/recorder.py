@@ -36,6 +36,7 @@ from typing import Any
 from modtrace._version import __version__
 from modtrace.codes import Status
 from modtrace.errors import StoreError, UsageError, one_line
+from modtrace.masking import mask
 from modtrace.naming import default_run_name, shared_run_name
 from modtrace.step_rules import STEP_RULES
 from modtrace.store.engine import Store, open_store
@@ -154,7 +155,7 @@ class Recorder:
         self.db = db
         self.run_name = run or recorder_run_name(self.world_size)
         self.tags = dict(tags or {})
-        self.command = command if command is not None else shlex.join([sys.executable, *sys.argv])
+        self.command = mask(command if command is not None else shlex.join([sys.executable, *sys.argv]))
         self.join = (self.world_size > 1) if join is None else join
         self.flush_every = flush_every
         self.analyze = analyze
@@ -364,7 +365,7 @@ class Recorder:
         self._flush_error = exc
         if self._tracker is not None:
             self._tracker._append = self._drop  # later events are counted, not kept
-        print(f"modtrace: error: {exc}; recording stopped (run {self.run_name!r} will be marked failed)", file=sys.stderr)
+        print(mask(f"modtrace: error: {exc}; recording stopped (run {self.run_name!r} will be marked failed)"), file=sys.stderr)
 
     def _drop(self, event: tuple[Any, ...]) -> None:
         self._dropped += 1

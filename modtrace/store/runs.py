@@ -23,6 +23,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from modtrace.errors import RunNotFound, StoreError, UsageError
+from modtrace.masking import mask, mask_value
 from modtrace.store.engine import Store
 from modtrace.store.schema import run_ranks, runs
 
@@ -53,7 +54,8 @@ def create_run(store: Store, name: str, meta: Mapping[str, Any], *, join: bool =
     With ``join`` an existing run of that name is reused (ranks of one
     distributed launch share a run); otherwise a taken name is an error.
     """
-    values = dict(meta)
+    # Stored metadata never holds a secret (a --db URL's password in the command line, ...).
+    values = {k: mask_value(v) for k, v in meta.items()}
     values["name"] = name
     values.setdefault("status", "running")
     values.setdefault("started_at", utcnow_iso())
@@ -125,7 +127,7 @@ def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | 
         world = conn.execute(select(runs.c.world_size).where(runs.c.id == run_id)).scalar() or 1
         values: dict[str, Any] = {}
         if error:
-            values["error"] = error
+            values["error"] = mask(error)
         if "running" not in statuses and len(statuses) >= world:
             for worst in ("failed", "interrupted", "completed"):
                 if worst in statuses:
@@ -236,7 +238,7 @@ def list_runs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
         start, end = parse_iso(row["started_at"]), parse_iso(row["ended_at"])
         row["duration_s"] = (end - start).total_seconds() if start and end else None
         row["tags"] = json.loads(row["tags"] or "{}")
-    return rows
+    return [_masked(row) for row in rows]
 
 
 def run_details(store: Store, run_id: int) -> dict[str, Any]:
@@ -269,4 +271,12 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
         {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5]}
         for r in rank_rows
     ]
-    return info
+    return _masked(info)
+
+
+def _masked(row: dict[str, Any]) -> dict[str, Any]:
+    """A run row as shown: no secret, even from a database recorded before masking."""
+    return {k: mask_value(v) if k in _TEXT_FIELDS else v for k, v in row.items()}
+
+
+_TEXT_FIELDS = frozenset({"command", "cwd", "error", "tags", "name", "hostname", "git_commit"})
