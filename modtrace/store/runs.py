@@ -55,7 +55,7 @@ def create_run(store: Store, name: str, meta: Mapping[str, Any], *, join: bool =
     distributed launch share a run); otherwise a taken name is an error.
     """
     # Stored metadata never holds a secret (a --db URL's password in the command line, ...).
-    values = {k: mask_value(v) for k, v in meta.items()}
+    values: dict[str, Any] = {k: mask_value(v) for k, v in meta.items()}
     values["name"] = name
     values.setdefault("status", "running")
     values.setdefault("started_at", utcnow_iso())
