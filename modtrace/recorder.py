@@ -40,8 +40,8 @@ from modtrace.masking import mask
 from modtrace.naming import default_run_name, shared_run_name
 from modtrace.step_rules import STEP_RULES
 from modtrace.store.engine import Store, open_store
+from modtrace.store.retry import ResumingWriter, call_retrying, is_transient, retry_seconds
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
-from modtrace.store.writer import RankWriter
 from modtrace.store.writer_process import WriterProcess, WriterProcessError
 from modtrace.tracker import Tracker
 
@@ -58,6 +58,10 @@ EAGER_BATCH = 4096
 # and up to flush_every events.
 WRITER_START_WAIT_S = 5.0
 WRITERS = ("auto", "process", "thread", "inline")
+# While the database is unreachable events wait in memory; beyond this many
+# (about 250 bytes each), whole steps are dropped at step boundaries and the
+# run says which (run_ranks.dropped_steps).
+MAX_BUFFERED_EVENTS = 1_000_000
 
 
 class Terminated(BaseException):
@@ -138,6 +142,8 @@ class Recorder:
         handle_sigterm: bool = True,
         writer: str | None = None,
         step_on: str = "auto",
+        retry_s: float | None = None,
+        max_buffered: int = MAX_BUFFERED_EVENTS,
     ) -> None:
         if step_on not in STEP_RULES:
             raise ValueError(f"step_on must be one of {', '.join(STEP_RULES)}, not {step_on!r}")
@@ -163,6 +169,8 @@ class Recorder:
         self.handle_sigterm = handle_sigterm
         self.writer_mode = writer
         self.step_on = step_on
+        self.retry_s = retry_seconds(retry_s)
+        self.max_buffered = max_buffered
         self.run_id: int = 0
         self.status: str | None = None
         self._clock = clock
@@ -173,7 +181,7 @@ class Recorder:
         self._last_handoff = 0.0
         self._written = 0
         self._store: Store | None = None
-        self._writer: RankWriter | None = None
+        self._writer: ResumingWriter | None = None
         self._proc: WriterProcess | None = None
         self._tracker: Tracker | None = None
         self._take_lock = threading.Lock()  # taking from the buffers (short)
@@ -182,7 +190,10 @@ class Recorder:
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flush_error: StoreError | None = None
-        self._dropped = 0
+        self._dropped = 0  # events after recording stopped
+        self._shed = 0  # events dropped over the memory bound while writes wait
+        self._shed_steps: set[int] = set()
+        self._last_taken_step: int | None = None
         self._started = 0.0
         self._prev_sigterm: Any = None
         self._atexit_registered = False
@@ -222,9 +233,13 @@ class Recorder:
         if tracker is None:
             return
         tracker.step += 1
+        if self._taken - self._written + len(self._buf) > self.max_buffered:
+            self._shed_step()
         if self.writer_mode == "inline" and self._flush_error is None and self._writer is not None:
             try:
-                self._flush(take=True)
+                # One try, never waiting: while the flusher thread retries a
+                # fault, the events wait in the buffer.
+                self._flush(take=True, retry=False, wait=False)
             except StoreError as exc:
                 self._write_failed(exc)
             return
@@ -278,10 +293,10 @@ class Recorder:
             raise
         self._store = store
         self._take_reserve()
-        self._writer = RankWriter(store, self.run_id, self.rank)
+        self._writer = ResumingWriter(store, self.run_id, self.rank, self.retry_s)
         if self.writer_mode in ("auto", "process"):
             try:
-                self._proc = WriterProcess(store, self.run_id, self.rank)
+                self._proc = WriterProcess(store, self.run_id, self.rank, self.retry_s)
             except Exception:  # no usable interpreter to start: write from this process
                 self._proc = None
         self._tracker = tracker
@@ -319,8 +334,12 @@ class Recorder:
         if self._flush_error is not None:
             self._release_reserve()  # room for the status update on a full disk
             _checkpoint(self._store)
+        store = self._store
+        faults = {"dropped_events": self._shed, "dropped_steps": _ranges(self._shed_steps)}
         try:
-            finish_rank(self._store, self.run_id, self.rank, status, error)
+            call_retrying(lambda: finish_rank(store, self.run_id, self.rank, status, error, faults),
+                          0.0 if self._flush_error is not None else self.retry_s)
+            self._report_faults()
             if self.analyze and self._flush_error is None:
                 self._materialize()
         except Exception as exc:  # e.g. the disk is still full: what was written stays readable
@@ -370,6 +389,35 @@ class Recorder:
     def _drop(self, event: tuple[Any, ...]) -> None:
         self._dropped += 1
 
+    def _shed_step(self) -> None:
+        """Over the memory bound while writes wait: the buffered steps go."""
+        with self._take_lock:
+            buf = self._buf
+            n = len(buf)
+            start = 0  # a step partly taken already stays whole: its rest is kept
+            while start < n and buf[start][6] == self._last_taken_step:
+                start += 1
+            steps = {event[6] for event in buf[start:n]}
+            del buf[start:n]
+            n -= start
+        self._shed += n
+        self._shed_steps |= steps
+
+    def _report_faults(self) -> None:
+        """One line on stderr when the recording met faults it got past."""
+        assert self._store is not None
+        with self._store.engine.connect() as conn:
+            reconnects = conn.exec_driver_sql(
+                f"SELECT reconnects FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}").scalar()
+        parts = []
+        if reconnects:
+            parts.append(f"resumed after {reconnects} lost connection(s) or lock timeout(s), nothing lost")
+        if self._shed:
+            parts.append(f"{self._shed:,} event(s) of step(s) {_ranges(self._shed_steps)} dropped while the database "
+                         f"was unreachable (more than {self.max_buffered:,} waited)")
+        if parts:
+            print(mask(f"modtrace: warning: run {self.run_name!r}: " + "; ".join(parts)), file=sys.stderr)
+
     def __enter__(self) -> Recorder:
         return self.start()
 
@@ -391,12 +439,16 @@ class Recorder:
         """Write buffered events and names now; returns the number of events written."""
         return self._flush(take=True)
 
-    def _flush(self, take: bool) -> int:
+    def _flush(self, take: bool, retry: bool = True, wait: bool = True) -> int:
         """Write the pending batches, after taking the buffer into one
-        (``take``), and wait until all are written."""
+        (``take``), and wait until all are written.  ``retry=False``: a
+        transient fault leaves them pending for the flusher thread to resume;
+        ``wait=False``: nothing happens while another thread writes."""
         if self._tracker is None or self._writer is None:
             return 0
-        with self._flush_lock:
+        if not self._flush_lock.acquire(blocking=wait):
+            return 0
+        try:
             if self._flush_error is not None:
                 return 0  # recording stopped at a failed write
             if take:
@@ -417,12 +469,17 @@ class Recorder:
             while self._pending:  # no writer process, or it is gone
                 batch = self._pending[0]
                 try:
-                    writer.write(batch.events, batch.modules, batch.threads, batch.devices, progress=batch.progress,
-                                 roots=batch.roots)
+                    writer.write(batch.events, batch.modules, batch.threads, batch.devices, batch.progress,
+                                 roots=batch.roots, retry=retry)
                 except Exception as exc:  # the batch stays pending for another try
+                    if not retry and is_transient(exc) and not writer.expired:
+                        self._wake.set()  # the flusher thread resumes it
+                        break
                     raise StoreError(f"writing events to {writer.store.label} failed: {one_line(exc)}") from exc
                 self._pending.popleft()
                 self._written += len(batch.events)
+        finally:
+            self._flush_lock.release()
         return self._written - before
 
     def _take(self, pack: WriterProcess | None = None) -> None:
@@ -442,6 +499,7 @@ class Recorder:
         if pack is not None:
             batch.frame = self._frame(pack, batch)
         self._taken += n
+        self._last_taken_step = events[-1][6]
         self._pending.append(batch)
 
     @staticmethod
@@ -616,6 +674,17 @@ def _checkpoint(store: Store) -> None:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
     except Exception:
         pass
+
+
+def _ranges(steps: set[int]) -> str | None:
+    """Step numbers as ranges: {1, 2, 3, 7} -> '1-3,7'; None when empty."""
+    out: list[str] = []
+    for step in sorted(steps):
+        if out and int(out[-1].rsplit("-", 1)[-1]) == step - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{step}"
+        else:
+            out.append(str(step))
+    return ",".join(out) or None
 
 
 def _drain(rows: list[Any]) -> list[Any]:

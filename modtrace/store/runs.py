@@ -108,8 +108,11 @@ def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int,
         )
 
 
-def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | None = None) -> None:
-    """Mark this rank ended; the run takes the worst status of its ranks once all have ended."""
+def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | None = None,
+                faults: Mapping[str, Any] | None = None) -> None:
+    """Mark this rank ended; the run takes the worst status of its ranks once
+    all have ended.  ``faults``: run_ranks columns the recorder counted
+    (dropped_events, dropped_steps, fork_calls)."""
     now = utcnow_iso()
     with store.engine.begin() as conn:
         # Ranks ending at the same moment must not each miss the other's end
@@ -121,7 +124,7 @@ def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | 
         conn.execute(
             update(run_ranks)
             .where(run_ranks.c.run_id == run_id, run_ranks.c.rank == rank)
-            .values(status=status, ended_at=now)
+            .values(status=status, ended_at=now, **dict(faults or {}))
         )
         statuses = [r[0] for r in conn.execute(select(run_ranks.c.status).where(run_ranks.c.run_id == run_id))]
         world = conn.execute(select(runs.c.world_size).where(runs.c.id == run_id)).scalar() or 1
@@ -252,7 +255,8 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
         info = dict(row._mapping)
         rank_rows = conn.execute(
             select(run_ranks.c.rank, run_ranks.c.hostname, run_ranks.c.pid, run_ranks.c.status,
-                   run_ranks.c.event_count, run_ranks.c.step_count)
+                   run_ranks.c.event_count, run_ranks.c.step_count, run_ranks.c.reconnects,
+                   run_ranks.c.dropped_events, run_ranks.c.dropped_steps, run_ranks.c.fork_calls)
             .where(run_ranks.c.run_id == run_id)
             .order_by(run_ranks.c.rank)
         ).all()
@@ -267,8 +271,14 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
     info["steps"] = max((int(r[5]) for r in rank_rows), default=0)
     info["ranks"] = len(rank_rows)
     info["modules"] = int(n_modules)
+    # Faults the recording got past, and what it could not record.
+    info["reconnects"] = sum(int(r[6]) for r in rank_rows)
+    info["dropped_events"] = sum(int(r[7]) for r in rank_rows)
+    info["dropped_steps"] = "; ".join(f"rank {r[0]}: {r[8]}" for r in rank_rows if r[8]) or None
+    info["fork_calls"] = sum(int(r[9]) for r in rank_rows)
     info["rank_details"] = [
-        {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5]}
+        {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5],
+         "reconnects": r[6], "dropped_events": r[7], "dropped_steps": r[8], "fork_calls": r[9]}
         for r in rank_rows
     ]
     return _masked(info)

@@ -74,9 +74,11 @@ class RankWriter:
         devices: Sequence[tuple[Any, ...]] = (),
         progress: tuple[int, int] | None = None,
         roots: Sequence[tuple[Any, ...]] = (),
+        reconnects: int = 0,
     ) -> None:
         """Write one batch in one transaction; ``progress`` is (event_count, step_count),
-        ``roots`` the batch's root calls (``ROOT_COLUMNS``).
+        ``roots`` the batch's root calls (``ROOT_COLUMNS``), ``reconnects`` is
+        added to the rank's count.
 
         On failure nothing of the batch is kept and the connection is dropped
         (the next write opens a new one)."""
@@ -96,9 +98,28 @@ class RankWriter:
                         f" WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}",
                         (int(progress[0]), int(progress[1])),
                     )
+                if reconnects:
+                    conn.exec_driver_sql(
+                        f"UPDATE run_ranks SET reconnects = reconnects + {int(reconnects)}"
+                        f" WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}")
         except BaseException:
             self.close()
             raise
+
+    def committed(self) -> int:
+        """The rank's event count as committed (on this writer's connection)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self.store.engine.connect()
+        try:
+            value = conn.exec_driver_sql(
+                f"SELECT event_count FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}"
+            ).scalar()
+            conn.rollback()  # end the read transaction: SQLite would keep its snapshot
+        except BaseException:
+            self.close()
+            raise
+        return int(value or 0)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
