@@ -33,6 +33,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from modtrace import forking
 from modtrace._version import __version__
 from modtrace.codes import Status
 from modtrace.errors import StoreError, UsageError, one_line
@@ -194,6 +195,8 @@ class Recorder:
         self._shed = 0  # events dropped over the memory bound while writes wait
         self._shed_steps: set[int] = set()
         self._last_taken_step: int | None = None
+        self._forks: forking.ForkCounter | None = None
+        self._forked_child = False  # this is a child forked while recording (see modtrace.forking)
         self._started = 0.0
         self._prev_sigterm: Any = None
         self._atexit_registered = False
@@ -230,7 +233,7 @@ class Recorder:
     def step(self) -> None:
         """Mark a step boundary: later events carry the next step number."""
         tracker = self._tracker
-        if tracker is None:
+        if tracker is None or self._forked_child:
             return
         tracker.step += 1
         if self._taken - self._written + len(self._buf) > self.max_buffered:
@@ -300,6 +303,8 @@ class Recorder:
             except Exception:  # no usable interpreter to start: write from this process
                 self._proc = None
         self._tracker = tracker
+        self._forks = forking.ForkCounter()
+        forking.watch(self, self._in_forked_child)
         self._started = time.monotonic()
         self._flusher = threading.Thread(target=self._flush_loop, name="modtrace-flush", daemon=True)
         self._flusher.start()
@@ -309,8 +314,9 @@ class Recorder:
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         """Stop recording, write what is buffered and mark the run ``status``."""
         tracker = self._tracker
-        if tracker is None or self.status is not None:
+        if tracker is None or self.status is not None or self._forked_child:
             return
+        forking.unwatch(self)
         tracker.stop()
         if status != "completed":
             tracker.close_open_forward(int(Status.ERROR))
@@ -335,7 +341,8 @@ class Recorder:
             self._release_reserve()  # room for the status update on a full disk
             _checkpoint(self._store)
         store = self._store
-        faults = {"dropped_events": self._shed, "dropped_steps": _ranges(self._shed_steps)}
+        faults = {"dropped_events": self._shed, "dropped_steps": _ranges(self._shed_steps),
+                  "fork_calls": self._forks.total() if self._forks is not None else 0}
         try:
             call_retrying(lambda: finish_rank(store, self.run_id, self.rank, status, error, faults),
                           0.0 if self._flush_error is not None else self.retry_s)
@@ -417,6 +424,35 @@ class Recorder:
                          f"was unreachable (more than {self.max_buffered:,} waited)")
         if parts:
             print(mask(f"modtrace: warning: run {self.run_name!r}: " + "; ".join(parts)), file=sys.stderr)
+        forked = self._forks.total() if self._forks is not None else 0
+        if forked:
+            print(mask(f"modtrace: note: run {self.run_name!r}: {forked:,} module call(s) ran in forked child "
+                       "processes (e.g. DataLoader workers) and were not recorded"), file=sys.stderr)
+
+    def _in_forked_child(self) -> None:
+        """In a child forked while recording, right after the fork: let go of
+        the parent's hooks, pipes and connection without a word to them;
+        count the child's module calls instead (see modtrace.forking)."""
+        self._forked_child = True
+        if self._tracker is not None:
+            self._tracker.stop()
+        if self._forks is not None:
+            self._forks.count_calls_here()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.forget()
+        if self._writer is not None:
+            self._writer.forget()
+        if self._store is not None:
+            self._store.engine.dispose(close=False)
+        if self._atexit_registered:
+            atexit.unregister(self._atexit)
+            self._atexit_registered = False
+        if self._prev_sigterm is not None:
+            try:
+                signal.signal(signal.SIGTERM, self._prev_sigterm)
+            except ValueError:  # forked from a thread other than the main one
+                pass
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -444,7 +480,7 @@ class Recorder:
         (``take``), and wait until all are written.  ``retry=False``: a
         transient fault leaves them pending for the flusher thread to resume;
         ``wait=False``: nothing happens while another thread writes."""
-        if self._tracker is None or self._writer is None:
+        if self._tracker is None or self._writer is None or self._forked_child:
             return 0
         if not self._flush_lock.acquire(blocking=wait):
             return 0

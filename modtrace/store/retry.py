@@ -172,6 +172,9 @@ class ResumingWriter:
     def close(self) -> None:
         self.writer.close()
 
+    def forget(self) -> None:
+        self.writer.forget()
+
 
 def call_retrying(fn: Callable[[], Any], retry_s: float, *, sleep: Callable[[float], None] = time.sleep,
                   clock: Callable[[], float] = time.monotonic) -> Any:

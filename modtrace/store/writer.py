@@ -37,6 +37,9 @@ ROOT_COLUMNS: tuple[str, ...] = ("seq", "call_id", "kind")
 # that SQLite builds before 3.32 allow.
 ROWS_PER_STATEMENT = 64
 
+# Connections inherited by a forked child, kept referenced so the child never closes them.
+_forked_away: list[Any] = []
+
 
 def _insert_sql(table: str, columns: Sequence[str], run_id: int, rank: int, paramstyle: str, rows: int = 1) -> str:
     # run_id and rank are integers we own; inlining them lets the hot path's
@@ -120,6 +123,23 @@ class RankWriter:
             self.close()
             raise
         return int(value or 0)
+
+    def forget(self) -> None:
+        """In a process forked from the writer's: drop the connection without
+        closing it (closing would end the parent's session), the way
+        SQLAlchemy documents for connections carried across a fork."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            fairy: Any = conn.connection
+            _forked_away.append(fairy.dbapi_connection)  # never finalised by this process
+            if fairy._connection_record is not None:
+                fairy._connection_record.dbapi_connection = None
+            fairy.dbapi_connection = None
+        except Exception:  # an invalidated connection holds nothing
+            pass
+        _forked_away.append(conn)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
