@@ -124,6 +124,11 @@ class Recorder:
     ``generate()`` makes one per token), ``"optimizer"``, ``"root"`` or
     ``"manual"`` (``rec.step()`` only).  Root calls are always recorded, so
     ``modtrace tree``, ``diff`` and ``report`` can choose again later.
+
+    A write failing on a transient database fault is retried on a new
+    connection for up to ``retry_s`` seconds (default ``MODTRACE_RETRY_S`` or
+    120) while the program goes on; past ``max_buffered`` waiting events,
+    whole steps are dropped and the run records which (``store.retry``).
     """
 
     def __init__(

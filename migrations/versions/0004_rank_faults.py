@@ -1,4 +1,5 @@
-"""rank faults: reconnects, dropped events and steps, calls in forked children
+"""rank faults: reconnects, dropped events and steps, calls in forked children;
+nesting issues about invalid rows (kinds invalid_row, time_reversed, seq_gap; phase may be NULL)
 
 Revision ID: 0004
 Revises: 0003
@@ -15,6 +16,11 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
+_OLD_KIND = ("no_enter | unclosed | crossed | reentered | duplicate_enter | duplicate_exit | error_exit | early_stop"
+             " | closed_at_end_of_backward.")
+_KIND = _OLD_KIND[:-1] + " | invalid_row | time_reversed | seq_gap."
+_PHASE = "forward | backward | recompute; NULL for an invalid_row whose phase code is unknown."
+
 
 def upgrade() -> None:
     for column in (
@@ -24,9 +30,16 @@ def upgrade() -> None:
         sa.Column("fork_calls", sa.BigInteger(), server_default="0", nullable=False, comment="Module calls made in child processes forked during the recording (e.g. DataLoader workers); not recorded."),
     ):
         op.add_column("run_ranks", column)
+    with op.batch_alter_table("nesting_issues") as batch:
+        batch.alter_column("kind", existing_type=sa.String(32), existing_nullable=False, comment=_KIND)
+        batch.alter_column("phase", existing_type=sa.String(16), nullable=True, comment=_PHASE)
 
 
 def downgrade() -> None:
+    op.execute("DELETE FROM nesting_issues WHERE phase IS NULL")
+    with op.batch_alter_table("nesting_issues") as batch:
+        batch.alter_column("kind", existing_type=sa.String(32), existing_nullable=False, comment=_OLD_KIND)
+        batch.alter_column("phase", existing_type=sa.String(16), nullable=False, comment="forward | backward | recompute.")
     # Plain ALTER TABLE ... DROP COLUMN (SQLite 3.35+): a batch copy of the
     # table would break the event_log view that reads it.
     for name in ("fork_calls", "dropped_steps", "dropped_events", "reconnects"):
