@@ -45,6 +45,10 @@ DUPLICATE_EXIT = "duplicate_exit"
 ERROR_EXIT = "error_exit"
 EARLY_STOP = "early_stop"
 CLOSED_AT_END_OF_BACKWARD = "closed_at_end_of_backward"
+# Rows the analysis cannot use, found before pairing (analysis/validate.py).
+INVALID_ROW = "invalid_row"
+TIME_REVERSED = "time_reversed"
+SEQ_GAP = "seq_gap"
 ISSUE_KINDS: dict[str, str] = {
     NO_ENTER: "error",
     UNCLOSED: "error",
@@ -55,8 +59,12 @@ ISSUE_KINDS: dict[str, str] = {
     ERROR_EXIT: "info",
     EARLY_STOP: "info",
     CLOSED_AT_END_OF_BACKWARD: "info",
+    INVALID_ROW: "error",
+    TIME_REVERSED: "warning",
+    SEQ_GAP: "warning",
 }
-# Kinds found by walking a stack; the others come from an exit's status.
+VALIDATION_ISSUE_KINDS: tuple[str, ...] = (INVALID_ROW, TIME_REVERSED, SEQ_GAP)
+# Kinds found by walking a stack; the others (but the validation kinds) come from an exit's status.
 STRUCTURAL_ISSUE_KINDS: tuple[str, ...] = (NO_ENTER, UNCLOSED, CROSSED, REENTERED, DUPLICATE_ENTER, DUPLICATE_EXIT)
 SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
 

@@ -21,6 +21,7 @@ LAYERS: dict[str, str] = {
     "modtrace.codes": "base",
     "modtrace.contracts": "base",
     "modtrace.errors": "base",
+    "modtrace.masking": "base",  # secrets masked in run rows: the recorder writes, the store shows
     "modtrace.step_rules": "base",  # pure rules over code names, shared by recorder, analysis, renderers, CLI
     "modtrace.tracker": "tracker",
     "modtrace.device_clock": "tracker",
@@ -32,6 +33,7 @@ LAYERS: dict[str, str] = {
     "modtrace.renderers": "renderers",
     "modtrace.materialize": "join",
     "modtrace.api": "api",
+    "modtrace.forking": "recorder",
     "modtrace.naming": "recorder",
     "modtrace.progress": "recorder",
     "modtrace.recorder": "recorder",

@@ -23,6 +23,9 @@ Kinds (``modtrace.contracts.ISSUE_KINDS``, with their severity):
 - ``closed_at_end_of_backward`` info: no hook signalled the backward exit
   (the module's inputs need no grad); closed when the graph task ended.
 
+Rows analysis cannot use (``invalid_row``, ``time_reversed``, ``seq_gap``)
+are found before this step, by ``modtrace.analysis.validate``.
+
 A healthy record has no error or warning issue.
 """
 
