@@ -87,8 +87,9 @@ class NodeHook:
                     continue  # its outputs never got a gradient: it had no backward
             if call.closed:
                 continue
-            call.exits_seen += 1
-            if call.exits_seen < call.n_exit:
+            seen = call.exits_seen + 1
+            if seen < call.n_exit:
+                call.exits_seen = seen
                 continue
             call.closed = True
             while open_calls:
@@ -160,11 +161,12 @@ class BackwardHooks:
     def _hook(self, node: Any, t: torch.Tensor) -> NodeHook:
         hook: NodeHook | None = node.metadata.get(self._meta_key)
         if hook is None:
-            hook = self._new_hook(node, t)
+            hook = self._new_hook(node, t, t.grad_fn is None)
         return hook
 
-    def _new_hook(self, node: Any, t: torch.Tensor) -> NodeHook:
-        leaf = t.grad_fn is None
+    def _new_hook(self, node: Any, t: torch.Tensor, leaf: bool) -> NodeHook:
+        """Hang a new hook on ``node``, made by ``t`` (``leaf``: ``node`` is the
+        AccumulateGrad node of ``t``, a leaf tensor)."""
         hook = NodeHook(self, leaf)
         node.metadata[self._meta_key] = hook
         handle = node.register_prehook(hook)

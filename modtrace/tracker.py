@@ -245,9 +245,12 @@ class Tracker(BackwardHooks, RecomputeLinks):
                         grad_inputs = [grad_inputs, a]
         if dev is None:
             dev = self._module_device(mod)
-        device_id = self._devices.get(dev) if dev is not None else None
-        if device_id is None and dev is not None:
-            device_id = self._device(dev)
+        if dev is not None:
+            device_id = self._devices.get(dev)
+            if device_id is None:
+                device_id = self._device(dev)
+        else:
+            device_id = None
         stack = st.stack
         root = False
         parent = stack[-1] if stack else None
@@ -256,32 +259,36 @@ class Tracker(BackwardHooks, RecomputeLinks):
             # disabled, or a graph break): the wrapper's call is this call.
             stack.append(Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, task, st.tid))
             return
+        tid = st.tid
         if task == -1:
             phase = _FORWARD
-            if parent is None and self.step != self._pruned_step:
-                self._prune_recent()
             call_id = next(self._call_ids)
-            info.recent.append(call_id)
-            info.recent_parents.append(parent.call_id if parent is not None else 0)
-            self._recent_order.append(info)
             if parent is None:
+                if self.step != self._pruned_step:
+                    self._prune_recent()
+                info.recent_parents.append(0)
+                frame = Call(mod, info, None, call_id, device_id, phase, -1, tid)
+                self._live_roots.add(frame)
                 root = st.main and self._note_roots
+            else:
+                info.recent_parents.append(parent.call_id)
+                frame = Call(mod, info, parent, call_id, device_id, phase, -1, tid)
+            info.recent.append(call_id)
+            self._recent_order.append(info)
+            task_col = None
         else:
             phase = _RECOMPUTE
             call_id = self._link_recompute(info, stack, task)
-        module_id = info.module_id
-        frame = Call(mod, info, parent, call_id, device_id, phase, task, st.tid)
-        if parent is None and task == -1:
-            self._live_roots.add(frame)
+            frame = Call(mod, info, parent, call_id, device_id, phase, task, tid)
+            task_col = task
         if grad_inputs is not None and _grad_enabled():
             frame.exit_nodes = grad_inputs
         stack.append(frame)
         seq = next(self._seq)
         if root:
             self._root(seq, call_id, mod, args)
-        self._append((seq, self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step, st.tid,
-                      device_id, self._stream(device_id) if self._cuda_devices else None, _OK,
-                      None if task == -1 else task, 0))
+        self._append((seq, self._clock() - self.t0, _ENTER, info.module_id, phase, call_id, self.step, tid,
+                      device_id, self._stream(device_id) if self._cuda_devices else None, _OK, task_col, 0))
 
     def _root(self, seq: int, call_id: int, mod: nn.Module, args: tuple[Any, ...]) -> None:
         """Note a root call (outermost on the main thread) and its input shape.
@@ -336,12 +343,13 @@ class Tracker(BackwardHooks, RecomputeLinks):
             if type(exit_nodes) is not list:
                 t = exit_nodes
                 node = t.grad_fn
-                if node is None:
+                leaf = node is None
+                if leaf:
                     node = _leaf_node(t)
                 if node is not None:
                     hook = node.metadata.get(key)
                     if hook is None:
-                        hook = self._new_hook(node, t)
+                        hook = self._new_hook(node, t, leaf)
                     hook.exits.append(frame)
                     frame.n_exit = 1
             else:
@@ -351,7 +359,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
             if node is not None:
                 hook = node.metadata.get(key)  # type: ignore[attr-defined]
                 if hook is None:
-                    hook = self._new_hook(node, output)
+                    hook = self._new_hook(node, output, False)
                 hook.enters.append(frame)
         else:
             outs = _grad_tensors(output)
