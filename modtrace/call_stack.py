@@ -33,11 +33,11 @@ _CLOSED_AT_END = int(Status.CLOSED_AT_END_OF_BACKWARD)
 class Call:
     """One module call (see the module docstring)."""
 
-    __slots__ = ("module", "module_id", "depth", "parent", "call_id", "device_id", "phase", "task", "tid",
+    __slots__ = ("module", "module_id", "depth", "parent", "call_id", "device_id", "phase", "task",
                  "exit_nodes", "bw_task", "exits_seen", "n_exit", "closed", "failed", "__weakref__")
 
     def __init__(self, module: nn.Module, info: ModuleInfo, parent: Call | None, call_id: int,
-                 device_id: int | None, phase: int, task: int, tid: int) -> None:
+                 device_id: int | None, phase: int, task: int | None) -> None:
         self.module: nn.Module | None = module  # dropped once the forward returns
         self.module_id = info.module_id
         self.depth = info.depth
@@ -46,8 +46,7 @@ class Call:
         self.call_id = call_id
         self.device_id = device_id
         self.phase = phase
-        self.task = task  # graph task of a recompute, -1 in forward
-        self.tid = tid
+        self.task = task  # graph task of a recompute, None in forward: the rows' task column
         # inputs needing grad, until the forward returns: one tensor, or a list of them
         self.exit_nodes: Any = None
         self.bw_task = -1  # graph task in which the backward was entered

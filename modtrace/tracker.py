@@ -257,7 +257,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
         if parent is not None and parent.module_id == info.module_id and getattr(parent.module, "_orig_mod", None) is mod:
             # torch.compile's wrapper running its module eagerly (compilation
             # disabled, or a graph break): the wrapper's call is this call.
-            stack.append(Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, task, st.tid))
+            stack.append(Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, None if task == -1 else task))
             return
         tid = st.tid
         if task == -1:
@@ -267,19 +267,19 @@ class Tracker(BackwardHooks, RecomputeLinks):
                 if self.step != self._pruned_step:
                     self._prune_recent()
                 info.recent_parents.append(0)
-                frame = Call(mod, info, None, call_id, device_id, phase, -1, tid)
+                frame = Call(mod, info, None, call_id, device_id, phase, None)
                 self._live_roots.add(frame)
                 root = st.main and self._note_roots
             else:
                 info.recent_parents.append(parent.call_id)
-                frame = Call(mod, info, parent, call_id, device_id, phase, -1, tid)
+                frame = Call(mod, info, parent, call_id, device_id, phase, None)
             info.recent.append(call_id)
             self._recent_order.append(info)
             task_col = None
         else:
             phase = _RECOMPUTE
             call_id = self._link_recompute(info, stack, task)
-            frame = Call(mod, info, parent, call_id, device_id, phase, task, tid)
+            frame = Call(mod, info, parent, call_id, device_id, phase, task)
             task_col = task
         if grad_inputs is not None and _grad_enabled():
             frame.exit_nodes = grad_inputs
@@ -324,10 +324,9 @@ class Tracker(BackwardHooks, RecomputeLinks):
         if frame.phase == _SILENT:
             return
         device_id = frame.device_id
-        task = frame.task
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, device_id, self._stream(device_id) if self._cuda_devices else None, _OK,
-                      None if task == -1 else task, 0))
+                      frame.task, 0))
         exit_nodes = frame.exit_nodes
         frame.exit_nodes = None
         if not _grad_enabled():
@@ -421,7 +420,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
             return
         stream = self._stream(frame.device_id) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
-                      self.step, st.tid, frame.device_id, stream, status, None if frame.task == -1 else frame.task, 0))
+                      self.step, st.tid, frame.device_id, stream, status, frame.task, 0))
 
     def close_open_forward(self, status: int = _ERROR) -> int:
         """Close this thread's forward calls left open (an exception no hook saw)."""
