@@ -7,6 +7,8 @@ and exits with its ``exit_code`` (2 for usage errors, 1 for failures).
 
 from __future__ import annotations
 
+from modtrace.masking import mask
+
 
 class ModtraceError(Exception):
     """A failure to report as one line, without a traceback."""
@@ -30,6 +32,6 @@ class RunNotFound(UsageError):
 
 def one_line(exc: BaseException) -> str:
     """The first line of an exception's message (a database error's own
-    message, not SQLAlchemy's wrapping), or its type's name."""
+    message, not SQLAlchemy's wrapping), or its type's name; secrets masked."""
     text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return mask(text.splitlines()[0]) if text else type(exc).__name__

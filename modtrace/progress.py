@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from modtrace.masking import mask
+
 CLEAR_LINE = "\r\x1b[K"
 
 
@@ -38,7 +40,7 @@ class ProgressLine:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream = stream
-        self.label = label
+        self.label = mask(label)
         self.read = read
         self.interval = interval
         self.clock = clock

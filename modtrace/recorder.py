@@ -33,14 +33,16 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from modtrace import forking
 from modtrace._version import __version__
 from modtrace.codes import Status
 from modtrace.errors import StoreError, UsageError, one_line
+from modtrace.masking import mask
 from modtrace.naming import default_run_name, shared_run_name
 from modtrace.step_rules import STEP_RULES
 from modtrace.store.engine import Store, open_store
+from modtrace.store.retry import ResumingWriter, call_retrying, is_transient, retry_seconds
 from modtrace.store.runs import _pid_alive, add_rank, create_run, finish_rank
-from modtrace.store.writer import RankWriter
 from modtrace.store.writer_process import WriterProcess, WriterProcessError
 from modtrace.tracker import Tracker
 
@@ -57,6 +59,10 @@ EAGER_BATCH = 4096
 # and up to flush_every events.
 WRITER_START_WAIT_S = 5.0
 WRITERS = ("auto", "process", "thread", "inline")
+# While the database is unreachable events wait in memory; beyond this many
+# (about 250 bytes each), whole steps are dropped at step boundaries and the
+# run says which (run_ranks.dropped_steps).
+MAX_BUFFERED_EVENTS = 1_000_000
 
 
 class Terminated(BaseException):
@@ -118,6 +124,11 @@ class Recorder:
     ``generate()`` makes one per token), ``"optimizer"``, ``"root"`` or
     ``"manual"`` (``rec.step()`` only).  Root calls are always recorded, so
     ``modtrace tree``, ``diff`` and ``report`` can choose again later.
+
+    A write failing on a transient database fault is retried on a new
+    connection for up to ``retry_s`` seconds (default ``MODTRACE_RETRY_S`` or
+    120) while the program goes on; past ``max_buffered`` waiting events,
+    whole steps are dropped and the run records which (``store.retry``).
     """
 
     def __init__(
@@ -137,6 +148,8 @@ class Recorder:
         handle_sigterm: bool = True,
         writer: str | None = None,
         step_on: str = "auto",
+        retry_s: float | None = None,
+        max_buffered: int = MAX_BUFFERED_EVENTS,
     ) -> None:
         if step_on not in STEP_RULES:
             raise ValueError(f"step_on must be one of {', '.join(STEP_RULES)}, not {step_on!r}")
@@ -154,7 +167,7 @@ class Recorder:
         self.db = db
         self.run_name = run or recorder_run_name(self.world_size)
         self.tags = dict(tags or {})
-        self.command = command if command is not None else shlex.join([sys.executable, *sys.argv])
+        self.command = mask(command if command is not None else shlex.join([sys.executable, *sys.argv]))
         self.join = (self.world_size > 1) if join is None else join
         self.flush_every = flush_every
         self.analyze = analyze
@@ -162,6 +175,8 @@ class Recorder:
         self.handle_sigterm = handle_sigterm
         self.writer_mode = writer
         self.step_on = step_on
+        self.retry_s = retry_seconds(retry_s)
+        self.max_buffered = max_buffered
         self.run_id: int = 0
         self.status: str | None = None
         self._clock = clock
@@ -172,7 +187,7 @@ class Recorder:
         self._last_handoff = 0.0
         self._written = 0
         self._store: Store | None = None
-        self._writer: RankWriter | None = None
+        self._writer: ResumingWriter | None = None
         self._proc: WriterProcess | None = None
         self._tracker: Tracker | None = None
         self._take_lock = threading.Lock()  # taking from the buffers (short)
@@ -181,7 +196,12 @@ class Recorder:
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flush_error: StoreError | None = None
-        self._dropped = 0
+        self._dropped = 0  # events after recording stopped
+        self._shed = 0  # events dropped over the memory bound while writes wait
+        self._shed_steps: set[int] = set()
+        self._last_taken_step: int | None = None
+        self._forks: forking.ForkCounter | None = None
+        self._forked_child = False  # this is a child forked while recording (see modtrace.forking)
         self._started = 0.0
         self._prev_sigterm: Any = None
         self._atexit_registered = False
@@ -218,12 +238,16 @@ class Recorder:
     def step(self) -> None:
         """Mark a step boundary: later events carry the next step number."""
         tracker = self._tracker
-        if tracker is None:
+        if tracker is None or self._forked_child:
             return
         tracker.step += 1
+        if self._taken - self._written + len(self._buf) > self.max_buffered:
+            self._shed_step()
         if self.writer_mode == "inline" and self._flush_error is None and self._writer is not None:
             try:
-                self._flush(take=True)
+                # One try, never waiting: while the flusher thread retries a
+                # fault, the events wait in the buffer.
+                self._flush(take=True, retry=False, wait=False)
             except StoreError as exc:
                 self._write_failed(exc)
             return
@@ -277,13 +301,15 @@ class Recorder:
             raise
         self._store = store
         self._take_reserve()
-        self._writer = RankWriter(store, self.run_id, self.rank)
+        self._writer = ResumingWriter(store, self.run_id, self.rank, self.retry_s)
         if self.writer_mode in ("auto", "process"):
             try:
-                self._proc = WriterProcess(store, self.run_id, self.rank)
+                self._proc = WriterProcess(store, self.run_id, self.rank, self.retry_s)
             except Exception:  # no usable interpreter to start: write from this process
                 self._proc = None
         self._tracker = tracker
+        self._forks = forking.ForkCounter()
+        forking.watch(self, self._in_forked_child)
         self._started = time.monotonic()
         self._flusher = threading.Thread(target=self._flush_loop, name="modtrace-flush", daemon=True)
         self._flusher.start()
@@ -293,8 +319,9 @@ class Recorder:
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         """Stop recording, write what is buffered and mark the run ``status``."""
         tracker = self._tracker
-        if tracker is None or self.status is not None:
+        if tracker is None or self.status is not None or self._forked_child:
             return
+        forking.unwatch(self)
         tracker.stop()
         if status != "completed":
             tracker.close_open_forward(int(Status.ERROR))
@@ -318,8 +345,13 @@ class Recorder:
         if self._flush_error is not None:
             self._release_reserve()  # room for the status update on a full disk
             _checkpoint(self._store)
+        store = self._store
+        faults = {"dropped_events": self._shed, "dropped_steps": _ranges(self._shed_steps),
+                  "fork_calls": self._forks.total() if self._forks is not None else 0}
         try:
-            finish_rank(self._store, self.run_id, self.rank, status, error)
+            call_retrying(lambda: finish_rank(store, self.run_id, self.rank, status, error, faults),
+                          0.0 if self._flush_error is not None else self.retry_s)
+            self._report_faults()
             if self.analyze and self._flush_error is None:
                 self._materialize()
         except Exception as exc:  # e.g. the disk is still full: what was written stays readable
@@ -364,10 +396,68 @@ class Recorder:
         self._flush_error = exc
         if self._tracker is not None:
             self._tracker._append = self._drop  # later events are counted, not kept
-        print(f"modtrace: error: {exc}; recording stopped (run {self.run_name!r} will be marked failed)", file=sys.stderr)
+        print(mask(f"modtrace: error: {exc}; recording stopped (run {self.run_name!r} will be marked failed)"), file=sys.stderr)
 
     def _drop(self, event: tuple[Any, ...]) -> None:
         self._dropped += 1
+
+    def _shed_step(self) -> None:
+        """Over the memory bound while writes wait: the buffered steps go."""
+        with self._take_lock:
+            buf = self._buf
+            n = len(buf)
+            start = 0  # a step partly taken already stays whole: its rest is kept
+            while start < n and buf[start][6] == self._last_taken_step:
+                start += 1
+            steps = {event[6] for event in buf[start:n]}
+            del buf[start:n]
+            n -= start
+        self._shed += n
+        self._shed_steps |= steps
+
+    def _report_faults(self) -> None:
+        """One line on stderr when the recording met faults it got past."""
+        assert self._store is not None
+        with self._store.engine.connect() as conn:
+            reconnects = conn.exec_driver_sql(
+                f"SELECT reconnects FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}").scalar()
+        parts = []
+        if reconnects:
+            parts.append(f"resumed after {reconnects} lost connection(s) or lock timeout(s), nothing lost")
+        if self._shed:
+            parts.append(f"{self._shed:,} event(s) of step(s) {_ranges(self._shed_steps)} dropped while the database "
+                         f"was unreachable (more than {self.max_buffered:,} waited)")
+        if parts:
+            print(mask(f"modtrace: warning: run {self.run_name!r}: " + "; ".join(parts)), file=sys.stderr)
+        forked = self._forks.total() if self._forks is not None else 0
+        if forked:
+            print(mask(f"modtrace: note: run {self.run_name!r}: {forked:,} module call(s) ran in forked child "
+                       "processes (e.g. DataLoader workers) and were not recorded"), file=sys.stderr)
+
+    def _in_forked_child(self) -> None:
+        """In a child forked while recording, right after the fork: let go of
+        the parent's hooks, pipes and connection without a word to them;
+        count the child's module calls instead (see modtrace.forking)."""
+        self._forked_child = True
+        if self._tracker is not None:
+            self._tracker.stop()
+        if self._forks is not None:
+            self._forks.count_calls_here()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.forget()
+        if self._writer is not None:
+            self._writer.forget()
+        if self._store is not None:
+            self._store.engine.dispose(close=False)
+        if self._atexit_registered:
+            atexit.unregister(self._atexit)
+            self._atexit_registered = False
+        if self._prev_sigterm is not None:
+            try:
+                signal.signal(signal.SIGTERM, self._prev_sigterm)
+            except ValueError:  # forked from a thread other than the main one
+                pass
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -390,12 +480,16 @@ class Recorder:
         """Write buffered events and names now; returns the number of events written."""
         return self._flush(take=True)
 
-    def _flush(self, take: bool) -> int:
+    def _flush(self, take: bool, retry: bool = True, wait: bool = True) -> int:
         """Write the pending batches, after taking the buffer into one
-        (``take``), and wait until all are written."""
-        if self._tracker is None or self._writer is None:
+        (``take``), and wait until all are written.  ``retry=False``: a
+        transient fault leaves them pending for the flusher thread to resume;
+        ``wait=False``: nothing happens while another thread writes."""
+        if self._tracker is None or self._writer is None or self._forked_child:
             return 0
-        with self._flush_lock:
+        if not self._flush_lock.acquire(blocking=wait):
+            return 0
+        try:
             if self._flush_error is not None:
                 return 0  # recording stopped at a failed write
             if take:
@@ -416,12 +510,17 @@ class Recorder:
             while self._pending:  # no writer process, or it is gone
                 batch = self._pending[0]
                 try:
-                    writer.write(batch.events, batch.modules, batch.threads, batch.devices, progress=batch.progress,
-                                 roots=batch.roots)
+                    writer.write(batch.events, batch.modules, batch.threads, batch.devices, batch.progress,
+                                 roots=batch.roots, retry=retry)
                 except Exception as exc:  # the batch stays pending for another try
+                    if not retry and is_transient(exc) and not writer.expired:
+                        self._wake.set()  # the flusher thread resumes it
+                        break
                     raise StoreError(f"writing events to {writer.store.label} failed: {one_line(exc)}") from exc
                 self._pending.popleft()
                 self._written += len(batch.events)
+        finally:
+            self._flush_lock.release()
         return self._written - before
 
     def _take(self, pack: WriterProcess | None = None) -> None:
@@ -441,6 +540,7 @@ class Recorder:
         if pack is not None:
             batch.frame = self._frame(pack, batch)
         self._taken += n
+        self._last_taken_step = events[-1][6]
         self._pending.append(batch)
 
     @staticmethod
@@ -615,6 +715,17 @@ def _checkpoint(store: Store) -> None:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
     except Exception:
         pass
+
+
+def _ranges(steps: set[int]) -> str | None:
+    """Step numbers as ranges: {1, 2, 3, 7} -> '1-3,7'; None when empty."""
+    out: list[str] = []
+    for step in sorted(steps):
+        if out and int(out[-1].rsplit("-", 1)[-1]) == step - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{step}"
+        else:
+            out.append(str(step))
+    return ",".join(out) or None
 
 
 def _drain(rows: list[Any]) -> list[Any]:

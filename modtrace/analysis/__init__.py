@@ -22,6 +22,7 @@ from modtrace.analysis.events import normalize_events
 from modtrace.analysis.materialize import materialize
 from modtrace.analysis.nesting import ISSUE_COLUMNS, collect_issues
 from modtrace.analysis.spans import SPAN_COLUMNS, build_spans, pair_events, rebuild_spans
+from modtrace.analysis.validate import validate
 
 __all__ = [
     "ISSUE_COLUMNS",
@@ -44,15 +45,23 @@ def analyze_events(
     events: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame, *, complete: bool = True
 ) -> Analysis:
     """Event, module and device frames -> spans and nesting issues, sharing one pairing."""
+    events, invalid = validate(events, modules)
     ev = normalize_events(events, modules)
     pairing = pair_events(ev)
-    issues = collect_issues(ev, pairing, modules, complete=complete)
+    issues = _with(invalid, collect_issues(ev, pairing, modules, complete=complete))
     del ev  # the spans need only the pairs: free the normalised rows first
     return Analysis(spans=build_spans(pairing.pairs, modules, devices, pairing.child_ns), issues=issues)
 
 
 def check_nesting(events: pl.DataFrame, modules: pl.DataFrame, *, complete: bool = True) -> pl.DataFrame:
     """Event and module frames -> nesting issues frame."""
+    events, invalid = validate(events, modules)
     ev = normalize_events(events, modules)
-    return collect_issues(ev, pair_events(ev), modules, complete=complete)
+    return _with(invalid, collect_issues(ev, pair_events(ev), modules, complete=complete))
+
+
+def _with(invalid: pl.DataFrame, issues: pl.DataFrame) -> pl.DataFrame:
+    if not invalid.height:
+        return issues
+    return pl.concat([invalid, issues]).sort("rank", "seq", "kind")
 

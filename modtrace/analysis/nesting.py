@@ -23,6 +23,9 @@ Kinds (``KINDS``, with their severity):
 - ``closed_at_end_of_backward`` info: no hook signalled the backward exit
   (the module's inputs need no grad); closed when the graph task ended.
 
+Rows analysis cannot use (``invalid_row``, ``time_reversed``, ``seq_gap``)
+are found before this step, by ``modtrace.analysis.validate``.
+
 A healthy record has no error or warning issue.
 """
 
@@ -62,6 +65,9 @@ KINDS: dict[str, str] = {
     "error_exit": "info",
     "early_stop": "info",
     "closed_at_end_of_backward": "info",
+    "invalid_row": "error",  # these three: modtrace.analysis.validate
+    "time_reversed": "warning",
+    "seq_gap": "warning",
 }
 SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
 

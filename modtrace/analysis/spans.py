@@ -390,6 +390,8 @@ def build_spans(
 
 
 def rebuild_spans(events: pl.DataFrame, modules: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
-    """Event frame (with its module and device frames) -> spans frame."""
-    pairing = pair_events(normalize_events(events, modules))
+    """Event frame (with its module and device frames) -> spans frame (of its valid rows)."""
+    from modtrace.analysis.validate import validate
+
+    pairing = pair_events(normalize_events(validate(events, modules)[0], modules))
     return build_spans(pairing.pairs, modules, devices, pairing.child_ns)

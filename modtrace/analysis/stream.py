@@ -41,6 +41,7 @@ import polars as pl
 from modtrace.analysis.events import EVENT_SCHEMA, conform, empty_events, normalize_events
 from modtrace.analysis.nesting import ISSUE_COLUMNS, collect_issues, empty_issues
 from modtrace.analysis.spans import SPAN_ROW_COLUMNS, SPAN_ROW_SCHEMA, pair_events, time_spans
+from modtrace.analysis.validate import validate
 
 if TYPE_CHECKING:
     from modtrace.store.engine import Store
@@ -151,11 +152,14 @@ def analyze_rounds(
         chunk = following
         if now.height == 0:
             continue
+        now, invalid = validate(now, modules)  # checked per round: a gap or reversal across rounds goes unseen
         rows = pl.concat([carry, now], rechunk=True)
         ev = normalize_events(rows, modules)
         pairing = pair_events(ev)
         spans = time_spans(pairing.pairs)
         issues = collect_issues(ev, pairing, modules, complete=complete if final else True)
+        if invalid.height:
+            issues = pl.concat([invalid, issues]).sort("rank", "seq", "kind")
         # Children written in earlier rounds count against their (carried) parent's self time.
         if child_ns.height:
             spans = (

@@ -9,6 +9,7 @@ from typing import NoReturn
 import click
 
 from modtrace.errors import ModtraceError
+from modtrace.masking import mask
 
 
 def _debug_requested(argv: list[str]) -> bool:
@@ -33,12 +34,12 @@ def run_main(group: click.Group, argv: list[str]) -> NoReturn:
     except click.ClickException as exc:
         # UsageError and BadParameter: click's own message, on one line.
         msg = exc.format_message().replace("\n", " ")
-        click.echo(f"modtrace: error: {msg}", err=True)
+        click.echo(mask(f"modtrace: error: {msg}"), err=True)
         sys.exit(exc.exit_code)
     except ModtraceError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"modtrace: error: {exc}", err=True)
+        click.echo(mask(f"modtrace: error: {exc}"), err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("modtrace: interrupted", err=True)
@@ -49,6 +50,6 @@ def run_main(group: click.Group, argv: list[str]) -> NoReturn:
         if debug:
             traceback.print_exc()
         else:
-            click.echo(f"modtrace: error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", err=True)
+            click.echo(mask(f"modtrace: error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)"), err=True)
         sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)

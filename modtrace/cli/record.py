@@ -263,8 +263,10 @@ def _summary(rec: Any, outcome: Any) -> None:
     state = outcome.status if not outcome.error else f"{outcome.status} ({outcome.error})"
     if rec.status == "failed" and outcome.status != "failed":  # the recording failed (a write error), not the target
         state = "failed (recording stopped by a write error; the program itself " + state + ")"
-    click.echo(
+    from modtrace.masking import mask
+
+    click.echo(mask(
         f"modtrace: {who}run {rec.run_name!r} (id {rec.run_id}) {state}: "
-        f"{rec.events_recorded:,} events, {rec.step_count:,} steps",
+        f"{rec.events_recorded:,} events, {rec.step_count:,} steps"),
         err=True,
     )

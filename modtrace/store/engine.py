@@ -27,7 +27,15 @@ from modtrace.store.schema import HEAD, REVISIONS, VERSION_TABLE
 
 DEFAULT_DB = "modtrace.db"
 SQLITE_MAGIC = b"SQLite format 3\x00"
-BUSY_TIMEOUT_MS = 60_000
+BUSY_TIMEOUT_MS = 60_000  # MODTRACE_BUSY_TIMEOUT_MS overrides it (a writer retries past it, see store.retry)
+
+
+def busy_timeout_ms() -> int:
+    raw = os.environ.get("MODTRACE_BUSY_TIMEOUT_MS")
+    try:
+        return max(0, int(raw)) if raw else BUSY_TIMEOUT_MS
+    except ValueError:
+        raise UsageError(f"MODTRACE_BUSY_TIMEOUT_MS must be a whole number of milliseconds, not {raw!r}") from None
 
 
 def resolve_db(db: str | None) -> str:
@@ -72,13 +80,14 @@ def _sqlite_engine(path: Path, *, readonly: bool = False, immutable: bool = Fals
     else:
         url = f"sqlite:///{path}"
     engine = create_engine(url, poolclass=NullPool)
+    busy_ms = busy_timeout_ms()
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Per-connection settings only: nothing here writes to the file, so
         # opening a database we then refuse leaves it untouched.
         cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
         cur.execute("PRAGMA foreign_keys = ON")
         cur.execute("PRAGMA synchronous = NORMAL")
         if readonly:

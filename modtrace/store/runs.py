@@ -23,6 +23,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from modtrace.errors import RunNotFound, StoreError, UsageError
+from modtrace.masking import mask, mask_value
 from modtrace.store.engine import Store
 from modtrace.store.schema import run_ranks, runs
 
@@ -53,7 +54,8 @@ def create_run(store: Store, name: str, meta: Mapping[str, Any], *, join: bool =
     With ``join`` an existing run of that name is reused (ranks of one
     distributed launch share a run); otherwise a taken name is an error.
     """
-    values = dict(meta)
+    # Stored metadata never holds a secret (a --db URL's password in the command line, ...).
+    values: dict[str, Any] = {k: mask_value(v) for k, v in meta.items()}
     values["name"] = name
     values.setdefault("status", "running")
     values.setdefault("started_at", utcnow_iso())
@@ -106,8 +108,11 @@ def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int,
         )
 
 
-def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | None = None) -> None:
-    """Mark this rank ended; the run takes the worst status of its ranks once all have ended."""
+def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | None = None,
+                faults: Mapping[str, Any] | None = None) -> None:
+    """Mark this rank ended; the run takes the worst status of its ranks once
+    all have ended.  ``faults``: run_ranks columns the recorder counted
+    (dropped_events, dropped_steps, fork_calls)."""
     now = utcnow_iso()
     with store.engine.begin() as conn:
         # Ranks ending at the same moment must not each miss the other's end
@@ -119,13 +124,13 @@ def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | 
         conn.execute(
             update(run_ranks)
             .where(run_ranks.c.run_id == run_id, run_ranks.c.rank == rank)
-            .values(status=status, ended_at=now)
+            .values(status=status, ended_at=now, **dict(faults or {}))
         )
         statuses = [r[0] for r in conn.execute(select(run_ranks.c.status).where(run_ranks.c.run_id == run_id))]
         world = conn.execute(select(runs.c.world_size).where(runs.c.id == run_id)).scalar() or 1
         values: dict[str, Any] = {}
         if error:
-            values["error"] = error
+            values["error"] = mask(error)
         if "running" not in statuses and len(statuses) >= world:
             for worst in ("failed", "interrupted", "completed"):
                 if worst in statuses:
@@ -236,7 +241,7 @@ def list_runs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
         start, end = parse_iso(row["started_at"]), parse_iso(row["ended_at"])
         row["duration_s"] = (end - start).total_seconds() if start and end else None
         row["tags"] = json.loads(row["tags"] or "{}")
-    return rows
+    return [_masked(row) for row in rows]
 
 
 def run_details(store: Store, run_id: int) -> dict[str, Any]:
@@ -250,7 +255,8 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
         info = dict(row._mapping)
         rank_rows = conn.execute(
             select(run_ranks.c.rank, run_ranks.c.hostname, run_ranks.c.pid, run_ranks.c.status,
-                   run_ranks.c.event_count, run_ranks.c.step_count)
+                   run_ranks.c.event_count, run_ranks.c.step_count, run_ranks.c.reconnects,
+                   run_ranks.c.dropped_events, run_ranks.c.dropped_steps, run_ranks.c.fork_calls)
             .where(run_ranks.c.run_id == run_id)
             .order_by(run_ranks.c.rank)
         ).all()
@@ -265,8 +271,22 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
     info["steps"] = max((int(r[5]) for r in rank_rows), default=0)
     info["ranks"] = len(rank_rows)
     info["modules"] = int(n_modules)
+    # Faults the recording got past, and what it could not record.
+    info["reconnects"] = sum(int(r[6]) for r in rank_rows)
+    info["dropped_events"] = sum(int(r[7]) for r in rank_rows)
+    info["dropped_steps"] = "; ".join(f"rank {r[0]}: {r[8]}" for r in rank_rows if r[8]) or None
+    info["fork_calls"] = sum(int(r[9]) for r in rank_rows)
     info["rank_details"] = [
-        {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5]}
+        {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5],
+         "reconnects": r[6], "dropped_events": r[7], "dropped_steps": r[8], "fork_calls": r[9]}
         for r in rank_rows
     ]
-    return info
+    return _masked(info)
+
+
+def _masked(row: dict[str, Any]) -> dict[str, Any]:
+    """A run row as shown: no secret, even from a database recorded before masking."""
+    return {k: mask_value(v) if k in _TEXT_FIELDS else v for k, v in row.items()}
+
+
+_TEXT_FIELDS = frozenset({"command", "cwd", "error", "tags", "name", "hostname", "git_commit"})

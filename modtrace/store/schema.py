@@ -32,7 +32,7 @@ from sqlalchemy import (
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -78,6 +78,10 @@ run_ranks = Table(
     Column("wall_anchor_ns", BigInteger, nullable=False, comment="Wall-clock time (ns since the Unix epoch) at ts_ns = 0 of this rank; aligns ranks."),
     Column("event_count", BigInteger, nullable=False, server_default="0", comment="Events written so far by this rank."),
     Column("step_count", Integer, nullable=False, server_default="0", comment="Steps completed so far by this rank."),
+    Column("reconnects", Integer, nullable=False, server_default="0", comment="Times this rank's writer lost its database connection (or found the database locked past the busy timeout) and resumed on a new one."),
+    Column("dropped_events", BigInteger, nullable=False, server_default="0", comment="Events not stored because the database stayed unreachable while more than the recorder's memory bound waited (whole steps are dropped)."),
+    Column("dropped_steps", Text, nullable=True, comment="The steps whose events were dropped, as ranges (e.g. '31-35,40'); NULL when none."),
+    Column("fork_calls", BigInteger, nullable=False, server_default="0", comment="Module calls made in child processes forked during the recording (e.g. DataLoader workers); not recorded."),
     PrimaryKeyConstraint("run_id", "rank", name="pk_run_ranks"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_run_ranks_run"),
     CheckConstraint("status IN ('running', 'completed', 'failed', 'interrupted')", name="ck_run_ranks_status"),
@@ -196,10 +200,10 @@ nesting_issues = Table(
     Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
     Column("rank", Integer, nullable=False, comment="Rank whose events show the issue."),
     Column("seq", BigInteger, nullable=False, comment="seq of the event the issue is about."),
-    Column("kind", String(32), nullable=False, comment="no_enter | unclosed | crossed | reentered | duplicate_enter | duplicate_exit | error_exit | early_stop | closed_at_end_of_backward."),
+    Column("kind", String(32), nullable=False, comment="no_enter | unclosed | crossed | reentered | duplicate_enter | duplicate_exit | error_exit | early_stop | closed_at_end_of_backward | invalid_row | time_reversed | seq_gap."),
     Column("severity", String(8), nullable=False, comment="error | warning | info. A healthy record has no error or warning."),
     Column("fqn", Text, nullable=True, comment="Fully qualified name of the module of that event."),
-    Column("phase", String(16), nullable=False, comment="forward | backward | recompute."),
+    Column("phase", String(16), nullable=True, comment="forward | backward | recompute; NULL for an invalid_row whose phase code is unknown."),
     Column("call_id", BigInteger, nullable=False, comment="events.call_id of that event."),
     Column("step", Integer, nullable=True, comment="Step of that event."),
     Column("thread_id", Integer, nullable=True, comment="threads.thread_id of that event."),

@@ -37,6 +37,9 @@ ROOT_COLUMNS: tuple[str, ...] = ("seq", "call_id", "kind")
 # that SQLite builds before 3.32 allow.
 ROWS_PER_STATEMENT = 64
 
+# Connections inherited by a forked child, kept referenced so the child never closes them.
+_forked_away: list[Any] = []
+
 
 def _insert_sql(table: str, columns: Sequence[str], run_id: int, rank: int, paramstyle: str, rows: int = 1) -> str:
     # run_id and rank are integers we own; inlining them lets the hot path's
@@ -74,9 +77,11 @@ class RankWriter:
         devices: Sequence[tuple[Any, ...]] = (),
         progress: tuple[int, int] | None = None,
         roots: Sequence[tuple[Any, ...]] = (),
+        reconnects: int = 0,
     ) -> None:
         """Write one batch in one transaction; ``progress`` is (event_count, step_count),
-        ``roots`` the batch's root calls (``ROOT_COLUMNS``).
+        ``roots`` the batch's root calls (``ROOT_COLUMNS``), ``reconnects`` is
+        added to the rank's count.
 
         On failure nothing of the batch is kept and the connection is dropped
         (the next write opens a new one)."""
@@ -96,9 +101,45 @@ class RankWriter:
                         f" WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}",
                         (int(progress[0]), int(progress[1])),
                     )
+                if reconnects:
+                    conn.exec_driver_sql(
+                        f"UPDATE run_ranks SET reconnects = reconnects + {int(reconnects)}"
+                        f" WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}")
         except BaseException:
             self.close()
             raise
+
+    def committed(self) -> int:
+        """The rank's event count as committed (on this writer's connection)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self.store.engine.connect()
+        try:
+            value = conn.exec_driver_sql(
+                f"SELECT event_count FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}"
+            ).scalar()
+            conn.rollback()  # end the read transaction: SQLite would keep its snapshot
+        except BaseException:
+            self.close()
+            raise
+        return int(value or 0)
+
+    def forget(self) -> None:
+        """In a process forked from the writer's: drop the connection without
+        closing it (closing would end the parent's session), the way
+        SQLAlchemy documents for connections carried across a fork."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            fairy: Any = conn.connection
+            _forked_away.append(fairy.dbapi_connection)  # never finalised by this process
+            if fairy._connection_record is not None:
+                fairy._connection_record.dbapi_connection = None
+            fairy.dbapi_connection = None
+        except Exception:  # an invalidated connection holds nothing
+            pass
+        _forked_away.append(conn)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -18,7 +18,8 @@ the answers that have arrived, waiting for them or not; before waiting it
 tells the child not to hold batches back (``now``, see ``main``).
 
 The child (``main``, run as ``python -c``) opens the store, says ``ready``
-and writes each batch with a ``RankWriter``.  Frames on its stdin/stdout
+and writes each batch with a ``ResumingWriter`` (a transient fault is
+retried there, beside the program, until the recorder's deadline).  Frames on its stdin/stdout
 pipes are an 8-byte little-endian length and a pickle.  It ignores SIGINT
 and SIGTERM (the program decides when recording ends) and exits when told to
 or when its stdin closes -- the program died: what it had been sent is
@@ -60,7 +61,7 @@ class WriterProcessError(Exception):
 class WriterProcess:
     """Spawns the writer process for (run, rank) of ``store``; does not wait for it."""
 
-    def __init__(self, store: Store, run_id: int, rank: int) -> None:
+    def __init__(self, store: Store, run_id: int, rank: int, retry_s: float = 0.0) -> None:
         if os.name != "posix" or not sys.executable:
             raise OSError("a writer process needs a POSIX system and a known interpreter")
         self.store = store
@@ -86,7 +87,7 @@ class WriterProcess:
             self._pipe_bytes = 0
         # The database's address goes through the pipe, not argv: a URL may carry a password.
         try:
-            self._write_all(_frame(("open", target, run_id, rank)))
+            self._write_all(_frame(("open", target, run_id, rank, retry_s)))
         except OSError:
             self._dead = True
 
@@ -193,6 +194,18 @@ class WriterProcess:
             except OSError:
                 pass
         self._stop(timeout)
+
+    def forget(self) -> None:
+        """In a process forked from the program: close this process's copies
+        of the pipes, sending nothing (they are the program's)."""
+        self._dead = True
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        self.proc.returncode = 0  # not this process's child: never wait for it
 
     # -- pipes -------------------------------------------------------------------
 
@@ -301,13 +314,13 @@ def main() -> None:
     first = inbox.next()
     if first is None or first[0] != "open":
         return
-    _, target, run_id, rank = first
+    _, target, run_id, rank, retry_s = first
     try:
         from modtrace.store.engine import open_store
-        from modtrace.store.writer import RankWriter
+        from modtrace.store.retry import ResumingWriter
 
         store = open_store(target, create=False, check=False)
-        writer = RankWriter(store, run_id, rank)
+        writer = ResumingWriter(store, run_id, rank, retry_s)
     except Exception as exc:  # the program writes in-process instead
         _send(out, ("error", one_line(exc)))
         return
