@@ -33,15 +33,17 @@ from torch import nn
 class ModuleInfo:
     """What the hooks need to know about a named module."""
 
-    __slots__ = ("module_id", "fqn", "depth", "recent")
+    __slots__ = ("module_id", "fqn", "depth", "recent", "recent_parents")
 
     def __init__(self, module_id: int, fqn: str, depth: int) -> None:
         self.module_id = module_id
         self.fqn = fqn
         self.depth = depth  # attribute-path depth below its root (0 for a root)
-        # (call id, parent call id) of forward calls that a checkpoint may
-        # still recompute, oldest first; pruned by the tracker.
-        self.recent: deque[tuple[int, int]] = deque()
+        # call ids of forward calls that a checkpoint may still recompute,
+        # oldest first, and their parent call ids (0 for none); pruned by the
+        # tracker.  Two deques of ints, not one of pairs: no object per call.
+        self.recent: deque[int] = deque()
+        self.recent_parents: deque[int] = deque()
 
 
 def _is_compiled_wrapper(mod: nn.Module) -> bool:
@@ -57,7 +59,9 @@ class ModuleNames:
 
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
-        self._mods: dict[int, ModuleInfo] = {}  # id(module) -> info, while the module lives
+        # id(module) -> info, while the module lives (read by the tracker's hooks)
+        self.by_id: dict[int, ModuleInfo] = {}
+        self._mods = self.by_id
         self._refs: dict[int, weakref.ref[nn.Module]] = {}
         self._by_fqn: dict[str, ModuleInfo] = {}  # every name ever given -> its info
         self._taken: dict[str, set[int]] = {}  # class name -> root numbers held by live roots

@@ -9,34 +9,24 @@ strings, touches a database or builds a hierarchy; that happens later.
 
 How each phase is seen:
 
-* forward: a global pre-hook opens the call, a global post-hook registered
-  with ``always_call=True`` closes it (status ``error`` when the forward
-  raised, ``early_stop`` when checkpoint recomputation stopped itself).
-* backward: for every call that built autograd graph, the node producing
-  each output gets an *enter* entry and the node producing each input gets
-  an *exit* entry.  One pre-hook per node dispatches all entries of that node
-  at once, exits first (innermost first), then enters (outermost first), so
-  the ties that torch's per-module hooks produce (a parent and its child
-  sharing a tensor) come out already nested.  Backward nesting follows the
-  call tree recorded in forward: a call's parent is the call that was open
-  on its thread when it started, whoever owns the module (a registered
-  child, a module borrowed from a list, one built inside the forward).  A
-  backward span still open when the backward of a call that is not its
-  descendant starts has finished (the engine runs one node at a time per
-  device) and is closed then; spans no hook ever closes (inputs that need no
-  grad) are closed, innermost first, when the graph task ends, with status
-  ``closed_at_end_of_backward``.  Rows of one dispatch are marked as ties
-  only while the analysis' tie order (exits first, then enters by module
-  depth) is the order they were written in, so the analysis never moves an
-  exit before its own enter.
-* recompute: forward hooks firing inside a backward graph task are
-  activation-checkpoint recomputation.  Their call id is the original
-  forward call's: the outermost recomputed call takes the module's latest
-  forward call not yet recomputed in this graph task, nested calls take the
-  next unused call of that module made under the linked parent.  Forward
-  calls are kept for this while a root call made with or before them is
-  alive (its autograd graph or its open forward keeps it) and until the next
-  step; a recompute with no call to link to gets a call id of its own.
+* forward (here): a global pre-hook opens the call, a global post-hook
+  registered with ``always_call=True`` closes it (status ``error`` when the
+  forward raised, ``early_stop`` when checkpoint recomputation stopped
+  itself).
+* backward (``modtrace.backward_hooks``): the post-hook hangs the call on
+  the autograd nodes of its inputs and outputs; one pre-hook per node writes
+  the backward enter and exit rows.
+* recompute (``modtrace.recompute_links``): forward hooks firing inside a
+  backward graph task are activation-checkpoint recomputation, linked to the
+  original forward call's id.
+
+The hooks run for every module call of the program, so they are written for
+it: attributes read once into locals, no per-call helper where an inline line
+does, and as few objects per call as the bookkeeping allows (a ``Call``, the
+node hook of its output node, the event tuples): every other object made per
+call is work for Python's garbage collector, whose young-generation passes
+(and the full passes that objects living until the backward bring on) cost a
+program as much as the hooks themselves.
 """
 
 from __future__ import annotations
@@ -48,7 +38,6 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -59,23 +48,25 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
-from modtrace.codes import Kind, Phase, Status
+from modtrace.backward_hooks import BackwardHooks, _leaf_node
+from modtrace.call_stack import (
+    _EARLY_STOP,
+    _ENTER,
+    _ERROR,
+    _EXIT,
+    _FORWARD,
+    _OK,
+    _RECOMPUTE,
+    _SILENT,
+    Call,
+    ThreadState,
+)
 from modtrace.input_kind import input_kind
 from modtrace.module_names import ModuleInfo, ModuleNames, iter_tensors
+from modtrace.recompute_links import RecomputeLinks
 
 Event = tuple[Any, ...]
 Append = Callable[[Event], Any]
-
-_ENTER = int(Kind.ENTER)
-_EXIT = int(Kind.EXIT)
-_FORWARD = int(Phase.FORWARD)
-_BACKWARD = int(Phase.BACKWARD)
-_RECOMPUTE = int(Phase.RECOMPUTE)
-_SILENT = -1  # phase of a frame that records nothing (the module of a compile wrapper, run eagerly)
-_OK = int(Status.OK)
-_ERROR = int(Status.ERROR)
-_EARLY_STOP = int(Status.EARLY_STOP)
-_CLOSED_AT_END = int(Status.CLOSED_AT_END_OF_BACKWARD)
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
@@ -90,61 +81,7 @@ _sys_modules = sys.modules
 _compiling = torch.compiler.is_compiling
 
 
-class _Call:
-    """One module call: open on its thread's stack during the forward (or
-    recompute), then, when it built autograd graph, the backward bookkeeping
-    that node hooks refer to."""
-
-    __slots__ = ("module", "module_id", "depth", "parent", "call_id", "device_id", "phase", "task", "tid",
-                 "exit_nodes", "bw_task", "exits_seen", "n_exit", "closed", "failed", "__weakref__")
-
-    def __init__(self, module: nn.Module, info: ModuleInfo, parent: _Call | None, call_id: int,
-                 device_id: int | None, phase: int, task: int, tid: int) -> None:
-        self.module: nn.Module | None = module  # dropped once the forward returns
-        self.module_id = info.module_id
-        self.depth = info.depth
-        self.parent = parent  # the call open on this thread when this one started
-
-        self.call_id = call_id
-        self.device_id = device_id
-        self.phase = phase
-        self.task = task  # graph task of a recompute, -1 in forward
-        self.tid = tid
-        self.exit_nodes: list[Any] | None = None  # inputs needing grad, until the forward returns
-        self.bw_task = -1  # graph task in which the backward was entered
-        self.exits_seen = 0
-        self.n_exit = 0  # input nodes whose gradient must be ready before the exit
-        self.closed = True
-        self.failed = False  # the forward raised: the backward of calls inside it never runs
-
-    def descends_from(self, other: _Call) -> bool:
-        parent = self.parent
-        while parent is not None:
-            if parent is other:
-                return True
-            parent = parent.parent
-        return False
-
-    def cancelled(self) -> bool:
-        """Made inside a forward that raised."""
-        parent = self.parent
-        while parent is not None:
-            if parent.failed:
-                return True
-            parent = parent.parent
-        return False
-
-
-class _ThreadState:
-    __slots__ = ("tid", "stack", "main")
-
-    def __init__(self, tid: int) -> None:
-        self.tid = tid
-        self.stack: list[_Call] = []
-        self.main = threading.current_thread() is threading.main_thread()
-
-
-class Tracker:
+class Tracker(BackwardHooks, RecomputeLinks):
     """Global hooks turning module calls into event tuples.
 
     ``append`` receives every event; ``clock`` returns nanoseconds (injected
@@ -174,20 +111,21 @@ class Tracker:
         self._lock = threading.Lock()
         self._thread_count = 0
         self._names = ModuleNames(self._lock)
+        self._known = self._names.by_id.get  # id(module) -> its info, if named
         self.fqns = self._names.fqns
         self.new_modules = self._names.new_modules
         # Forward calls that a checkpoint may recompute: every module's
         # ``recent`` entries in call order, and the root calls still alive
         # (open, or kept by their autograd graph) that keep them.
         self._recent_order: deque[ModuleInfo] = deque()
-        self._live_roots: weakref.WeakSet[_Call] = weakref.WeakSet()
+        self._live_roots: weakref.WeakSet[Call] = weakref.WeakSet()
         self._pruned_step = 0
         self._failures = 0  # forwards that raised (their inner calls' backward is cancelled)
         self._devices: dict[torch.device, int] = {}
         self._cuda_devices: set[int] = set()
         self._device_objs: list[torch.device] = []
         # backward: graph task -> open calls (a stack, innermost last)
-        self._bw: dict[int, list[_Call]] = {}
+        self._bw: dict[int, list[Call]] = {}
         self._recomputed: dict[int, set[int]] = {}
         self.new_threads: list[tuple[int, int, str]] = []
         self.new_devices: list[tuple[int, str]] = []
@@ -240,17 +178,17 @@ class Tracker:
 
     # -- naming ----------------------------------------------------------------
 
-    def _thread(self) -> _ThreadState:
+    def _thread(self) -> ThreadState:
         with self._lock:
             tid = self._thread_count
             self._thread_count += 1
-        st = _ThreadState(tid)
+        st = ThreadState(tid)
         self._local.st = st
         cur = threading.current_thread()
         self.new_threads.append((tid, threading.get_ident(), cur.name))
         return st
 
-    def _info(self, mod: nn.Module, st: _ThreadState) -> ModuleInfo:
+    def _info(self, mod: nn.Module, st: ThreadState) -> ModuleInfo:
         return self._names.info(mod, (frame.module for frame in reversed(st.stack)))
 
     def _device(self, dev: torch.device) -> int:
@@ -285,60 +223,70 @@ class Tracker:
         if _DYNAMO in _sys_modules and _compiling():
             return
         try:
-            st: _ThreadState = self._local.st
+            st: ThreadState = self._local.st
         except AttributeError:
             st = self._thread()
-        info = self._names.get(mod) or self._info(mod, st)
+        info = self._known(id(mod)) or self._info(mod, st)
         task = _graph_task_id()
         dev = None
-        grad_inputs = None
+        grad_inputs: Any = None  # one tensor (no list for the usual single input), or a list
         for a in args:
             if isinstance(a, _Tensor):
                 if dev is None:
                     dev = a.device
                 if a.requires_grad:
                     if grad_inputs is None:
-                        grad_inputs = [a]
-                    else:
+                        grad_inputs = a
+                    elif type(grad_inputs) is list:
                         grad_inputs.append(a)
+                    else:
+                        grad_inputs = [grad_inputs, a]
         if dev is None:
             dev = self._module_device(mod)
-        device_id = self._devices.get(dev) if dev is not None else None
-        if device_id is None and dev is not None:
-            device_id = self._device(dev)
+        if dev is not None:
+            device_id = self._devices.get(dev)
+            if device_id is None:
+                device_id = self._device(dev)
+        else:
+            device_id = None
         stack = st.stack
         root = False
         parent = stack[-1] if stack else None
         if parent is not None and parent.module_id == info.module_id and getattr(parent.module, "_orig_mod", None) is mod:
             # torch.compile's wrapper running its module eagerly (compilation
             # disabled, or a graph break): the wrapper's call is this call.
-            stack.append(_Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, task, st.tid))
+            stack.append(Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, None if task == -1 else task))
             return
+        tid = st.tid
         if task == -1:
             phase = _FORWARD
-            if parent is None and self.step != self._pruned_step:
-                self._prune_recent()
             call_id = next(self._call_ids)
-            info.recent.append((call_id, parent.call_id if parent is not None else 0))
-            self._recent_order.append(info)
             if parent is None:
+                if self.step != self._pruned_step:
+                    self._prune_recent()
+                info.recent_parents.append(0)
+                frame = Call(mod, info, None, call_id, device_id, phase, None)
+                self._live_roots.add(frame)
                 root = st.main and self._note_roots
+            else:
+                info.recent_parents.append(parent.call_id)
+                frame = Call(mod, info, parent, call_id, device_id, phase, None)
+            info.recent.append(call_id)
+            self._recent_order.append(info)
+            task_col = None
         else:
             phase = _RECOMPUTE
             call_id = self._link_recompute(info, stack, task)
-        module_id = info.module_id
-        frame = _Call(mod, info, parent, call_id, device_id, phase, task, st.tid)
-        if parent is None and task == -1:
-            self._live_roots.add(frame)
+            frame = Call(mod, info, parent, call_id, device_id, phase, task)
+            task_col = task
         if grad_inputs is not None and _grad_enabled():
             frame.exit_nodes = grad_inputs
         stack.append(frame)
         seq = next(self._seq)
         if root:
             self._root(seq, call_id, mod, args)
-        self._append((seq, self._clock() - self.t0, _ENTER, module_id, phase, call_id, self.step, st.tid,
-                      device_id, self._stream(device_id) if self._cuda_devices else None, _OK,
-                      None if task == -1 else task, 0))
+        self._append((seq, self._clock() - self.t0, _ENTER, info.module_id, phase, call_id, self.step, tid,
+                      device_id, self._stream(device_id) if self._cuda_devices else None, _OK, task_col, 0))
 
     def _root(self, seq: int, call_id: int, mod: nn.Module, args: tuple[Any, ...]) -> None:
         """Note a root call (outermost on the main thread) and its input shape.
@@ -351,46 +299,32 @@ class Tracker:
         self.new_roots.append((seq, call_id, input_kind(mod, args, kwargs)))
         self.roots += 1
 
-    def _link_recompute(self, info: ModuleInfo, stack: list[_Call], task: int) -> int:
-        used = self._recomputed.get(task)
-        if used is None:
-            used = self._recomputed[task] = set()
-        recent = info.recent
-        parent = stack[-1] if stack and stack[-1].phase == _RECOMPUTE else None
-        chosen = 0
-        if parent is not None:
-            for call_id, parent_id in recent:
-                if parent_id == parent.call_id and call_id not in used:
-                    chosen = call_id
-                    break
-        if not chosen:
-            for call_id, _ in reversed(recent):
-                if call_id not in used:
-                    chosen = call_id
-                    break
-        if not chosen:
-            return next(self._call_ids)
-        used.add(chosen)
-        return chosen
-
     def _forward_post(self, mod: nn.Module, args: tuple[Any, ...], kwargs: Any, output: Any = _RAISED) -> None:
         # torch calls this with (module, args, kwargs, output) after a forward
         # returns, and with (module, args, output) when the forward raised.
         if output is _RAISED:
             self._forward_failed(mod)
             return
-        found = self._pop_call(mod)
-        if found is None:
+        if _DYNAMO in _sys_modules and _compiling():
             return
-        st, frame = found
+        try:
+            st: ThreadState = self._local.st
+        except AttributeError:
+            return
+        stack = st.stack
+        if not stack:
+            return
+        popped = stack.pop()
+        frame = popped if popped.module is mod else self._unwind(st, popped, mod)
+        if frame is None:
+            return
         frame.module = None
         if frame.phase == _SILENT:
             return
         device_id = frame.device_id
-        task = frame.task
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, device_id, self._stream(device_id) if self._cuda_devices else None, _OK,
-                      None if task == -1 else task, 0))
+                      frame.task, 0))
         exit_nodes = frame.exit_nodes
         frame.exit_nodes = None
         if not _grad_enabled():
@@ -401,28 +335,29 @@ class Tracker:
         if kwargs:
             extra = _grad_tensors(kwargs)
             if extra:
-                exit_nodes = (exit_nodes or []) + extra
+                exit_nodes = _as_list(exit_nodes) + extra
         if exit_nodes is not None:
-            if len(exit_nodes) == 1:
-                t = exit_nodes[0]
+            if type(exit_nodes) is not list:
+                t = exit_nodes
                 node = t.grad_fn
-                if node is None:
+                leaf = node is None
+                if leaf:
                     node = _leaf_node(t)
                 if node is not None:
-                    entries = node.metadata.get(key)
-                    if entries is None:
-                        entries = self._new_entries(node, t)
-                    entries[0].append(frame)
+                    hook = node.metadata.get(key)
+                    if hook is None:
+                        hook = self._new_hook(node, t, leaf)
+                    hook.exits.append(frame)
                     frame.n_exit = 1
             else:
                 self._exit_entries(frame, exit_nodes)
         if isinstance(output, _Tensor):
             node = output.grad_fn
             if node is not None:
-                entries = node.metadata.get(key)  # type: ignore[attr-defined]
-                if entries is None:
-                    entries = self._new_entries(node, output)
-                entries[1].append(frame)
+                hook = node.metadata.get(key)  # type: ignore[attr-defined]
+                if hook is None:
+                    hook = self._new_hook(node, output, False)
+                hook.enters.append(frame)
         else:
             outs = _grad_tensors(output)
             if outs is not None:
@@ -432,19 +367,7 @@ class Tracker:
                     if node is None or id(node) in seen_out:
                         continue
                     seen_out.add(id(node))
-                    self._entries(node, t)[1].append(frame)
-
-    def _exit_entries(self, frame: _Call, exit_nodes: list[torch.Tensor]) -> None:
-        seen: set[int] = set()
-        for t in exit_nodes:
-            node = t.grad_fn
-            if node is None:
-                node = _leaf_node(t)
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            self._entries(node, t)[0].append(frame)
-        frame.n_exit = len(seen)
+                    self._hook(node, t).enters.append(frame)
 
     def _forward_failed(self, mod: nn.Module) -> None:
         """The post-hook of a forward that raised: close the call with status
@@ -464,19 +387,19 @@ class Tracker:
         frame.module = None
         frame.exit_nodes = None
 
-    def _pop_call(self, mod: nn.Module) -> tuple[_ThreadState, _Call] | None:
+    def _pop_call(self, mod: nn.Module) -> tuple[ThreadState, Call] | None:
         """``mod``'s open call, taken off this thread's stack; None when it has
         none here (or while dynamo traces)."""
         if _DYNAMO in _sys_modules and _compiling():
             return None
-        st: _ThreadState | None = getattr(self._local, "st", None)
+        st: ThreadState | None = getattr(self._local, "st", None)
         if st is None or not st.stack:
             return None
         popped = st.stack.pop()
         frame = popped if popped.module is mod else self._unwind(st, popped, mod)
         return None if frame is None else (st, frame)
 
-    def _unwind(self, st: _ThreadState, frame: _Call, mod: nn.Module) -> _Call | None:
+    def _unwind(self, st: ThreadState, frame: Call, mod: nn.Module) -> Call | None:
         """``frame`` (just popped) is not ``mod``'s: a forward was interrupted by
         something no hook saw (KeyboardInterrupt caught by the program).  Close
         what was left open above ``mod``'s call and return that call; None
@@ -490,160 +413,12 @@ class Tracker:
             frame = stack.pop()
         return frame
 
-    def _exit_forward(self, st: _ThreadState, frame: _Call, status: int) -> None:
+    def _exit_forward(self, st: ThreadState, frame: Call, status: int) -> None:
         if frame.phase == _SILENT:
             return
         stream = self._stream(frame.device_id) if self._cuda_devices else None
         self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
-                      self.step, st.tid, frame.device_id, stream, status, None if frame.task == -1 else frame.task, 0))
-
-    def _entries(self, node: Any, t: torch.Tensor) -> tuple[list[_Call], list[_Call]]:
-        entries: tuple[list[_Call], list[_Call]] | None = node.metadata.get(self._meta_key)
-        if entries is None:
-            entries = self._new_entries(node, t)
-        return entries
-
-    def _new_entries(self, node: Any, t: torch.Tensor) -> tuple[list[_Call], list[_Call]]:
-        entries: tuple[list[_Call], list[_Call]] = ([], [])
-        node.metadata[self._meta_key] = entries
-        leaf = t.grad_fn is None
-        handle = node.register_prehook(partial(self._dispatch, entries, leaf))
-        if leaf:
-            old = self._leaf_handles.get(t)  # type: ignore[no-untyped-call]
-            if old is not None:
-                old.remove()
-            self._leaf_handles[t] = handle
-        return entries
-
-    # -- backward --------------------------------------------------------------
-    #
-    # ``group`` below is the tie state of one dispatch: None before its first
-    # row, -1 while the rows since the last tie=0 row are all exits, else the
-    # module depth of the last enter.  A row is tied to the previous one only
-    # when the analysis' tie order (exits first, then enters by module depth)
-    # keeps it where it was written.
-
-    def _dispatch(self, entries: tuple[list[_Call], list[_Call]], leaf: bool, grad_outputs: Any) -> None:
-        # Runs for every hooked node in every backward: the events are
-        # appended inline, with no per-event method call.
-        if not self._active:
-            return None
-        exits, enters = entries
-        if leaf:
-            # AccumulateGrad nodes outlive the graph: take their entries once.
-            exits, enters = list(exits), list(enters)
-            entries[0].clear()
-            entries[1].clear()
-        task = _graph_task_id()
-        open_calls = self._bw.get(task)
-        if open_calls is None:
-            open_calls = self._bw[task] = []
-            torch.autograd.Variable._execution_engine.queue_callback(partial(self._end_of_task, task))
-        try:
-            tid = self._local.st.tid
-        except AttributeError:
-            tid = self._thread().tid
-        append, seq, clock, t0, step = self._append, self._seq, self._clock, self.t0, self.step
-        cuda = self._cuda_devices
-        failures = self._failures
-        group: int | None = None
-        for call in exits:
-            if failures and call.cancelled():
-                continue
-            if call.bw_task != task:
-                if call in enters:  # output is its input (an identity): enter, then exit
-                    group = self._bw_enter(call, task, open_calls, tid, group)
-                else:
-                    continue  # its outputs never got a gradient: it had no backward
-            if call.closed:
-                continue
-            call.exits_seen += 1
-            if call.exits_seen < call.n_exit:
-                continue
-            call.closed = True
-            while open_calls:
-                top = open_calls.pop()
-                top.closed = True  # a descendant nothing closed is done too, innermost first
-                append((next(seq), clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
-                        top.device_id, self._stream(top.device_id) if cuda else None, _OK, task,
-                        1 if group == -1 else 0))
-                group = -1
-                if top is call:
-                    break
-        for call in reversed(enters):
-            if call.bw_task == task or (failures and call.cancelled()):
-                continue
-            if open_calls:
-                top = open_calls[-1]
-                if top is not call.parent and not call.descends_from(top):
-                    group = self._bw_enter(call, task, open_calls, tid, group)
-                    continue
-            call.bw_task = task
-            call.exits_seen = 0
-            call.closed = False
-            open_calls.append(call)
-            depth = call.depth
-            append((next(seq), clock() - t0, _ENTER, call.module_id, _BACKWARD, call.call_id, step, tid,
-                    call.device_id, self._stream(call.device_id) if cuda else None, _OK, task,
-                    1 if group is not None and depth >= group else 0))
-            group = depth
-        return None
-
-    def _bw_enter(self, call: _Call, task: int, open_calls: list[_Call], tid: int, group: int | None) -> int:
-        call.bw_task = task
-        call.exits_seen = 0
-        call.closed = False
-        while open_calls:
-            top = open_calls[-1]
-            if top is call.parent or call.descends_from(top):
-                break
-            # The backward of a call outside this one's starts: the open one has finished.
-            open_calls.pop()
-            top.closed = True
-            group = self._bw_event(top, _EXIT, _OK, task, tid, group)
-        open_calls.append(call)
-        return self._bw_event(call, _ENTER, _OK, task, tid, group)
-
-    def _bw_event(self, call: _Call, kind: int, status: int, task: int, tid: int, group: int | None) -> int:
-        """Append one backward row; returns the dispatch's new tie state."""
-        if kind == _EXIT:
-            tie, group = (1 if group == -1 else 0), -1
-        else:
-            tie, group = (1 if group is not None and call.depth >= group else 0), call.depth
-        stream = self._stream(call.device_id) if self._cuda_devices else None
-        self._append((next(self._seq), self._clock() - self.t0, kind, call.module_id, _BACKWARD, call.call_id,
-                      self.step, tid, call.device_id, stream, status, task, tie))
-        return group
-
-    def _end_of_task(self, task: int) -> None:
-        open_calls = self._bw.pop(task, None)
-        self._recomputed.pop(task, None)
-        if not self._bw and not self._open_forward_calls():
-            self._prune_recent()  # a backward pass ended outside any forward
-        if not open_calls or not self._active:
-            return
-        try:
-            tid = self._local.st.tid
-        except AttributeError:
-            tid = self._thread().tid
-        group: int | None = None
-        for call in reversed(open_calls):
-            call.closed = True
-            group = self._bw_event(call, _EXIT, _CLOSED_AT_END, task, tid, group)
-
-    def _prune_recent(self) -> None:
-        """Forget forward calls no checkpoint can recompute any more: those made
-        before every root call still alive (a root call lives while it is open
-        or its autograd graph is)."""
-        self._pruned_step = self.step
-        floor = min((call.call_id for call in list(self._live_roots)), default=None)
-        order = self._recent_order
-        while order:
-            recent = order[0].recent
-            if floor is not None and recent[0][0] >= floor:
-                break
-            recent.popleft()
-            order.popleft()
+                      self.step, st.tid, frame.device_id, stream, status, frame.task, 0))
 
     def close_open_forward(self, status: int = _ERROR) -> int:
         """Close this thread's forward calls left open (an exception no hook saw)."""
@@ -657,12 +432,12 @@ class Tracker:
         return n
 
 
-def _leaf_node(t: torch.Tensor) -> Any:
-    """The AccumulateGrad node of a leaf tensor needing grad, else None."""
-    if t.requires_grad:
-        view_node = t.view_as(t).grad_fn
-        return view_node.next_functions[0][0] if view_node is not None else None
-    return None
+
+
+def _as_list(inputs: Any) -> list[torch.Tensor]:
+    if inputs is None:
+        return []
+    return list(inputs) if type(inputs) is list else [inputs]
 
 
 def _grad_tensors(obj: Any) -> list[torch.Tensor] | None:

@@ -7,7 +7,9 @@ Side by side in one process, interleaved repeats, medians:
   backward, one CPU thread: bare; ``floor``, the least a design of global
   hooks can cost (empty global forward pre/post hooks that each append a
   timestamped tuple, plus one autograd-node pre-hook per call that appends
-  one too); torch.utils.module_tracker.ModuleTracker;
+  one too); ``tracker``, modtrace's hooks alone (``modtrace.tracker.Tracker``
+  appending to a list, emptied at every step, no store: what the hot path
+  costs beside the floor); torch.utils.module_tracker.ModuleTracker;
   torch.profiler.profile(CPU, with_stack=True); modtrace.Recorder writing to
   a SQLite file (flushes included: the timed steps end with every event
   written).  Each step ends with ``rec.step()``, as an optimizer step would,
@@ -25,6 +27,7 @@ Side by side in one process, interleaved repeats, medians:
   steps with the default options and with ``analyze=False``.
 
 Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
+[--sections overhead,write_path,disk,fixed_costs]
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import modtrace  # noqa: E402
 from modtrace.store.engine import open_store  # noqa: E402
 from modtrace.store.runs import add_rank, create_run  # noqa: E402
 from modtrace.store.writer import EVENT_COLUMNS, RankWriter  # noqa: E402
+from modtrace.tracker import Tracker  # noqa: E402
 
 BLOCKS = 200
 
@@ -121,6 +125,27 @@ class Floor:
         self.rows.clear()
 
 
+class TrackerAlone:
+    """modtrace's hooks with a list for a sink, emptied at every step (as the
+    recorder hands its buffer on): the tracker's cost without the store."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+        self._tracker = Tracker(self.rows.append)
+
+    def __enter__(self) -> TrackerAlone:
+        self._tracker.start()
+        return self
+
+    def step(self) -> None:
+        self._tracker.step += 1
+        self.rows.clear()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._tracker.stop()
+        self.rows.clear()
+
+
 def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: Path, rep: int,
                 writer_cpu: list[float] | None = None) -> float:
     """Seconds per step inside an already-open context, plus the cost of
@@ -135,6 +160,8 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
         ctx: Any = nullcontext()
     elif name == "floor":
         ctx = Floor()
+    elif name == "tracker":
+        ctx = TrackerAlone()
     elif name == "module_tracker":
         from torch.utils.module_tracker import ModuleTracker
 
@@ -150,7 +177,7 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
         raise ValueError(name)
     ctx.__enter__()
     try:
-        on_step = ctx.step if name in ("modtrace", "modtrace_thread") else None
+        on_step = ctx.step if name in ("modtrace", "modtrace_thread", "tracker") else None
         run_steps(model, x, 1, on_step)  # a first step inside the context, outside the clock
         pid = None
         if name.startswith("modtrace"):
@@ -179,7 +206,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = build_model()
     x = torch.randn(4, 16)
-    configs = ["bare", "floor", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread", "modtrace_no_step"]
+    configs = ["bare", "floor", "tracker", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread", "modtrace_no_step"]
     writer_cpu: list[float] = []
     samples: dict[str, list[float]] = {c: [] for c in configs}
     rng = random.Random(0)
@@ -201,6 +228,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "modtrace_vs_module_tracker_added_ratio": round(added["modtrace"] / added["module_tracker"], 3),
         "modtrace_vs_floor_added_ratio": round(added["modtrace"] / added["floor"], 3),
         "module_tracker_vs_floor_added_ratio": round(added["module_tracker"] / added["floor"], 3),
+        "tracker_vs_floor_added_ratio": round(added["tracker"] / added["floor"], 3),
         "modtrace_vs_profiler_step_ratio": round(med["modtrace"] / med["profiler_with_stack"], 3),
         "modtrace_thread_vs_module_tracker_added_ratio": round(added["modtrace_thread"] / added["module_tracker"], 3),
         "modtrace_no_step_vs_module_tracker_added_ratio": round(added["modtrace_no_step"] / added["module_tracker"], 3),
@@ -319,19 +347,29 @@ def fixed_costs(repeats: int, steps: int = 30) -> dict[str, Any]:
     }
 
 
+SECTIONS = ("overhead", "write_path", "disk", "fixed_costs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--write-rows", type=int, default=400_000)
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help="comma-separated sections to measure (default: all)")
     args = ap.parse_args()
-    summary = {
-        "overhead": overhead(args.repeats, args.steps),
-        "write_path": write_path(args.write_rows, max(3, args.repeats // 2)),
-        "disk": bytes_per_event(50),
-        "fixed_costs": fixed_costs(max(3, args.repeats // 2)),
-        "torch": torch.__version__,
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        ap.error(f"unknown section(s): {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")
+    runs = {
+        "overhead": lambda: overhead(args.repeats, args.steps),
+        "write_path": lambda: write_path(args.write_rows, max(3, args.repeats // 2)),
+        "disk": lambda: bytes_per_event(50),
+        "fixed_costs": lambda: fixed_costs(max(3, args.repeats // 2)),
     }
+    summary: dict[str, Any] = {section: runs[section]() for section in SECTIONS if section in chosen}
+    summary["torch"] = torch.__version__
     for section, values in summary.items():
         print(f"{section}: {values}", file=sys.stderr)
     print(json.dumps(summary))

@@ -1,0 +1,70 @@
+"""What the hooks leave for Python's garbage collector.
+
+Every object the hooks make and keep until the backward counts towards the
+collector's young-generation passes, and the ones alive when a pass runs are
+promoted, bringing on full passes over every object of the program.  So the
+hooks keep, per module call, only what the backward needs: the call's record,
+the hook of its output node (two lists, and the node's metadata dict that
+holds it) and the call's two forward rows (in the sink).  Before, each call
+also left a (call id, parent) pair and each node an entries tuple, a
+``functools.partial`` and a bound method.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from modtrace.backward_hooks import NodeHook
+from modtrace.call_stack import Call
+from modtrace.tracker import Tracker
+
+BLOCKS = 50
+CALLS = 1 + 2 * BLOCKS  # the Sequential and each of its children
+
+
+def _new_objects(run: Callable[[], Any]) -> tuple[dict[str, int], Any]:
+    """Objects the collector tracks that ``run`` made and left alive, by type."""
+    gc.collect()
+    gc.disable()
+    try:
+        before = {id(o) for o in gc.get_objects()}
+        out = run()
+        counts: dict[str, int] = {}
+        for o in gc.get_objects():
+            if id(o) not in before:
+                name = type(o).__name__
+                counts[name] = counts.get(name, 0) + 1
+    finally:
+        gc.enable()
+    return counts, out
+
+
+def test_a_forward_keeps_a_call_and_one_node_hook_per_module_call_for_the_backward() -> None:
+    model = nn.Sequential(*[m for _ in range(BLOCKS) for m in (nn.Linear(8, 8), nn.ReLU())])
+    x = torch.randn(2, 8)
+    bare, _ = _new_objects(lambda: model(x).sum())
+    rows: list[tuple[object, ...]] = []
+    tracker = Tracker(rows.append)
+    tracker.start()
+    try:
+        model(x).sum().backward()  # modules named, lookup rows made
+        rows.clear()
+        traced, loss = _new_objects(lambda: model(x).sum())
+        loss.backward()
+    finally:
+        tracker.stop()
+    assert len(rows) == 4 * CALLS  # every event written: enter and exit, forward and backward
+    assert traced.get(Call.__name__) == CALLS
+    # one hook per node made by a call (ReLU's output is the next Linear's input)
+    assert traced.get(NodeHook.__name__) == 2 * BLOCKS
+    # no closure, bound method or pair per call or node
+    assert "partial" not in traced and "method" not in traced
+    extra = sum(traced.values()) - sum(bare.values())
+    # per call: a Call and its 2 forward rows; per node: the node's Python object and
+    # hooks dict (any node pre-hook has them), a NodeHook, its 2 lists, the node's metadata dict
+    assert extra <= CALLS * (1 + 2) + 2 * BLOCKS * (2 + 1 + 2 + 1) + 4, sorted(traced.items())
