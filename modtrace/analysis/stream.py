@@ -24,13 +24,17 @@ far with the same pure steps (normalise, pair, time, check):
   reported (``unclosed``) only by the last round, with the run's
   completeness.
 
-Memory is bounded by a chunk, the carried stack and one round's spans; the
-result is the same as the one-piece analysis for any stream whose stacks
-nest (healthy or cut short by a crash).  In a corrupted stream, a call
-repeated (``duplicate_enter`` / ``duplicate_exit``) across a cut is reported
-as a ``no_enter`` or not at all, and a ``crossed`` exit whose inner calls
-stay open may be reported once per round: the one-piece analysis
-(``analyze_events``) names those exactly.
+Memory is bounded by a chunk (and the lookahead), the carried stack and one
+round's spans; the result is the same as the one-piece analysis for any
+stream whose stacks nest (healthy or cut short by a crash), and for a
+corrupted one whose one-piece issues hold no ``crossed``, ``duplicate_enter``
+or ``duplicate_exit`` (tests/test_stream.py).  What still differs: rounds do
+not remember calls closed in earlier rounds, so a call exited again across a
+cut is reported ``no_enter`` (not ``duplicate_exit``) and one entered again
+is not reported; and the calls a ``crossed`` exit sets aside are carried
+back onto the stack, so the calls after them may get them as parent (other
+parent, depth and self time) and a later exit may be reported ``crossed``
+again.  The one-piece analysis (``analyze_events``) names those exactly.
 
 Pure: chunks in, rounds out.  ``modtrace.materialize`` reads the chunks from
 the store and writes the rounds back.
