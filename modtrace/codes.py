@@ -34,3 +34,9 @@ class Status(IntEnum):
     EARLY_STOP = 2  # checkpoint recompute stopped once it had what it needed
     CLOSED_AT_END_OF_BACKWARD = 3  # no hook signalled the exit; closed when the graph task ended
     NO_ENTER = 4  # an exit whose enter was never seen
+
+
+# What a reader puts in place of a kind, phase, status or tie code too big for
+# its one-byte column (a foreign or hand-edited row): analysis reports the row
+# as invalid instead of failing to read the run.
+OUT_OF_RANGE_CODE = -128

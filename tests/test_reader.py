@@ -6,6 +6,7 @@ import polars as pl
 import pytest
 
 from modtrace.analysis.events import EVENT_SCHEMA
+from modtrace.codes import OUT_OF_RANGE_CODE
 from modtrace.store.engine import open_store
 from modtrace.store.reader import iter_event_chunks, read_events
 from modtrace.store.runs import add_rank, create_run
@@ -56,12 +57,15 @@ def test_extreme_values_nulls_and_seq_gaps_read_back_exactly(any_db: str, chunk_
     assert sum(sizes) == len(EDGE_ROWS) and max(sizes) <= chunk_rows
 
 
-def test_a_code_outside_int8_is_refused_not_wrapped(db_path: object) -> None:
-    rows = [(0, 0, 0, 1, 0, 1, 0, 0, None, None, 300, None, 0)]
-    run_id = _write(str(db_path), rows)
-    store = open_store(str(db_path))
+def test_a_code_outside_int8_is_marked_out_of_range_not_wrapped(any_db: str) -> None:
+    # status 300 and kind -200 do not fit their one-byte columns: they come back as
+    # OUT_OF_RANGE_CODE (for the analysis to report), never wrapped into a valid code
+    rows = [(0, 0, 0, 1, 0, 1, 0, 0, None, None, 300, None, 0), (1, 5, -200, 1, 0, 1, 0, 0, None, None, 0, None, 0)]
+    run_id = _write(any_db, rows)
+    store = open_store(any_db)
     try:
-        with pytest.raises((ValueError, OverflowError, pl.exceptions.PolarsError)):
-            read_events(store, run_id)
+        ev = read_events(store, run_id)
     finally:
         store.dispose()
+    assert ev["status"].to_list() == [OUT_OF_RANGE_CODE, 0]
+    assert ev["kind"].to_list() == [0, OUT_OF_RANGE_CODE]

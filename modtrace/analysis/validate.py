@@ -20,7 +20,7 @@ from __future__ import annotations
 import polars as pl
 
 from modtrace.analysis.events import EVENT_SCHEMA, MODULE_SCHEMA, PHASE_ENUM, conform
-from modtrace.codes import Kind, Phase, Status
+from modtrace.codes import OUT_OF_RANGE_CODE, Kind, Phase, Status
 from modtrace.contracts import ISSUE_FRAME, ISSUE_KINDS, VALIDATION_ISSUE_KINDS
 
 _ISSUE_SCHEMA: dict[str, pl.DataType] = ISSUE_FRAME.polars()
@@ -29,6 +29,16 @@ VALIDATION_KINDS: dict[str, str] = {k: ISSUE_KINDS[k] for k in VALIDATION_ISSUE_
 _KINDS = [int(k) for k in Kind]
 _PHASES = [int(p) for p in Phase]
 _STATUSES = [int(s) for s in Status]
+
+
+def _unknown_code(column: str, known: list[int]) -> pl.Expr:
+    code = pl.col(column)
+    return (
+        pl.when(code == OUT_OF_RANGE_CODE)
+        .then(pl.lit(f"{column} code out of range"))
+        .when(~code.is_in(known))
+        .then(pl.format(f"unknown {column} code {{}}", code))
+    )
 
 
 def validate(events: pl.DataFrame, modules: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -41,9 +51,7 @@ def validate(events: pl.DataFrame, modules: pl.DataFrame) -> tuple[pl.DataFrame,
     ev = ev.join(names, on=["rank", "module_id"], how="left", maintain_order="left")
     why = pl.concat_str(
         [
-            pl.when(~pl.col("kind").is_in(_KINDS)).then(pl.format("unknown kind code {}", pl.col("kind"))),
-            pl.when(~pl.col("phase").is_in(_PHASES)).then(pl.format("unknown phase code {}", pl.col("phase"))),
-            pl.when(~pl.col("status").is_in(_STATUSES)).then(pl.format("unknown status code {}", pl.col("status"))),
+            *(_unknown_code(column, known) for column, known in (("kind", _KINDS), ("phase", _PHASES), ("status", _STATUSES))),
             pl.when(pl.col("fqn").is_null()).then(pl.format("module_id {} has no modules row", pl.col("module_id"))),
             pl.when(pl.col("ts_ns") < 0).then(pl.format("negative ts_ns {}", pl.col("ts_ns"))),
         ],

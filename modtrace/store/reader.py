@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from modtrace.codes import OUT_OF_RANGE_CODE
 from modtrace.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME
 from modtrace.store.engine import Store
 
@@ -70,17 +71,22 @@ def read_ranks(store: Store, run_id: int) -> list[int]:
 # SQLite: each chunk comes back as one CSV text built by SQLite itself
 # (printf, group_concat) and parsed by polars, instead of a Python tuple per
 # row.  kind, phase, status and tie travel as one number, each byte one
-# code offset by 128; a code outside Int8 makes the number NULL (an error).
+# code offset by 128; a code outside -127..127 arrives as OUT_OF_RANGE_CODE.
 _SMALL = ("kind", "phase", "status", "tie")
 _NULLABLE = ("device_id", "stream", "graph_task")
 _CSV_COLUMNS = [c for c in _FETCHED if c not in _SMALL] + ["_small"]
 _CSV_SCHEMA = {**{c: EVENT_SCHEMA[c] for c in _CSV_COLUMNS if c != "_small"}, "_small": pl.Int64()}
 
 
+def small_code(column: str) -> str:
+    """SQL reading a one-byte code column: a value that does not fit becomes
+    ``OUT_OF_RANGE_CODE``, for the analysis to report, not a failed read."""
+    return f"(CASE WHEN {column} BETWEEN -127 AND 127 THEN {column} ELSE {OUT_OF_RANGE_CODE} END)"
+
+
 def _csv_line() -> str:
-    small = " AND ".join(f"{c} BETWEEN -128 AND 127" for c in _SMALL)
-    packed = " + ".join(f"(({c} + 128) << {8 * i})" for i, c in enumerate(_SMALL))
-    exprs = [c for c in _CSV_COLUMNS if c != "_small"] + [f"CASE WHEN {small} THEN {packed} END"]
+    packed = " + ".join(f"(({small_code(c)} + 128) << {8 * i})" for i, c in enumerate(_SMALL))
+    exprs = [c for c in _CSV_COLUMNS if c != "_small"] + [packed]
     fmt = ",".join("%d" if c in _CSV_COLUMNS[:-1] and c not in _NULLABLE else "%s" for c in _CSV_COLUMNS)
     return f"printf('{fmt}', {', '.join(exprs)})"
 
@@ -92,8 +98,6 @@ _SQLITE_CHUNK = (
 
 
 def _unpack_small(frame: pl.DataFrame) -> pl.DataFrame:
-    if frame["_small"].null_count():
-        raise ValueError("events: a kind, phase, status or tie code does not fit in Int8")
     small = pl.col("_small")
     return frame.select(
         *(
@@ -123,7 +127,8 @@ def _sqlite_event_chunks(cur: Any, run_id: int, rank: int, chunk_rows: int) -> I
 
 
 def _cursor_event_chunks(cur: Any, run_id: int, rank: int, chunk_rows: int, m: str) -> Iterator[pl.DataFrame]:
-    sql = f"SELECT {', '.join(_FETCHED)} FROM events WHERE run_id = {m} AND rank = {m} ORDER BY seq"
+    columns = ", ".join(f"{small_code(c)} AS {c}" if c in _SMALL else c for c in _FETCHED)
+    sql = f"SELECT {columns} FROM events WHERE run_id = {m} AND rank = {m} ORDER BY seq"
     cur.execute(sql, (run_id, rank))
     while True:
         rows = cur.fetchmany(chunk_rows)
