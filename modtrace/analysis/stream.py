@@ -8,7 +8,14 @@ far with the same pure steps (normalise, pair, time, check):
 
 - a round ends at a *safe cut*: a seq no hook-dispatch tie group straddles,
   so tie normalisation sees whole groups (rows after the cut wait for the
-  next round);
+  next round).  A group is a thread's tie=0 row and the tied rows after it on
+  that thread, wherever other threads' rows fall between, so whether a
+  thread's last group goes on is read from that thread's next row, looked for
+  up to ``LOOKAHEAD_ROWS`` ahead; a round's first row on a thread starts a
+  group (it never joins a carried call's);
+- validation (``validate``) sees each round with the rows before it that its
+  checks compare with (the rank's last seq, each thread's last usable row),
+  so a gap or a reversal across a cut is reported as in one piece;
 - spans still open at the cut are *carried*: their enter rows open the next
   round's frame, so the calls they enclose get the right parent and depth,
   and their own exit, when it comes, closes them.  The time of their
@@ -17,13 +24,17 @@ far with the same pure steps (normalise, pair, time, check):
   reported (``unclosed``) only by the last round, with the run's
   completeness.
 
-Memory is bounded by a chunk, the carried stack and one round's spans; the
-result is the same as the one-piece analysis for any stream whose stacks
-nest (healthy or cut short by a crash).  In a corrupted stream, a call
-repeated (``duplicate_enter`` / ``duplicate_exit``) across a cut is reported
-as a ``no_enter`` or not at all, and a ``crossed`` exit whose inner calls
-stay open may be reported once per round: the one-piece analysis
-(``analyze_events``) names those exactly.
+Memory is bounded by a chunk (and the lookahead), the carried stack and one
+round's spans; the result is the same as the one-piece analysis for any
+stream whose stacks nest (healthy or cut short by a crash), and for a
+corrupted one whose one-piece issues hold no ``crossed``, ``duplicate_enter``
+or ``duplicate_exit`` (tests/test_stream.py).  What still differs: rounds do
+not remember calls closed in earlier rounds, so a call exited again across a
+cut is reported ``no_enter`` (not ``duplicate_exit``) and one entered again
+is not reported; and the calls a ``crossed`` exit sets aside are carried
+back onto the stack, so the calls after them may get them as parent (other
+parent, depth and self time) and a later exit may be reported ``crossed``
+again.  The one-piece analysis (``analyze_events``) names those exactly.
 
 Pure: chunks in, rounds out.  ``modtrace.materialize`` reads the chunks from
 the store and writes the rounds back.
@@ -31,7 +42,7 @@ the store and writes the rounds back.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import polars as pl
@@ -112,6 +123,55 @@ def _carry_rows(rows: pl.DataFrame, open_ids: pl.Series) -> pl.DataFrame:
     )
 
 
+# How many rows past a chunk the rounds look for a thread's next row (is it tied to its
+# last dispatch?).  Healthy recordings write a dispatch's rows back to back, so the next
+# chunk answers; a corrupted stream may separate them by other threads' rows.
+LOOKAHEAD_ROWS = 1 << 16
+
+
+def _continuing(frame: pl.DataFrame, ahead: list[pl.DataFrame], pull: Callable[[], bool]) -> set[int]:
+    """Threads of ``frame`` whose next row (in the chunks ``ahead``, pulled as needed up to
+    ``LOOKAHEAD_ROWS`` rows) is tied: their last tie group goes on after ``frame``."""
+    threads = set(frame["thread_id"].unique().to_list())
+    out: set[int] = set()
+    seen = 0
+    i = 0
+    while threads:
+        if i == len(ahead):
+            if seen >= LOOKAHEAD_ROWS or not pull():
+                break
+        part = ahead[i]
+        i += 1
+        seen += part.height
+        heads = part.filter(pl.col("thread_id").is_in(sorted(threads))).group_by("thread_id").agg(pl.col("tie").first())
+        for tid, tie in heads.iter_rows():
+            threads.discard(tid)
+            if tie == 1:
+                out.add(tid)
+    return out
+
+
+def _fresh_groups(now: pl.DataFrame) -> pl.DataFrame:
+    """``now`` with each thread's first row starting a tie group: a round's rows never
+    join the tie group of a carried row (their groups were whole in an earlier round)."""
+    first = pl.int_range(pl.len()).over("thread_id") == 0
+    return now.with_columns(pl.when(first).then(pl.lit(0, dtype=pl.Int8)).otherwise(pl.col("tie")).alias("tie"))
+
+
+def _validate(
+    now: pl.DataFrame, context: pl.DataFrame, modules: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Validate one round's rows as part of the whole stream: ``context`` holds the rows
+    before them that the checks compare with (the rank's last row, each thread's last
+    usable row).  Returns (usable rows, their issues, the context for the next round)."""
+    usable, issues = validate(pl.concat([context, now]), modules)
+    seqs = now["seq"].implode()
+    issues = issues.filter(pl.col("seq").is_in(seqs))
+    per_thread = usable.group_by("thread_id").agg(pl.all().last()).select(list(EVENT_SCHEMA))
+    new_context = pl.concat([per_thread, now.tail(1)]).unique("seq").sort("seq")
+    return usable.filter(pl.col("seq").is_in(seqs)), issues, conform(new_context, EVENT_SCHEMA)
+
+
 def analyze_rounds(
     chunks: Iterable[pl.DataFrame], modules: pl.DataFrame, *, complete: bool = True
 ) -> Iterator[Round]:
@@ -126,25 +186,38 @@ def analyze_rounds(
     carry = empty_events()
     child_ns = pl.DataFrame(schema={"span_id": pl.Int64(), "_carried_ns": pl.Int64()})
     pending = empty_events()
+    context = empty_events()
     it = iter(chunks)
-    chunk = next(it, None)
-    while chunk is not None:
-        following = next(it, None)
-        final = following is None
-        frame = pl.concat([pending, conform(chunk, EVENT_SCHEMA)], rechunk=False)
+    ahead: list[pl.DataFrame] = []
+    exhausted = False
+
+    def pull() -> bool:
+        nonlocal exhausted
+        if exhausted:
+            return False
+        got = next(it, None)
+        if got is None:
+            exhausted = True
+            return False
+        ahead.append(conform(got, EVENT_SCHEMA))
+        return True
+
+    pull()
+    while ahead:
+        chunk = ahead.pop(0)
+        if not ahead:
+            pull()
+        final = not ahead
+        frame = pl.concat([pending, chunk], rechunk=False)
         if final:
             now, pending = frame, empty_events()
         else:
-            assert following is not None
-            heads = following.group_by("thread_id").agg(pl.col("tie").first())
-            continuing = set(heads.filter(pl.col("tie") == 1)["thread_id"].to_list())
-            p = safe_cut(frame, continuing)
+            p = safe_cut(frame, _continuing(frame, ahead, pull))
             now, pending = frame.filter(pl.col("seq") < p), frame.filter(pl.col("seq") >= p)
-        chunk = following
-        if now.height == 0:
+        if now.height == 0 and not (final and carry.height):
             continue
-        now, invalid = validate(now, modules)  # checked per round: a gap or reversal across rounds goes unseen
-        rows = pl.concat([carry, now], rechunk=True)
+        now, invalid, context = _validate(now, context, modules)
+        rows = pl.concat([carry, _fresh_groups(now)], rechunk=True)
         ev = normalize_events(rows, modules)
         pairing = pair_events(ev)
         spans = time_spans(pairing.pairs)
