@@ -28,6 +28,9 @@ LAYERS: dict[str, str] = {
     "modtrace.input_kind": "tracker",  # the tracker's pre-hook of root calls (torch)
     "modtrace.module_tracker": "tracker",
     "modtrace.module_names": "tracker",
+    "modtrace.call_stack": "tracker",
+    "modtrace.backward_hooks": "tracker",
+    "modtrace.recompute_links": "tracker",
     "modtrace.store": "store",
     "modtrace.analysis": "analysis",
     "modtrace.renderers": "renderers",
