@@ -21,7 +21,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from modtrace.contracts import DEVICE_EVENT_ROW, DEVICE_ROW, EVENT_ROW, MODULE_ROW, ROOT_ROW, THREAD_ROW
+from modtrace.contracts import (
+    DEVICE_EVENT_ROW,
+    DEVICE_ROW,
+    EVENT_ROW,
+    MODULE_ROW,
+    ROOT_ROW,
+    THREAD_ROW,
+)
 from modtrace.store.engine import Store
 
 # Order of the values in the tuples the tracker builds (modtrace.contracts).
