@@ -24,9 +24,10 @@ def _check(clock: str | None) -> None:
 
 
 def _no_device_time(names: list[str]) -> UsageError:
-    which = " and ".join(repr(n) for n in names)
-    return UsageError(f"--clock device: run {which} {'has' if len(names) == 1 else 'have'} no device times "
-                      "(recorded without CUDA, or with --no-device-time); use --clock host")
+    names = list(dict.fromkeys(names))
+    which = f"run {names[0]!r} has" if len(names) == 1 else f"runs {' and '.join(map(repr, names))} have"
+    return UsageError(f"--clock device: {which} no device times (recorded without CUDA, or with "
+                      "--no-device-time); use --clock host")
 
 
 def resolve_clock(store: Store, run_id: int, run_name: str, clock: str | None) -> str:
