@@ -23,6 +23,7 @@ from device_recording import ALLOC, BACKWARD_NS, FORWARD_NS, DeviceNet, train
 from torch import nn
 
 import modtrace
+import modtrace.api
 from tests.device_clock import FakeDeviceClock, FakeEvent, FakeStream
 from tests.recording import FakeClock
 
@@ -315,3 +316,23 @@ def test_on_cuda_spans_get_device_times_and_memory(db_path: Path) -> None:
     spans = _spans(db_path, "cuda")
     linear = spans.filter((pl.col("fqn") == "Sequential.0") & (pl.col("phase") == "forward"))
     assert (linear["device_duration_ns"] > 0).all()
+
+
+def test_device_times_round_trip_on_every_backend(any_db: str) -> None:
+    _record_url(any_db, "gpu")
+    with modtrace.open(any_db) as database:
+        assert database.clock("gpu") == "device"
+        spans = database.spans("gpu").with_columns(pl.col("fqn").cast(pl.String), pl.col("phase").cast(pl.String))
+        events = pl.concat(list(database.event_log("gpu")))
+    rows = modtrace.api.query(any_db, "SELECT count(*), count(device_ts_ns), count(mem_bytes) FROM event_log").rows
+    stored = modtrace.api.query(any_db, "SELECT count(*) FROM spans WHERE device_duration_ns IS NOT NULL").rows
+    assert rows == [(events.height, events.height, events.height)]
+    assert stored == [(spans.height,)]
+    assert _by(spans, "forward", "device_duration_ns")["DeviceNet.a"] == {FORWARD_NS["a"]}
+
+
+def _record_url(db: str, run: str) -> None:
+    device = FakeDeviceClock()
+    net = DeviceNet(device)
+    with modtrace.Recorder(db=db, run=run, device_clock=device, clock=FakeClock(), writer="thread") as rec:
+        train(rec, net, device, STEPS, BEHIND)
