@@ -114,6 +114,22 @@ def _rounds(
             yield part.spans, part.issues
 
 
+def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
+    """The span device rows of a run analysed in rounds, rank by rank, from its stored spans
+    (only the columns ``device_times`` reads) and device events."""
+    from modtrace.store.device_store import has_device_events, read_device_events, write_span_device_rows
+
+    if not has_device_events(store, run_id):
+        return
+    from modtrace.analysis.device import device_times
+    from modtrace.store.analysis_store import read_span_rows
+
+    needed = ("run_id", "rank", "span_id", "parent_span_id", "depth", "device_id", "stream", "exit_seq")
+    for r in ranks:
+        spans = read_span_rows(store, run_id, columns=needed, rank=r)
+        write_span_device_rows(store, run_id, r, device_times(spans, read_device_events(store, run_id, ranks=[r])))
+
+
 def materialize_streamed(
     store: Store, run_id: int, *, rank: int | None = None, complete: bool | None = None,
     chunk_rows: int = CHUNK_ROWS,
@@ -134,6 +150,7 @@ def materialize_streamed(
     n_spans = [0]
     parts = _rounds(store, run_id, ranks, _complete(store, run_id, rank, complete), chunk_rows, found, n_spans)
     write_analysis_rounds(store, run_id, parts, rank=rank)
+    _store_device_times(store, run_id, ranks)
     if not found:
         return n_spans[0], empty_issues()
     return n_spans[0], pl.concat(found).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]

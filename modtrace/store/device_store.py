@@ -66,6 +66,12 @@ def replace_span_device_rows(conn: Connection, store: Store, run_id: int, rank: 
             conn.exec_driver_sql(sql, rows.slice(start, _BATCH_ROWS).rows())
 
 
+def write_span_device_rows(store: Store, run_id: int, rank: int, spans: pl.DataFrame) -> None:
+    """Replace one rank's span device rows with those of ``spans``, in a transaction of their own."""
+    with store.engine.begin() as conn:
+        replace_span_device_rows(conn, store, run_id, rank, [spans])
+
+
 def read_span_device_rows(store: Store, run_id: int) -> pl.DataFrame:
     """The run's stored span device rows (``SPAN_DEVICE_ROW``), by rank and span_id."""
     schema = SPAN_DEVICE_ROW.polars()
