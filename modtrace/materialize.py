@@ -117,7 +117,11 @@ def _rounds(
 def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
     """The span device rows of a run analysed in rounds, rank by rank, from its stored spans
     (only the columns ``device_times`` reads) and device events."""
-    from modtrace.store.device_store import has_device_events, read_device_events, write_span_device_rows
+    from modtrace.store.device_store import (
+        has_device_events,
+        read_device_events,
+        write_span_device_rows,
+    )
 
     if not has_device_events(store, run_id):
         return
