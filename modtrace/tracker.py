@@ -219,7 +219,14 @@ class Tracker(BackwardHooks, RecomputeLinks):
     def _new_device_timer(self) -> None:
         from modtrace.device_clock import CudaClock, DeviceTimer
 
-        clock = self._device_clock if self._device_clock is not None else CudaClock()
+        try:
+            clock = self._device_clock if self._device_clock is not None else CudaClock()
+        except Exception as exc:  # never the program's error: record host time only
+            self._device_time = False
+            import warnings
+
+            warnings.warn(f"modtrace: no device time: {exc}", RuntimeWarning, stacklevel=2)
+            return
         self.device_timer = DeviceTimer(clock, lambda: self._clock() - self.t0)
 
     def _stream(self, device_id: int | None, seq: int) -> int | None:

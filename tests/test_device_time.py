@@ -11,6 +11,7 @@ the launches, so a call's device duration is the work launched inside it
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import warnings
 from pathlib import Path
@@ -292,7 +293,9 @@ def test_exported_spans_and_the_report_use_the_clock(db_path: Path, run_cli: Any
     assert run_cli("report", "gpu", "--db", str(db_path), "-o", str(report), "-q", "--vs", "gpu",
                    "--clock", "host").code == 2  # --vs the same run: refused as before
     assert run_cli("report", "gpu", "--db", str(db_path), "-o", str(report), "-q").code == 0
-    assert report.stat().st_size > 0
+    assert re.search(r'"clock":\s*"device"', report.read_text())
+    assert run_cli("report", "gpu", "--db", str(db_path), "-o", str(report), "-q", "--clock", "host").code == 0
+    assert re.search(r'"clock":\s*"host"', report.read_text())
 
 
 def test_record_no_device_time_option(tmp_path: Path, run_cli: Any) -> None:

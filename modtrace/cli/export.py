@@ -278,7 +278,7 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
         # --vs compares on one clock (as diff does); the run's own times are on it too.
         chosen = database.clock(run, clock) if base is None else database.diff_clock(base, run, clock=clock)
         data = load_run(database, run, quiet=quiet)
-        data = replace(data, spans=database.spans_on(data.info["id"], chosen)[0])
+        data = replace(data, spans=database.spans_on(data.info["id"], chosen)[0], info={**data.info, "clock": chosen})
         stepped = database.steps(data.info["id"], data.spans, step_on=step_on)
         data = replace(data, spans=stepped.frame)
         diff = None
