@@ -95,7 +95,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
     """
 
     def __init__(self, append: Append, clock: Callable[[], int] | None = None, on_optimizer_step: Callable[[], None] | None = None,
-                 roots: bool = True, device_time: bool = True, device_clock: DeviceClock | None = None) -> None:
+                 roots: bool = True, device_time: bool | None = None, device_clock: DeviceClock | None = None) -> None:
         self._append = append
         self._clock = clock or time.perf_counter_ns
         self._on_optimizer_step = on_optimizer_step
@@ -136,12 +136,14 @@ class Tracker(BackwardHooks, RecomputeLinks):
         self.new_roots: list[tuple[int, int, str | None]] = []
         self.roots = 0
         self._note_roots = roots
-        # Device time (modtrace.device_clock): calls on devices of this type
-        # also mark a timing event; the timer is made when the first is seen.
+        # Device time (modtrace.device_clock), for an owner that polls and
+        # drains ``device_timer`` (the recorder): on with ``device_time``
+        # (None: when a clock is injected).  Calls on devices of the clock's
+        # type mark a timing event; the timer is made when the first is seen.
         self.device_timer: DeviceTimer | None = None
-        self._device_time = device_time
+        self._device_time = device_clock is not None if device_time is None else device_time
         self._device_clock = device_clock
-        self._timed_type = device_clock.device_type if device_clock is not None and device_time else "cuda"
+        self._timed_type = device_clock.device_type if device_clock is not None and self._device_time else "cuda"
 
     # -- lifecycle -----------------------------------------------------------
 
