@@ -95,8 +95,9 @@ class NodeHook:
             while open_calls:
                 top = open_calls.pop()
                 top.closed = True  # a descendant nothing closed is done too, innermost first
-                append((next(seq), clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
-                        top.device_id, tr._stream(top.device_id) if cuda else None, _OK, task,
+                n = next(seq)
+                append((n, clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
+                        top.device_id, tr._stream(top.device_id, n) if cuda else None, _OK, task,
                         1 if group == -1 else 0))
                 group = -1
                 if top is call:
@@ -114,8 +115,9 @@ class NodeHook:
             call.closed = False
             open_calls.append(call)
             depth = call.depth
-            append((next(seq), clock() - t0, _ENTER, call.module_id, _BACKWARD, call.call_id, step, tid,
-                    call.device_id, tr._stream(call.device_id) if cuda else None, _OK, task,
+            n = next(seq)
+            append((n, clock() - t0, _ENTER, call.module_id, _BACKWARD, call.call_id, step, tid,
+                    call.device_id, tr._stream(call.device_id, n) if cuda else None, _OK, task,
                     1 if group is not None and depth >= group else 0))
             group = depth
         return None
@@ -142,7 +144,7 @@ class BackwardHooks:
 
     if TYPE_CHECKING:
         def _thread(self) -> ThreadState: ...
-        def _stream(self, device_id: int | None) -> int | None: ...
+        def _stream(self, device_id: int | None, seq: int) -> int | None: ...
         def _prune_recent(self) -> None: ...
         def _open_forward_calls(self) -> int: ...
 
@@ -198,8 +200,9 @@ class BackwardHooks:
             tie, group = (1 if group == -1 else 0), -1
         else:
             tie, group = (1 if group is not None and call.depth >= group else 0), call.depth
-        stream = self._stream(call.device_id) if self._cuda_devices else None
-        self._append((next(self._seq), self._clock() - self.t0, kind, call.module_id, _BACKWARD, call.call_id,
+        seq = next(self._seq)
+        stream = self._stream(call.device_id, seq) if self._cuda_devices else None
+        self._append((seq, self._clock() - self.t0, kind, call.module_id, _BACKWARD, call.call_id,
                       self.step, tid, call.device_id, stream, status, task, tie))
         return group
 

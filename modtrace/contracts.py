@@ -182,7 +182,24 @@ CALL_FRAME = Contract("call frame", (
     ("device_id", "Int32"), ("stream", "Int64"),
 ))
 
+# Device time (modtrace.device_clock): one enter or exit whose device event
+# resolved, as the recorder writes it (table device_events adds run_id and
+# rank; device_ts_ns null: the device could not time it, mem_bytes null: not
+# read), the frame the analysis takes, and a span's device columns as stored
+# (table span_device_rows; analysis.device says what each means).
+DEVICE_EVENT_ROW = Contract("device event row", (("seq", "Int64"), ("device_ts_ns", "Int64"), ("mem_bytes", "Int64")))
+DEVICE_EVENT_FRAME = DEVICE_EVENT_ROW.prefixed("device event frame", *_RUN_RANK)
+DEVICE_SPAN_COLUMNS: tuple[str, ...] = (
+    "device_start_ns", "device_end_ns", "device_duration_ns", "device_self_ns", "mem_delta_bytes", "mem_max_bytes",
+)
+SPAN_DEVICE_ROW = Contract("span device row", (
+    *_RUN_RANK, ("span_id", "Int64"), *((c, "Int64") for c in DEVICE_SPAN_COLUMNS),
+))
+# The clocks a run's times can be read on: host (when Python ran the hooks) or device.
+CLOCKS: tuple[str, ...] = ("host", "device")
+
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
     SPAN_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
+    DEVICE_EVENT_ROW, DEVICE_EVENT_FRAME, SPAN_DEVICE_ROW,
 )

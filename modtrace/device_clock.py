@@ -44,7 +44,15 @@ class DeviceClock(Protocol):
 
     ``stream`` is the clock's stream object (``torch.cuda.Stream`` for CUDA);
     an event, once recorded on a device, is recorded on that device only.
+    ``device_type`` is the torch device type whose module calls it times
+    (``"cuda"``; the test clock stands in for ``"cpu"``).
     """
+
+    device_type: str
+
+    def current_stream(self, device: int) -> tuple[Any, int]:
+        """The current stream of device ``device`` (its index) and its handle
+        (``events.stream``): the stream work launched now goes to."""
 
     def new_event(self) -> Any:
         """A new timing event (called only when a device's pool is empty)."""
@@ -70,9 +78,12 @@ class DeviceClock(Protocol):
 class CudaClock:
     """``DeviceClock`` over ``torch.cuda.Event(enable_timing=True)``."""
 
+    device_type = "cuda"
+
     def __init__(self) -> None:
         import torch
 
+        self._current_stream: Callable[[int], Any] = torch.cuda.current_stream
         self._event: Callable[..., Any] = torch.cuda.Event
         self._capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing
         # torch.cuda.memory_allocated builds and flattens the whole stats dict
@@ -80,6 +91,10 @@ class CudaClock:
         self._stats: Callable[[int], Any] = getattr(torch._C, "_cuda_memoryStats", None) or (
             torch.cuda.memory.memory_stats_as_nested_dict
         )
+
+    def current_stream(self, device: int) -> tuple[Any, int]:
+        stream = self._current_stream(device)
+        return stream, int(stream.cuda_stream)
 
     def new_event(self) -> Any:
         return self._event(enable_timing=True)
@@ -270,3 +285,16 @@ def _completed(q: deque[tuple[int, Any, int | None]], n: int, query: Callable[[A
         else:
             hi = mid
     return lo
+
+
+def drain_rows(timer: DeviceTimer) -> list[DeviceRow]:
+    """``timer.drain()`` at the end of a recording; a device that fails to
+    answer (a CUDA error surfacing at the wait) is a warning, and the events
+    still pending keep NULL device times (their host rows are written)."""
+    try:
+        return timer.drain()
+    except RuntimeError as exc:
+        import warnings
+
+        warnings.warn(f"modtrace: device times of {timer.pending} event(s) lost: {exc}", RuntimeWarning, stacklevel=2)
+        return []

@@ -42,12 +42,27 @@ def compute(store: Store, run_id: int, *, rank: int | None = None, complete: boo
     ranks = None if rank is None else [rank]
     complete = _complete(store, run_id, rank, complete)
     events = read_events(store, run_id, ranks=ranks)
-    return analyze_events(
+    result = analyze_events(
         events,
         read_modules(store, run_id, ranks=ranks),
         read_devices(store, run_id, ranks=ranks),
         complete=complete,
     )
+    return _with_device_times(store, run_id, ranks, result)
+
+
+def _with_device_times(store: Store, run_id: int, ranks: list[int] | None, result: Analysis) -> Analysis:
+    """The spans with their device columns (``analysis.device``) when the run has device times;
+    as they are otherwise (a CPU run pays one indexed probe)."""
+    from modtrace.store.device_store import has_device_events, read_device_events
+
+    if not has_device_events(store, run_id):
+        return result
+    from dataclasses import replace
+
+    from modtrace.analysis.device import device_times
+
+    return replace(result, spans=device_times(result.spans, read_device_events(store, run_id, ranks=ranks)))
 
 
 def stored(store: Store, run_id: int) -> Analysis | None:
@@ -60,7 +75,20 @@ def stored(store: Store, run_id: int) -> Analysis | None:
     if not has_analysis(store, run_id):
         return None
     spans = name_spans(read_span_rows(store, run_id), read_modules(store, run_id), read_devices(store, run_id))
-    return Analysis(spans, read_issues(store, run_id))
+    return Analysis(_stored_device_columns(store, run_id, spans), read_issues(store, run_id))
+
+
+def _stored_device_columns(store: Store, run_id: int, spans: pl.DataFrame) -> pl.DataFrame:
+    """``spans`` with their stored device columns, for a run that has some (computed
+    from ``device_events`` when none were stored: a run analysed in rounds)."""
+    from modtrace.store.device_store import read_span_device_rows
+
+    rows = read_span_device_rows(store, run_id)
+    if rows.height == 0:
+        from modtrace.analysis import Analysis
+
+        return _with_device_times(store, run_id, None, Analysis(spans, spans.clear())).spans
+    return spans.join(rows.drop("run_id"), on=["rank", "span_id"], how="left", maintain_order="left")
 
 
 def load(store: Store, run_id: int) -> Analysis:
@@ -86,6 +114,26 @@ def _rounds(
             yield part.spans, part.issues
 
 
+def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
+    """The span device rows of a run analysed in rounds, rank by rank, from its stored spans
+    (only the columns ``device_times`` reads) and device events."""
+    from modtrace.store.device_store import (
+        has_device_events,
+        read_device_events,
+        write_span_device_rows,
+    )
+
+    if not has_device_events(store, run_id):
+        return
+    from modtrace.analysis.device import device_times
+    from modtrace.store.analysis_store import read_span_rows
+
+    needed = ("run_id", "rank", "span_id", "parent_span_id", "depth", "device_id", "stream", "exit_seq")
+    for r in ranks:
+        spans = read_span_rows(store, run_id, columns=needed, rank=r)
+        write_span_device_rows(store, run_id, r, device_times(spans, read_device_events(store, run_id, ranks=[r])))
+
+
 def materialize_streamed(
     store: Store, run_id: int, *, rank: int | None = None, complete: bool | None = None,
     chunk_rows: int = CHUNK_ROWS,
@@ -106,6 +154,7 @@ def materialize_streamed(
     n_spans = [0]
     parts = _rounds(store, run_id, ranks, _complete(store, run_id, rank, complete), chunk_rows, found, n_spans)
     write_analysis_rounds(store, run_id, parts, rank=rank)
+    _store_device_times(store, run_id, ranks)
     if not found:
         return n_spans[0], empty_issues()
     return n_spans[0], pl.concat(found).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -36,6 +36,7 @@ from typing import Any
 from modtrace import forking
 from modtrace._version import __version__
 from modtrace.codes import Status
+from modtrace.device_clock import DeviceClock, drain_rows
 from modtrace.errors import StoreError, Terminated, UsageError, one_line
 from modtrace.masking import mask
 from modtrace.naming import default_run_name, shared_run_name
@@ -76,6 +77,7 @@ class _Batch:
     roots: list[tuple[Any, ...]]
     progress: tuple[int, int]  # (event_count, step_count) once this batch is written
     frame: bytes | None = None  # packed for the writer process
+    device_rows: list[tuple[Any, ...]] = field(default_factory=list)  # resolved device times (device_clock.DeviceRow)
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -139,6 +141,8 @@ class Recorder:
         step_on: str = "auto",
         retry_s: float | None = None,
         max_buffered: int = MAX_BUFFERED_EVENTS,
+        device_time: bool | None = None,
+        device_clock: DeviceClock | None = None,
     ) -> None:
         if step_on not in STEP_RULES:
             raise ValueError(f"step_on must be one of {', '.join(STEP_RULES)}, not {step_on!r}")
@@ -166,6 +170,11 @@ class Recorder:
         self.step_on = step_on
         self.retry_s = retry_seconds(retry_s)
         self.max_buffered = max_buffered
+        # Device time (modtrace.device_clock): None or True = on once a CUDA
+        # device is seen, False = off; ``device_clock`` replaces CUDA (tests).
+        self.device_time = device_time
+        self._device_clock = device_clock
+        self._device_rows: list[tuple[Any, ...]] = []  # drained at the end, for the last batch
         self.run_id: int = 0
         self.status: str | None = None
         self._clock = clock
@@ -274,7 +283,8 @@ class Recorder:
             meta.update(self.meta)
             self.run_id, _created = create_run(store, self.run_name, meta, join=self.join)
             tracker = Tracker(self._buf.append, clock=self._clock,
-                              on_optimizer_step=None if self.step_on == "manual" else self.step)
+                              on_optimizer_step=None if self.step_on == "manual" else self.step,
+                              device_time=self.device_time is not False, device_clock=self._device_clock)
             wall = time.time_ns()
             tracker.start()
             try:
@@ -335,6 +345,9 @@ class Recorder:
         tracker.stop()
         if status != "completed":
             tracker.close_open_forward(int(Status.ERROR))
+        if tracker.device_timer is not None:  # the one wait for the device, after the last mark
+            with self._take_lock:
+                self._device_rows += drain_rows(tracker.device_timer)
         self._stopping.set()
         self._wake.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
@@ -410,6 +423,7 @@ class Recorder:
         self._flush_error = exc
         if self._tracker is not None:
             self._tracker._append = self._drop  # later events are counted, not kept
+            self._tracker.device_timer = None
         print(mask(f"modtrace: error: {exc}; recording stopped (run {self.run_name!r} will be marked failed)"), file=sys.stderr)
 
     def _drop(self, event: tuple[Any, ...]) -> None:
@@ -525,7 +539,7 @@ class Recorder:
                 batch = self._pending[0]
                 try:
                     writer.write(batch.events, batch.modules, batch.threads, batch.devices, batch.progress,
-                                 roots=batch.roots, retry=retry)
+                                 roots=batch.roots, retry=retry, device_rows=batch.device_rows)
                 except Exception as exc:  # the batch stays pending for another try
                     if not retry and is_transient(exc) and not writer.expired:
                         self._wake.set()  # the flusher thread resumes it
@@ -543,18 +557,24 @@ class Recorder:
         assert tracker is not None
         buf = self._buf
         n = len(buf)
-        if not n:
+        # Device times that resolved by now (polled here: at step boundaries and by the flusher).
+        timer = tracker.device_timer
+        device_rows = timer.poll() if timer is not None else []
+        if self._device_rows:
+            device_rows, self._device_rows = self._device_rows + device_rows, []
+        if not n and not device_rows:
             return  # names travel with the events that name them
         events = buf[:n]
         del buf[:n]
         # Events first, then names: every name an event refers to was
         # registered before the event, so it is in this batch or an earlier one.
         batch = _Batch(events, _drain(tracker.new_modules), _drain(tracker.new_threads), _drain(tracker.new_devices),
-                       _drain(tracker.new_roots), (self._taken + n, tracker.step))
+                       _drain(tracker.new_roots), (self._taken + n, tracker.step), device_rows=device_rows)
         if pack is not None:
             batch.frame = self._frame(pack, batch)
         self._taken += n
-        self._last_taken_step = events[-1][6]
+        if n:
+            self._last_taken_step = events[-1][6]
         self._pending.append(batch)
 
     @staticmethod
@@ -562,7 +582,7 @@ class Recorder:
         """The batch packed for the writer process (packed once)."""
         if batch.frame is None:
             batch.frame = proc.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress,
-                                    roots=batch.roots)
+                                    roots=batch.roots, device_rows=batch.device_rows)
         return batch.frame
 
     def _handoff(self, proc: WriterProcess) -> None:

@@ -38,7 +38,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.modules.module as _module_hooks
@@ -64,6 +64,9 @@ from modtrace.call_stack import (
 from modtrace.input_kind import input_kind
 from modtrace.module_names import ModuleInfo, ModuleNames, iter_tensors
 from modtrace.recompute_links import RecomputeLinks
+
+if TYPE_CHECKING:
+    from modtrace.device_clock import DeviceClock, DeviceTimer
 
 Event = tuple[Any, ...]
 Append = Callable[[Event], Any]
@@ -92,7 +95,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
     """
 
     def __init__(self, append: Append, clock: Callable[[], int] | None = None, on_optimizer_step: Callable[[], None] | None = None,
-                 roots: bool = True) -> None:
+                 roots: bool = True, device_time: bool | None = None, device_clock: DeviceClock | None = None) -> None:
         self._append = append
         self._clock = clock or time.perf_counter_ns
         self._on_optimizer_step = on_optimizer_step
@@ -133,6 +136,14 @@ class Tracker(BackwardHooks, RecomputeLinks):
         self.new_roots: list[tuple[int, int, str | None]] = []
         self.roots = 0
         self._note_roots = roots
+        # Device time (modtrace.device_clock), for an owner that polls and
+        # drains ``device_timer`` (the recorder): on with ``device_time``
+        # (None: when a clock is injected).  Calls on devices of the clock's
+        # type mark a timing event; the timer is made when the first is seen.
+        self.device_timer: DeviceTimer | None = None
+        self._device_time = device_clock is not None if device_time is None else device_time
+        self._device_clock = device_clock
+        self._timed_type = device_clock.device_type if device_clock is not None and self._device_time else "cuda"
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -200,17 +211,40 @@ class Tracker(BackwardHooks, RecomputeLinks):
                     device_id = len(self._devices)
                     self._devices[dev] = device_id
                     self._device_objs.append(dev)
-                    if dev.type == "cuda":
+                    if dev.type == self._timed_type:
                         self._cuda_devices.add(device_id)
+                        if self._device_time and self.device_timer is None:
+                            self._new_device_timer()
                     self.new_devices.append((device_id, str(dev)))
         return device_id
 
-    def _stream(self, device_id: int | None) -> int | None:
+    def _new_device_timer(self) -> None:
+        from modtrace.device_clock import CudaClock, DeviceTimer
+
+        try:
+            clock = self._device_clock if self._device_clock is not None else CudaClock()
+        except Exception as exc:  # never the program's error: record host time only
+            self._device_time = False
+            import warnings
+
+            warnings.warn(f"modtrace: no device time: {exc}", RuntimeWarning, stacklevel=2)
+            return
+        self.device_timer = DeviceTimer(clock, lambda: self._clock() - self.t0)
+
+    def _stream(self, device_id: int | None, seq: int) -> int | None:
         """The current stream on a CUDA device (None elsewhere): a handle that
-        tells streams apart within the run."""
+        tells streams apart within the run.  With device time on, event
+        ``seq`` also gets its timing event on that stream: enters mark after
+        their host timestamp, exits after what the call launched."""
         if device_id is None or device_id not in self._cuda_devices:
             return None
-        return int(torch.cuda.current_stream(self._device_objs[device_id]).cuda_stream)
+        timer = self.device_timer
+        if timer is None:
+            return int(torch.cuda.current_stream(self._device_objs[device_id]).cuda_stream)
+        index = self._device_objs[device_id].index or 0
+        stream, handle = timer.clock.current_stream(index)
+        timer.mark(seq, index, stream, handle)
+        return handle
 
     def _module_device(self, mod: nn.Module) -> torch.device | None:
         for t in itertools.chain(mod.parameters(), mod.buffers()):
@@ -286,7 +320,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
         if root:
             self._root(seq, call_id, mod, args)
         self._append((seq, self._clock() - self.t0, _ENTER, info.module_id, phase, call_id, self.step, tid,
-                      device_id, self._stream(device_id) if self._cuda_devices else None, _OK, task_col, 0))
+                      device_id, self._stream(device_id, seq) if self._cuda_devices else None, _OK, task_col, 0))
 
     def _root(self, seq: int, call_id: int, mod: nn.Module, args: tuple[Any, ...]) -> None:
         """Note a root call (outermost on the main thread) and its input shape.
@@ -322,8 +356,9 @@ class Tracker(BackwardHooks, RecomputeLinks):
         if frame.phase == _SILENT:
             return
         device_id = frame.device_id
-        self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
-                      self.step, st.tid, device_id, self._stream(device_id) if self._cuda_devices else None, _OK,
+        seq = next(self._seq)
+        self._append((seq, self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
+                      self.step, st.tid, device_id, self._stream(device_id, seq) if self._cuda_devices else None, _OK,
                       frame.task, 0))
         exit_nodes = frame.exit_nodes
         frame.exit_nodes = None
@@ -416,8 +451,9 @@ class Tracker(BackwardHooks, RecomputeLinks):
     def _exit_forward(self, st: ThreadState, frame: Call, status: int) -> None:
         if frame.phase == _SILENT:
             return
-        stream = self._stream(frame.device_id) if self._cuda_devices else None
-        self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
+        seq = next(self._seq)
+        stream = self._stream(frame.device_id, seq) if self._cuda_devices else None
+        self._append((seq, self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, frame.device_id, stream, status, frame.task, 0))
 
     def close_open_forward(self, status: int = _ERROR) -> int:

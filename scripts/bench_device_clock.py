@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Host cost of device timing per event, on the CPU (issue 16, phase 1).
+"""Host cost of device timing per event, on the CPU (issue 16).
 
 What one enter or exit costs the program with device time on, apart from the
 CUDA calls themselves (which need a GPU: scripts/gpu_check.py point (d)):
@@ -12,13 +12,12 @@ CUDA calls themselves (which need a GPU: scripts/gpu_check.py point (d)):
   which does a little bookkeeping per record;
 * ``poll_null``: ``DeviceTimer.poll`` per event resolved (at step boundaries,
   off the modules' time);
-* ``tracker_plain`` / ``tracker_wrapper`` / ``tracker_marked``: a Tracker
-  recording forward + backward of 200 x (Linear(16,16) + ReLU), step time
-  per event, appending to a list; through a wrapper that appends and calls
-  a no-op (the control); through the same wrapper marking with the null
-  clock (the phase-2 hook).  ``added_vs_plain`` and ``added_vs_wrapper``
-  are medians of paired differences: on a shared machine the control shows
-  how much of the first is the noise of any extra call in the hook.
+* ``tracker_plain`` / ``tracker_device``: a Tracker recording forward +
+  backward of 200 x (Linear(16,16) + ReLU), step time per event, appending
+  to a list; without device time (the CPU path: what every CPU run does),
+  and with the null clock injected as the device clock, so every event
+  takes the tracker's CUDA path (current stream, ``mark``) minus the CUDA
+  calls.  ``added_vs_plain`` is the median of paired differences.
 
 Interleaved samples (chunk by chunk, step by step), medians, one process.  Prints a JSON summary on the last
 line.  Usage: scripts/bench_device_clock.py [--repeats N]
@@ -49,6 +48,12 @@ STEP = 500  # marks between polls
 
 
 class NullClock:
+    device_type = "cpu"  # injected into a Tracker, it times the CPU module calls
+    _stream = FakeStream(0, 1)
+
+    def current_stream(self, device: int) -> tuple[Any, int]:
+        return self._stream, 1
+
     def new_event(self) -> object:
         return object()
 
@@ -103,44 +108,31 @@ def mark_chunks(clocks: dict[str, Any], chunks: int) -> dict[str, list[float]]:
 
 
 def tracker_steps(steps: int) -> dict[str, list[float]]:
-    """ns per event of a Tracker over forward + backward steps, appending to a
-    list or appending and marking, the two taking turns step by step."""
+    """ns per event of a Tracker over forward + backward steps, without and with device time
+    (the null clock injected), the two taking turns step by step."""
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(200) for m in (nn.Linear(16, 16), nn.ReLU())])
     x = torch.randn(4, 16)
     rows: list[tuple[Any, ...]] = []
-    timer = DeviceTimer(NullClock(), lambda: 0)
-    stream = FakeStream(0, 1)
-    mark, add = timer.mark, rows.append
-
-    def marked(ev: tuple[Any, ...]) -> None:
-        add(ev)
-        mark(ev[0], 0, stream, 1)
-
-    def noop(seq: int, device: int, stream: Any, handle: int) -> None:
-        pass
-
-    def wrapped(ev: tuple[Any, ...]) -> None:  # the control: the same wrapper, calling nothing
-        add(ev)
-        noop(ev[0], 0, stream, 1)
-
-    tracker = Tracker(add)
-    out: dict[str, list[float]] = {"tracker_plain": [], "tracker_wrapper": [], "tracker_marked": []}
-    tracker.start()
-    try:
-        model(x).sum().backward()  # names the modules
-        turns = [("tracker_plain", add), ("tracker_wrapper", wrapped), ("tracker_marked", marked)]
-        for i in range(steps):
-            for name, append in turns[i % 3:] + turns[:i % 3]:  # none always goes first
-                tracker._append = append
-                rows.clear()
-                t0 = time.perf_counter_ns()
-                model(x).sum().backward()
-                out[name].append((time.perf_counter_ns() - t0) / len(rows))
-                timer.poll()
-    finally:
+    trackers = {"tracker_plain": Tracker(rows.append), "tracker_device": Tracker(rows.append, device_clock=NullClock())}
+    out: dict[str, list[float]] = {name: [] for name in trackers}
+    for tracker in trackers.values():  # names the modules, makes the timer
+        tracker.start()
+        model(x).sum().backward()
         tracker.stop()
-    timer.drain()
+    turns = list(trackers.items())
+    for i in range(steps):
+        for name, tracker in turns[i % 2:] + turns[:i % 2]:  # neither always goes first
+            rows.clear()
+            tracker.start()
+            t0 = time.perf_counter_ns()
+            model(x).sum().backward()
+            out[name].append((time.perf_counter_ns() - t0) / len(rows))
+            tracker.stop()
+            if tracker.device_timer is not None:
+                tracker.device_timer.poll()
+    timer = trackers["tracker_device"].device_timer
+    assert timer is not None and timer.events_allocated > 0, "the device path was not taken"
     return out
 
 
@@ -154,9 +146,9 @@ def main() -> None:
     samples |= tracker_steps(args.repeats)
     med = {k: round(statistics.median(v), 1) for k, v in samples.items()}
     med["mark_null_over_call_noop"] = round(med["mark_null"] / med["call_noop"], 2)
-    for name, base in (("added_vs_plain", "tracker_plain"), ("added_vs_wrapper", "tracker_wrapper")):
-        med[name] = round(statistics.median(
-            m - p for m, p in zip(samples["tracker_marked"], samples[base], strict=True)), 1)
+    med["added_vs_plain"] = round(statistics.median(
+        m - p for m, p in zip(samples["tracker_device"], samples["tracker_plain"], strict=True)), 1)
+    med["device_over_plain"] = round(med["tracker_device"] / med["tracker_plain"], 3)
     for k, v in med.items():
         print(f"{k:24s} {v:8.1f}")
     print(json.dumps({"unit": "ns per event (the _over_ figure: a ratio)", "repeats": args.repeats, **med}))

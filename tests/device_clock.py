@@ -10,7 +10,12 @@ run independently, so events complete late and out of order across streams.
 * ``advance(ns)`` moves device time on; an event completes when the device
   time reaches it;
 * ``wait(event)`` is the host blocking until then (counted: the code under
-  test may wait only at the end).
+  test may wait only at the end);
+* ``current[device]`` is the device's current stream (``current_stream``),
+  ``DEFAULT_STREAM`` of the device until a test sets another.
+
+It times module calls on ``device_type`` devices: "cpu", so a real model on
+the CPU goes through the tracker's CUDA path with this clock injected.
 
 Like CUDA, an event recorded on one device cannot be recorded on another,
 ``elapsed_ms`` of an event not yet completed raises, and elapsed times are
@@ -37,9 +42,14 @@ class FakeEvent:
     records: int = 0
 
 
+DEFAULT_STREAM = 0x7000  # handle of a device's default stream: DEFAULT_STREAM + device index
+
+
 @dataclass
 class FakeDeviceClock:
+    device_type: str = "cpu"
     now_ns: int = 0
+    current: dict[int, FakeStream] = field(default_factory=dict)  # device -> its current stream
     memory: dict[int, int] = field(default_factory=dict)  # device -> bytes allocated
     broken: set[int] = field(default_factory=set)  # event numbers whose timing fails
     capturing: bool = False  # the current stream is being captured into a CUDA graph
@@ -60,7 +70,15 @@ class FakeDeviceClock:
     def _tail(self, stream: FakeStream) -> int:
         return max(self.busy_until.get(stream, self.now_ns), self.now_ns)
 
+    def stream(self, device: int = 0) -> FakeStream:
+        """The device's current stream."""
+        return self.current.get(device) or FakeStream(device, DEFAULT_STREAM + device)
+
     # -- DeviceClock -------------------------------------------------------------
+
+    def current_stream(self, device: int) -> tuple[FakeStream, int]:
+        stream = self.stream(device)
+        return stream, stream.handle
 
     def new_event(self) -> FakeEvent:
         ev = FakeEvent(len(self.events))

@@ -1,8 +1,8 @@
-"""The phase-2 data path, end to end without a GPU: a real Tracker over a real
-model (forward, backward, checkpoint recompute) whose events each get a
-device event through DeviceTimer (the test device clock standing in for
-CUDA), polled between steps and drained at the end, then spans and their
-device columns from the real analysis."""
+"""The device-time data path at the tracker, without a GPU: a real Tracker over a
+real model (forward, backward, checkpoint recompute) with the test device
+clock injected, so each event gets a device event on the clock's stream
+(the tracker's CUDA path), polled between steps and drained at the end, then
+spans and their device columns from the real analysis."""
 
 from __future__ import annotations
 
@@ -16,12 +16,11 @@ from torch.utils.checkpoint import checkpoint
 
 from modtrace.analysis import analyze_events
 from modtrace.analysis.device import DEVICE_EVENT_SCHEMA, device_times
-from modtrace.device_clock import DeviceRow, DeviceTimer
+from modtrace.device_clock import DeviceRow
 from modtrace.tracker import Tracker
-from tests.device_clock import FakeDeviceClock, FakeStream
+from tests.device_clock import FakeDeviceClock
 from tests.recording import FakeClock
 
-STREAM = FakeStream(0, 0x5000)
 KERNEL_NS = 500  # the device work each event is behind; the host clock ticks 1000 per event
 MEM_PER_EVENT = 8
 
@@ -53,32 +52,34 @@ def test_spans_of_a_real_recording_get_the_device_clocks_times() -> None:
     torch.manual_seed(0)
     net = Net()
     device = FakeDeviceClock()
-    timer = DeviceTimer(device, lambda: 0)
     rows: list[tuple[Any, ...]] = []
 
     def append(event: tuple[Any, ...]) -> None:
-        # What the tracker will do on CUDA (phase 2): the row, then its device event.
-        event = (*event[:9], STREAM.handle, *event[10:])
+        # The tracker marked the event's device event before handing it over;
+        # then the "module" launches KERNEL_NS of work and allocates.
         rows.append(event)
-        device.launch(STREAM, KERNEL_NS)
-        device.memory[0] = MEM_PER_EVENT * event[0]
-        timer.mark(event[0], 0, STREAM, STREAM.handle)
+        device.launch(device.stream(0), KERNEL_NS)
+        device.memory[0] = MEM_PER_EVENT * (event[0] + 1)
 
-    tracker = Tracker(append, clock=FakeClock())
+    tracker = Tracker(append, clock=FakeClock(), device_clock=device)
     resolved: list[DeviceRow] = []
     tracker.start()
     try:
         for _ in range(3):
             net(torch.randn(2, 4)).sum().backward()
+            timer = tracker.device_timer
+            assert timer is not None
             resolved += timer.poll()  # a step boundary: what the device finished
             device.advance(10 * KERNEL_NS)  # the device is behind: the last events stay pending
     finally:
         tracker.stop()
-    assert timer.pending > 0 and device.waits == 0
+    timer = tracker.device_timer
+    assert timer is not None and timer.pending > 0 and device.waits == 0 and resolved
     resolved += timer.drain()
     assert device.waits == 1
 
     assert sorted(r[0] for r in resolved) == [r[0] for r in rows]  # every event, once
+    assert {r[9] for r in rows} == {device.stream(0).handle}  # the stream column is the clock's stream
     modules = pl.DataFrame([(0, *m) for m in tracker.new_modules],
                            schema=["rank", "module_id", "fqn", "module_type", "parent_module_id"], orient="row")
     devices = pl.DataFrame([(0, *d) for d in tracker.new_devices], schema=["rank", "device_id", "name"], orient="row")
@@ -88,8 +89,13 @@ def test_spans_of_a_real_recording_get_the_device_clocks_times() -> None:
 
     assert set(out["phase"].cast(pl.String)) == {"forward", "backward", "recompute"}
     assert out.filter(pl.col("end_ns").is_null()).height == 0
-    # The device ran each event KERNEL_NS after the previous one, half the host's tick.
-    assert (out["device_duration_ns"] * 2 == out["duration_ns"]).all()
-    assert (out["device_self_ns"] * 2 == out["self_ns"]).all()
-    assert (out["mem_delta_bytes"] == MEM_PER_EVENT * (out["exit_seq"] - out["span_id"])).all()
+    # Event k was recorded behind k launches: a span lasts KERNEL_NS per event inside it.
+    events_inside = out["exit_seq"] - out["span_id"]
+    assert (out["device_duration_ns"] == KERNEL_NS * events_inside).all()
+    children = out.group_by("parent_span_id").agg((pl.col("exit_seq") - pl.col("span_id")).sum().alias("inner"))
+    own = out.join(children, left_on="span_id", right_on="parent_span_id", how="left").sort("span_id")
+    ordered = out.sort("span_id")
+    assert (ordered["device_self_ns"] == KERNEL_NS * (ordered["exit_seq"] - ordered["span_id"]
+                                                      - own["inner"].fill_null(0))).all()
+    assert (out["mem_delta_bytes"] == MEM_PER_EVENT * events_inside).all()
     assert (out["mem_max_bytes"] == MEM_PER_EVENT * out["exit_seq"]).all()

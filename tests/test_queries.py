@@ -443,7 +443,55 @@ def check_call_counts(rec: Recording) -> None:
     assert [(r["rank"], r["step"]) for r in rows] == sorted((r["rank"], r["step"]) for r in rows)
 
 
+def _device_run() -> tuple[str, pl.DataFrame]:
+    """A run with device times (the test device clock standing in for CUDA), in a SQLite file of its own
+    (the shared fixture's runs are CPU runs): (database, its spans)."""
+    import tempfile
+
+    from device_recording import DeviceNet, train
+
+    from tests.device_clock import FakeDeviceClock
+
+    db = str(Path(tempfile.mkdtemp(prefix="modtrace-device-")) / "gpu.db")
+    device = FakeDeviceClock()
+    net = DeviceNet(device)
+    with modtrace.Recorder(db=db, run="gpu", device_clock=device, clock=Clock(1000), writer="thread") as r:
+        train(r, net, device, STEPS, 10_000)
+    with modtrace.open(db) as database:
+        spans = database.spans("gpu").with_columns(pl.col("fqn").cast(pl.String), pl.col("phase").cast(pl.String))
+    return db, spans
+
+
+def check_device_time(rec: Recording) -> None:
+    cpu = rec.query("device_time", run_id="base", limit=1000)
+    assert {r["fqn"] for r in cpu} == set(rec.spans["base"]["fqn"])
+    assert all(r["device_self_ms"] is None and r["timed_spans"] == 0 for r in cpu)
+    db, spans = _device_run()
+    want = spans.group_by("fqn").agg(pl.col("device_self_ns").sum(), pl.col("device_duration_ns").sum(),
+                                     pl.col("self_ns").sum()).sort(["device_self_ns", "fqn"],
+                                                                   descending=[True, False])
+    rows = run_query(db, library_query("device_time"), {"run_id": "gpu", "limit": "1000"}).rows
+    got = [(r[0], r[4], r[6], r[7]) for r in rows]
+    assert got == [(f, d / 1e6, i / 1e6, h / 1e6) for f, d, i, h in want.rows()]
+    assert got[0][0] == "DeviceNet.b"  # the module that launched the most work
+    assert sum(r[5] for r in rows) == pytest.approx(100)
+
+
+def check_memory_deltas(rec: Recording) -> None:
+    cpu = rec.query("memory_deltas", run_id="base", limit=1000)
+    assert cpu and all(r["max_delta_bytes"] is None and r["calls"] == 0 for r in cpu)
+    db, spans = _device_run()
+    rows = run_query(db, library_query("memory_deltas"), {"run_id": "gpu", "limit": "3"}).rows
+    biggest = (spans.filter(pl.col("phase") == "forward").group_by("fqn").agg(pl.col("mem_delta_bytes").max())
+               .sort(["mem_delta_bytes", "fqn"], descending=[True, False]).head(3))
+    assert [(r[0], r[2], r[4]) for r in rows] == [(f, "forward", m) for f, m in biggest.rows()]
+    peak = spans.filter((pl.col("fqn") == rows[0][0]) & (pl.col("phase") == "forward"))["mem_max_bytes"].max()
+    assert rows[0][6] == peak
+
+
 CHECKS: dict[str, Callable[[Recording], None]] = {
+    "device_time": check_device_time,
+    "memory_deltas": check_memory_deltas,
     "top_self_time": check_top_self_time,
     "step_breakdown": check_step_breakdown,
     "backward_forward_ratio": check_backward_forward_ratio,

@@ -40,17 +40,11 @@ from __future__ import annotations
 
 import polars as pl
 
-DEVICE_EVENT_SCHEMA: dict[str, pl.DataType] = {
-    "run_id": pl.Int32(),
-    "rank": pl.Int32(),
-    "seq": pl.Int64(),
-    "device_ts_ns": pl.Int64(),
-    "mem_bytes": pl.Int64(),
-}
+from modtrace.contracts import CLOCKS, DEVICE_EVENT_FRAME, DEVICE_SPAN_COLUMNS
 
-DEVICE_SPAN_COLUMNS: tuple[str, ...] = (
-    "device_start_ns", "device_end_ns", "device_duration_ns", "device_self_ns", "mem_delta_bytes", "mem_max_bytes",
-)
+DEVICE_EVENT_SCHEMA: dict[str, pl.DataType] = DEVICE_EVENT_FRAME.polars()
+
+__all__ = ["CLOCKS", "DEVICE_EVENT_SCHEMA", "DEVICE_SPAN_COLUMNS", "device_times", "has_device_time", "on_clock"]
 
 _KEY = ("run_id", "rank")
 
@@ -184,3 +178,30 @@ def _subtree_mem_max(s: pl.DataFrame) -> pl.DataFrame:
     (span_device,) = _lookup(span, span_ids, s["device_id"])
     own_device = ((every["_k"] & low) == span_device.cast(pl.Int64)).fill_null(False)
     return every.select(span.alias("span_id"), "_mem_max").filter(own_device).sort("span_id")
+
+
+_ON_DEVICE = (
+    ("start_ns", "device_start_ns"), ("end_ns", "device_end_ns"), ("duration_ns", "device_duration_ns"),
+    ("self_ns", "device_self_ns"),
+)
+
+
+def has_device_time(spans: pl.DataFrame) -> bool:
+    """Whether any span of ``spans`` has a device time."""
+    return "device_start_ns" in spans.columns and spans["device_start_ns"].null_count() < spans.height
+
+
+def on_clock(spans: pl.DataFrame, clock: str) -> pl.DataFrame:
+    """``spans`` with ``start_ns``, ``end_ns``, ``duration_ns`` and ``self_ns``
+    on ``clock`` (``CLOCKS``): as they are for ``host``; for ``device``, the
+    device columns of every span that has a device duration (the others,
+    calls on no CUDA device, keep their host times).  Everything built on
+    those four columns (tree, diff, report, export) then reads that clock."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, not {clock!r}")
+    if clock == "host":
+        return spans
+    if not has_device_time(spans):
+        raise ValueError("the spans have no device times")
+    timed = pl.col("device_duration_ns").is_not_null()
+    return spans.with_columns(pl.when(timed).then(pl.col(d)).otherwise(pl.col(h)).alias(h) for h, d in _ON_DEVICE)

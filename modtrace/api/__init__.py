@@ -242,8 +242,25 @@ class Database:
         return has_analysis(self._store, self.run(run).id)
 
     def spans(self, run: RunLike) -> pl.DataFrame:
-        """The run's spans frame (``contracts.SPAN_FRAME``)."""
+        """The run's spans frame (``contracts.SPAN_FRAME``; with ``contracts.DEVICE_SPAN_COLUMNS``
+        when the run has device times)."""
         return self.analysis(run).spans
+
+    def clock(self, run: RunLike, clock: str | None = None) -> str:
+        """The clock RUN's times are read on: ``clock`` (host | device, checked: a usage error for
+        device on a run without device times); None: device when the run has device times."""
+        from modtrace.api._clock import resolve_clock
+
+        ref = self.run(run)
+        return resolve_clock(self._store, ref.id, ref.name, clock)
+
+    def spans_on(self, run: RunLike, clock: str | None = None) -> tuple[pl.DataFrame, str]:
+        """(the run's spans with start, end, duration and self time on the clock, that clock):
+        ``analysis.device.on_clock`` of ``spans`` under ``clock(run, clock)``."""
+        from modtrace.analysis.device import on_clock
+
+        chosen = self.clock(run, clock)
+        return on_clock(self.spans(run), chosen), chosen
 
     def issues(self, run: RunLike) -> pl.DataFrame:
         """The run's nesting issues frame (``contracts.ISSUE_FRAME``)."""
@@ -256,11 +273,12 @@ class Database:
 
         return summarize_issues(self.issues(run))
 
-    def spans_table(self, run: RunLike) -> pl.DataFrame:
-        """Spans with names as plain strings, ``unclosed`` for a span never exited, and ``wall_start_ns``."""
+    def spans_table(self, run: RunLike, clock: str = "host") -> pl.DataFrame:
+        """Spans with names as plain strings, ``unclosed`` for a span never exited, and ``wall_start_ns``;
+        times on ``clock`` (see ``spans_on``)."""
         from modtrace.api._tables import spans_table
 
-        return spans_table(self.spans(run), self.anchors(run))
+        return spans_table(self.spans_on(run, clock)[0], self.anchors(run))
 
     def analyze(self, run: RunLike) -> AnalyzeSummary:
         """Rebuild and store the run's spans and nesting issues (idempotent)."""
@@ -295,9 +313,10 @@ class Database:
     def tree(
         self, run: RunLike, *, phase: str | None = None, step: int | None = None, rank: int | None = None,
         max_depth: int | None = None, min_percent: float | None = None, step_on: str | None = None,
-        step_kind: str | None = None,
+        step_kind: str | None = None, clock: str | None = None,
     ) -> pl.DataFrame:
-        """The module call tree with per-step median and total times and % of step.
+        """The module call tree with per-step median and total times and % of step, on ``clock``
+        (see ``clock``: by default device time when the run has it).
 
         Steps follow ``step_on`` (see ``steps``); ``step_kind`` keeps the steps
         of one kind (``-``: steps without a root call; None or ``all``: every
@@ -311,7 +330,7 @@ class Database:
         ref = self.run(run)
         if phase is not None and phase not in PHASES:
             raise UsageError(f"phase {phase!r}: one of {', '.join(PHASES)}")
-        stepped = self.steps(ref, step_on=step_on)
+        stepped = self.steps(ref, self.spans_on(ref, clock)[0], step_on=step_on)
         spans = stepped.frame if step_kind in (None, "all") else of_kind(ref.name, stepped, step_kind)
         if rank is not None:
             if rank not in set(spans["rank"].unique().to_list()):
@@ -328,14 +347,16 @@ class Database:
     def diff(
         self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,
         cand_db: Database | None = None, rank: int | None = None, step_on: str | None = None,
-        step_kind: str | None = None,
+        step_kind: str | None = None, clock: str | None = None,
     ) -> DiffResult:
         """Compare run ``cand`` (in ``cand_db``, default this database) against ``base``: steps under
-        ``step_on``, of ``step_kind`` (None: the kind most steps of both share; ``all``: every step)."""
+        ``step_on``, of ``step_kind`` (None: the kind most steps of both share; ``all``: every step),
+        both on one clock (``diff_clock``)."""
         from modtrace.analysis.diff import diff_runs
 
-        base_side = self.diff_side(base, rank, step_on)
-        cand_side = (cand_db or self).diff_side(cand, rank, step_on)
+        chosen = self.diff_clock(base, cand, cand_db=cand_db, clock=clock)
+        base_side = self.diff_side(base, rank, step_on, clock=chosen)
+        cand_side = (cand_db or self).diff_side(cand, rank, step_on, clock=chosen)
         return diff_runs(*like_with_like_calls(base_side, cand_side, step_kind), options)
 
     def diff_spans(
@@ -346,11 +367,23 @@ class Database:
 
         return diff_spans(base_spans, cand_spans, options)
 
+    def diff_clock(self, base: RunLike, cand: RunLike, *, cand_db: Database | None = None,
+                   clock: str | None = None) -> str:
+        """The one clock both sides of a diff are read on: ``clock`` (checked against both runs);
+        None: device when both runs have device times, else host."""
+        from modtrace.api._clock import common_clock
+        from modtrace.api._diff import split_ref
+
+        other = cand_db or self
+        b, c = split_ref(self, base)[0], split_ref(other, cand)[0]
+        return common_clock([(self._store, b.id, b.name), (other._store, c.id, c.name)], clock)
+
     def diff_side(
-        self, ref: RunLike, rank: int | None = None, step_on: str | None = None
+        self, ref: RunLike, rank: int | None = None, step_on: str | None = None, *, clock: str = "host"
     ) -> tuple[RunCalls, dict[str, Any]]:
-        """One side of a diff: (``RunCalls``, description), steps under ``step_on``.  ``ref`` may be
-        ``RUN:RANK``.  Pass two sides through ``like_with_like_calls`` before ``diff_calls``."""
+        """One side of a diff: (``RunCalls``, description), steps under ``step_on``, times on
+        ``clock`` (pick it for both sides with ``diff_clock``).  ``ref`` may be ``RUN:RANK``.  Pass
+        two sides through ``like_with_like_calls`` before ``diff_calls``."""
         from modtrace.api._diff import load_side
 
-        return load_side(self, self._store, ref, rank, step_on)
+        return load_side(self, self._store, ref, rank, step_on, clock)

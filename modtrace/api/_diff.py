@@ -54,10 +54,21 @@ def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -
     return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
 
 
+def _device_calls(db: Database, run: Run, rank: int | None) -> RunCalls:
+    """The run's closed calls with device times (from its spans: the fast read is of host times)."""
+    import polars as pl
+
+    from modtrace.analysis.diff import calls_of_spans
+
+    spans, _ = db.spans_on(run, "device")
+    return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
+
+
 def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
-              step_on: str | None = None) -> tuple[RunCalls, dict[str, Any]]:
-    """(closed calls of RUN[:RANK], or of ``rank``, steps under ``step_on``; its description for the
-    diff document, holding under ``_stepped`` the calls' steps and kinds for ``like_with_like``)."""
+              step_on: str | None = None, clock: str = "host") -> tuple[RunCalls, dict[str, Any]]:
+    """(closed calls of RUN[:RANK], or of ``rank``, steps under ``step_on``, times on ``clock``; its
+    description for the diff document, holding under ``_stepped`` the calls' steps and kinds for
+    ``like_with_like``)."""
     from modtrace.api._steps import restep
     from modtrace.store.samples import fetch_closed_calls
 
@@ -68,12 +79,15 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
         ranks = db.ranks(run)
         if rank not in ranks:
             raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
-    fetched = fetch_closed_calls(store, run.id, rank=rank)
-    calls = _calls(store, run.id, rank, fetched)
+    if clock == "device":
+        calls = _device_calls(db, run, rank)
+    else:
+        calls = _calls(store, run.id, rank, fetch_closed_calls(store, run.id, rank=rank))
     stepped = restep(store, run.id, run.name, calls.calls, step_on, None if rank is None else [rank])
     if calls.calls.height == 0:
         raise UsageError(f"run {run.name!r} has no module calls to compare")
-    return calls, {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank, "_stepped": stepped}
+    return calls, {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank, "clock": clock,
+                   "_stepped": stepped}
 
 
 def like_with_like(base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, dict[str, Any]],

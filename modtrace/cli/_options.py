@@ -42,6 +42,16 @@ def rank_option(help: str) -> Callable[[F], F]:  # noqa: A002 -- click's own nam
     return deco
 
 
+def clock_option(fn: F) -> F:
+    """``--clock host|device``: which clock the run's times are read on (default: device when
+    the run has device times, else host)."""
+    return click.option(
+        "--clock", type=click.Choice(["host", "device"]), default=None,
+        help="Times on the host clock (when Python ran the hooks) or the device's "
+             "(when CUDA ran the work; default when the run has device times).",
+    )(fn)
+
+
 def quiet_option(help: str = "No progress bar or notes on stderr.") -> Callable[[F], F]:  # noqa: A002
     """``-q/--quiet``: nothing on stderr but errors."""
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from modtrace.cli._options import db_option, format_option, rank_option
+from modtrace.cli._options import clock_option, db_option, format_option, rank_option
 from modtrace.cli._steps import step_kind_option, step_on_option
 from modtrace.contracts import SEVERITIES
 
@@ -67,9 +67,11 @@ def _step_arg(value: str) -> int | None:
               help="Hide nodes below this percentage of step time.")
 @step_on_option
 @step_kind_option("all")
+@clock_option
 @format_option("table", "json")
 def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, max_depth: int | None,
-         min_percent: float | None, step_on: str | None, step_kind: str | None, fmt: str) -> None:
+         min_percent: float | None, step_on: str | None, step_kind: str | None, clock: str | None,
+         fmt: str) -> None:
     """Show RUN's module call tree: calls, inclusive and self time, % of step.
 
     Times are per-step medians (over the steps a node ran in) and totals;
@@ -77,7 +79,8 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     root module calls, every phase) of the selected steps.  Backward and
     recompute calls form their own subtrees.  Steps follow --step-on;
     --step-kind keeps the steps of one kind (e.g. the decode steps of a
-    generate() loop).
+    generate() loop).  Times are on --clock: device time by default when
+    the run has it (CUDA), else host time.
     """
     import modtrace.api
     from modtrace.renderers import get_renderer
@@ -87,7 +90,8 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     with modtrace.api.open(db) as database:
         ref = database.run(run)
         nodes = database.tree(ref, phase=None if phase == "all" else phase, step=step, rank=rank,
-                              max_depth=max_depth, min_percent=min_percent, step_on=step_on, step_kind=step_kind)
+                              max_depth=max_depth, min_percent=min_percent, step_on=step_on, step_kind=step_kind,
+                              clock=clock)
     if fmt == "table" and nodes.height == 0:
         click.echo(f"run {ref.name}: no module calls to show")
         return

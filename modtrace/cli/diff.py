@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from modtrace.cli._options import db_option, format_option, rank_option
+from modtrace.cli._options import clock_option, db_option, format_option, rank_option
 from modtrace.cli._steps import step_kind_option, step_on_option
 from modtrace.contracts import PHASES
 
@@ -14,16 +14,30 @@ if TYPE_CHECKING:
     from modtrace.api import RunCalls
 
 
-def _load(db: str | None, ref: str, rank: int | None, step_on: str | None = None) -> tuple[RunCalls, dict[str, Any]]:
-    """Open DB and read one side of the diff: RUN[:RANK]'s closed calls, steps under STEP_ON, and its description."""
+def _load(db: str | None, ref: str, rank: int | None, step_on: str | None = None,
+          clock: str = "host") -> tuple[RunCalls, dict[str, Any]]:
+    """Open DB and read one side of the diff: RUN[:RANK]'s closed calls, steps under STEP_ON, times
+    on CLOCK, and its description."""
     import modtrace.api
 
     with modtrace.api.open(db) as database:
-        return database.diff_side(ref, rank, step_on)
+        return database.diff_side(ref, rank, step_on, clock=clock)
+
+
+def _clock(db: str | None, base: str, cand_db: str | None, cand: str, clock: str | None) -> str:
+    """The one clock of both sides (``Database.diff_clock``)."""
+    import modtrace.api
+
+    with modtrace.api.open(db) as database:
+        if cand_db is None:
+            return database.diff_clock(base, cand, clock=clock)
+        with modtrace.api.open(cand_db) as other:
+            return database.diff_clock(base, cand, cand_db=other, clock=clock)
 
 
 def _load_both(
-    base: tuple[str | None, str, int | None, str | None], cand: tuple[str | None, str, int | None, str | None]
+    base: tuple[str | None, str, int | None, str | None, str],
+    cand: tuple[str | None, str, int | None, str | None, str],
 ) -> tuple[tuple[RunCalls, dict[str, Any]], tuple[RunCalls, dict[str, Any]]]:
     """Both runs, read side by side (the database driver releases the GIL while it steps), while
     this thread imports what the diff needs."""
@@ -64,6 +78,7 @@ def _load_both(
                    "(for runs recorded on an equally quiet machine).")
 @step_on_option
 @step_kind_option("the kind most steps of both runs share, when they have more than one")
+@clock_option
 @format_option("table", "json", "csv", "markdown")
 @click.option("--fail-on", type=click.Choice(("regression", "structure", "any", "never")), default="regression",
               show_default=True, help="Which findings make the exit status 1.")
@@ -71,7 +86,7 @@ def _load_both(
 def diff(
     base: str, cand: str, db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
     threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
-    step_on: str | None, step_kind: str | None, fmt: str, fail_on: str, show_all: bool,
+    step_on: str | None, step_kind: str | None, clock: str | None, fmt: str, fail_on: str, show_all: bool,
 ) -> None:
     """Compare run CAND against run BASE: structure changes and timing regressions per module.
 
@@ -84,8 +99,9 @@ def diff(
     nobody), and Mann-Whitney tests over the steps give p < --alpha for
     both. Steps follow --step-on; when the runs' steps come in several kinds
     (a generate() loop's prompt and its decode steps), steps of one kind are
-    compared (--step-kind). Exit status: 0 clean, 1 findings (per
-    --fail-on), 2 usage error.
+    compared (--step-kind). Both runs are read on one --clock: device time
+    by default when both have it, else host time. Exit status: 0 clean, 1
+    findings (per --fail-on), 2 usage error.
     """
     from modtrace.api import DiffOptions, diff_calls, like_with_like_calls
     from modtrace.errors import UsageError
@@ -101,8 +117,9 @@ def diff(
         absolute=absolute,
         phases=tuple(p for p in PHASES if p in phases) if phases else None,
     )
+    chosen = _clock(db, base, cand_db, cand, clock)
     loaded_base, loaded_cand = _load_both(
-        (db, base, rank, step_on), (cand_db if cand_db is not None else db, cand, rank, step_on)
+        (db, base, rank, step_on, chosen), (cand_db if cand_db is not None else db, cand, rank, step_on, chosen)
     )
     base_calls, cand_calls = like_with_like_calls(loaded_base, loaded_cand, step_kind)
     base_info, cand_info = loaded_base[1], loaded_cand[1]

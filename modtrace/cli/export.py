@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
-from modtrace.cli._options import db_option, format_option, quiet_option, rank_option
+from modtrace.cli._options import clock_option, db_option, format_option, quiet_option, rank_option
 from modtrace.cli._steps import step_on_option
 
 if TYPE_CHECKING:
@@ -178,9 +178,15 @@ def _check_output_file(path: str) -> None:
               help="Output file (perfetto, or one table); a directory for both tables; - for stdout (text formats).")
 @click.option("--what", type=click.Choice(["spans", "events", "all"]), default=None,
               help="Tables to write with parquet/csv (default: all, into the directory PATH).")
+@clock_option
 @quiet_option()
-def export(run: str, db: str | None, fmt: str, output: str, what: str | None, quiet: bool) -> None:
+def export(run: str, db: str | None, fmt: str, output: str, what: str | None, clock: str | None,
+           quiet: bool) -> None:
     """Export RUN's spans as a Perfetto / chrome://tracing trace, or spans and events as Parquet or CSV.
+
+    On the device clock (default for a run with device times) the trace has
+    device tracks per stream beside the host threads' tracks, and the spans
+    table's times are device times.
 
     \b
     modtrace export RUN -o trace.json                     # open in ui.perfetto.dev
@@ -206,6 +212,7 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
             _check_output_file(output)
 
     with modtrace.api.open(db) as database:
+        chosen = database.clock(run, clock)
         data = load_run(database, run, quiet=quiet)
         if fmt == "perfetto":
             from modtrace.renderers import get_renderer
@@ -213,7 +220,7 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
 
             with progress_bar("writing trace", data.spans.height, quiet=quiet) as advance, atomic_text(output) as out:
                 get_renderer("trace", fmt, progress=advance).write(
-                    Trace(data.spans, data.anchors, data.thread_names, data.info), out
+                    Trace(data.spans, data.anchors, data.thread_names, data.info, device_tracks=chosen == "device"), out
                 )
             written = [(output, data.spans.height, "spans")]  # one slice per span
         else:
@@ -222,7 +229,7 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
                 Path(output).mkdir(exist_ok=True)
             if what in ("spans", "all"):
                 path = output if what == "spans" else str(Path(output) / f"spans.{fmt}")
-                table = database.spans_table(data.info["id"])
+                table = database.spans_table(data.info["id"], chosen)
                 _write_frame(table, path, fmt)
                 written.append((path, table.height, "spans"))
             if what in ("events", "all"):
@@ -252,9 +259,10 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, qu
 @click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the median-time step).")
 @rank_option("Rank shown in the flame chart (default: the lowest).")
 @step_on_option
+@clock_option
 @quiet_option()
 def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None,
-           step_on: str | None, quiet: bool) -> None:
+           step_on: str | None, clock: str | None, quiet: bool) -> None:
     """Write one self-contained HTML file about RUN: a flame chart of a step
     (forward, backward, recompute), per-step times, the nesting issues and,
     with --vs BASE, the diff against BASE.  It needs no network to view."""
@@ -267,7 +275,10 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
 
     _check_output_file(output)
     with modtrace.api.open(db) as database:
+        # --vs compares on one clock (as diff does); the run's own times are on it too.
+        chosen = database.clock(run, clock) if base is None else database.diff_clock(base, run, clock=clock)
         data = load_run(database, run, quiet=quiet)
+        data = replace(data, spans=database.spans_on(data.info["id"], chosen)[0], info={**data.info, "clock": chosen})
         stepped = database.steps(data.info["id"], data.spans, step_on=step_on)
         data = replace(data, spans=stepped.frame)
         diff = None
@@ -276,7 +287,8 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
             base_data = load_run(database, base, quiet=quiet)
             if base_data.info["id"] == data.info["id"]:
                 raise UsageError(f"--vs {base}: is the same run as {run}")
-            base_stepped = database.steps(base_data.info["id"], base_data.spans, step_on=step_on)
+            base_spans_on = database.spans_on(base_data.info["id"], chosen)[0]
+            base_stepped = database.steps(base_data.info["id"], base_spans_on, step_on=step_on)
             (base_spans, spans), _ = modtrace.api.like_with_like(
                 [(base_data.info["name"], base_stepped), (data.info["name"], stepped)], None)
             diff = database.diff_spans(base_spans, spans)

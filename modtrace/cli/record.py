@@ -102,6 +102,8 @@ def check_run_name(name: str) -> str:
 @click.option("--eager", is_flag=True,
               help="Run with torch.compile disabled (TORCH_COMPILE_DISABLE=1): a model compiled as a whole "
                    "records only its own call, not its submodules'.")
+@click.option("--no-device-time", is_flag=True,
+              help="Do not record device time and memory of module calls on CUDA (on by default).")
 @click.argument("target_args", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 @click.pass_context
 def record(
@@ -114,6 +116,7 @@ def record(
     no_analyze: bool,
     step_on: str,
     eager: bool,
+    no_device_time: bool,
     target_args: tuple[str, ...],
 ) -> int:
     """Run SCRIPT (or -m MODULE) as python would, recording its module calls.
@@ -149,7 +152,8 @@ def record(
     if eager:
         disable_compilation()
     return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
-                   quiet=quiet, analyze=not no_analyze, step_on=step_on)
+                   quiet=quiet, analyze=not no_analyze, step_on=step_on,
+                   device_time=False if no_device_time else None)
 
 
 def disable_compilation() -> None:
@@ -170,6 +174,7 @@ def _record(
     quiet: bool,
     analyze: bool,
     step_on: str = "auto",
+    device_time: bool | None = None,
 ) -> int:
     from datetime import datetime
 
@@ -190,7 +195,7 @@ def _record(
 
     try:
         return _record_under(target, run_name, auto, db=db, tags=tags, command=command, meta=meta,
-                             quiet=quiet, analyze=analyze, step_on=step_on)
+                             quiet=quiet, analyze=analyze, step_on=step_on, device_time=device_time)
     except Terminated:
         # SIGTERM before the target started or after it ended; a started
         # recorder finishes from its atexit hook.
@@ -199,7 +204,7 @@ def _record(
 
 def _record_under(
     target: Any, run_name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
-    meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto",
+    meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto", device_time: bool | None = None,
 ) -> int:
     from modtrace import progress as progress_mod
     from modtrace.errors import Terminated
@@ -207,7 +212,7 @@ def _record_under(
 
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze,
-                              step_on=step_on)
+                              step_on=step_on, device_time=device_time)
         line = None
         if progress_mod.wanted(sys.stderr, quiet):
             line = progress_mod.ProgressLine(
@@ -235,7 +240,7 @@ def _record_under(
 
 def _start_recorder(
     name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
-    meta: dict[str, Any], analyze: bool, step_on: str = "auto",
+    meta: dict[str, Any], analyze: bool, step_on: str = "auto", device_time: bool | None = None,
 ) -> Any:
     """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
     from modtrace.errors import RunNameTaken
@@ -244,7 +249,8 @@ def _start_recorder(
     attempt = 1
     while True:
         candidate = name if attempt == 1 else f"{name}-{attempt}"
-        rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze, step_on=step_on)
+        rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze, step_on=step_on,
+                       device_time=device_time)
         try:
             rec.__enter__()  # Recorder.start
         except RunNameTaken:

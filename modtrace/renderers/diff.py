@@ -78,7 +78,7 @@ def headline(doc: dict[str, Any]) -> list[str]:
             f"{_count(s['structure_changes'], 'structure change')} "
             f"({s['compared']} module/phase pairs compared; blame on self time: > {o['threshold_pct']:g}% "
             f"and > {o['min_delta_us']:g} us per step{share}, Mann-Whitney p < {o['alpha']:g} after Holm; "
-            f"first {o['skip_steps']} step(s) skipped)"
+            f"first {o['skip_steps']} step(s) skipped; {doc['base'].get('clock', 'host')} clock)"
         ),
     ]
     lines.extend(step_lines(doc["base"], doc["cand"]))

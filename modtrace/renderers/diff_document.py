@@ -5,7 +5,8 @@ values, times in microseconds).  Its keys are stable: new keys may be added,
 existing ones are not renamed or removed without bumping ``format``.
 
     format        "modtrace.diff/1"
-    base, cand    {run, run_id, db, rank (null: all ranks), steps (compared
+    base, cand    {run, run_id, db, rank (null: all ranks), clock (host |
+                  device: the one clock both sides are read on), steps (compared
                   (rank, step) samples), step_us (median time in root spans
                   per step)}
     options       {threshold_pct, min_delta_us, alpha, skip_steps, phases

@@ -4,7 +4,10 @@ One "X" (complete) event per span.  Each rank is a process (pid = rank + 1:
 pid 0 is the idle task to Perfetto's trace processor, google/perfetto#394),
 named ``rank N``.  Each recording thread gets one track per phase --
 ``thread 0 MainThread forward``, ``... backward``, ``... recompute`` -- and a
-``steps`` track per rank spans each step.
+``steps`` track per rank spans each step.  With ``Trace.device_tracks`` (a
+run with device times, on the device clock) the spans' device times go on
+tracks of their own, one per device stream and phase (``cuda:0 stream 94...
+forward (device)``): when the GPU ran each module, beside when Python did.
 
 Slices on one track must nest strictly (a child inside its parent, siblings
 apart), or viewers draw them wrongly.  ``assign_lanes`` guarantees that: a
@@ -44,6 +47,30 @@ class Trace:
     anchors: Mapping[int, int]
     thread_names: Mapping[tuple[int, int], str | None]
     run: Mapping[str, Any]
+    device_tracks: bool = False  # the spans' device times on tracks per stream too
+
+
+# Device tracks take thread ids from here up (one per rank, device and stream), after every thread.
+DEVICE_TRACK_BASE = 1 << 30
+
+
+def device_spans(spans: pl.DataFrame) -> tuple[pl.DataFrame, dict[tuple[int, int], str]]:
+    """The spans with device times, on them (start, end, self) and on a track per (rank, device,
+    stream) -- ``thread_id`` from ``DEVICE_TRACK_BASE`` -- and each track's name."""
+    if "device_start_ns" not in spans.columns:
+        return spans.clear(), {}
+    timed = spans.filter(pl.col("device_start_ns").is_not_null() & pl.col("device_end_ns").is_not_null())
+    keys = timed.select("rank", "device_id", "stream", pl.col("device").cast(pl.String)).unique().sort(
+        "rank", "device_id", "stream", nulls_last=True)
+    keys = keys.with_columns((pl.int_range(pl.len()).over("rank") + DEVICE_TRACK_BASE).cast(pl.Int32).alias("_track"))
+    names = {(int(r), int(t)): f"{d or 'device'} stream {s if s is not None else '-'}"
+             for r, d, s, t in keys.select("rank", "device", "stream", "_track").iter_rows()}
+    out = timed.join(keys.drop("device"), on=["rank", "device_id", "stream"], how="left", nulls_equal=True,
+                     maintain_order="left").with_columns(
+        pl.col("device_start_ns").alias("start_ns"), pl.col("device_end_ns").alias("end_ns"),
+        pl.col("device_self_ns").alias("self_ns"), pl.col("_track").alias("thread_id"),
+    ).drop("_track")
+    return out, names
 
 
 def assign_lanes(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]) -> list[int]:
@@ -180,6 +207,11 @@ class PerfettoRenderer(Renderer[Trace]):
         origin = min(anchors.values()) if anchors else 0
         trace = trace_frame(spans, anchors, origin)
         steps = step_frame(trace)
+        if model.device_tracks:
+            on_device, stream_names = device_spans(spans)
+            if on_device.height:
+                trace = pl.concat([trace, trace_frame(on_device, anchors, origin)], how="vertical_relaxed")
+                thread_names = {**thread_names, **stream_names}
         tracks = self._tracks(trace, steps, thread_names)
         tid_of = {(t["rank"], t["thread_id"], t["phase"], t["lane"]): t["tid"] for t in tracks}
         tid_frame = pl.DataFrame(
@@ -193,6 +225,7 @@ class PerfettoRenderer(Renderer[Trace]):
             "wall_origin_ns": origin,
             "time_origin": "ts 0 is the earliest rank's wall-clock anchor (wall_origin_ns, ns since the Unix epoch)",
             "modtrace_version": run.get("modtrace_version"),
+            "clock": "device" if model.device_tracks else "host",
         }
         out.write('{"displayTimeUnit": "ms", "otherData": ')
         out.write(json.dumps(other, default=str))
@@ -288,6 +321,8 @@ class PerfettoRenderer(Renderer[Trace]):
             index[rank] = k + 1
             if phase == "step":
                 name = "steps"
+            elif thread >= DEVICE_TRACK_BASE:
+                name = f"{thread_names.get((rank, thread))} {phase} (device)"
             else:
                 tname = thread_names.get((rank, thread))
                 name = f"thread {thread} {tname} {phase}" if tname else f"thread {thread} {phase}"

@@ -17,6 +17,7 @@ import polars as pl
 from sqlalchemy import Connection
 
 from modtrace.contracts import ISSUE_FRAME, ISSUE_ROW, SPAN_ROW
+from modtrace.store.device_store import replace_span_device_rows
 from modtrace.store.engine import Store
 from modtrace.store.reader import driver_cursor, mark
 
@@ -64,12 +65,16 @@ def write_analysis_rounds(
     """``write_analysis`` for results that come in parts: (spans, issues) pairs, each
     written as it arrives, all of them in one transaction."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
+    device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
     with store.engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
         conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
         for spans, issues in parts:
             _insert(conn, store, "span_rows", SPAN_ROW_COLUMNS, _span_rows(spans))
             _insert(conn, store, "nesting_issues", ISSUE_COLUMNS, _issue_rows(issues))
+            if "device_start_ns" in spans.columns:
+                device.append(spans)
+        replace_span_device_rows(conn, store, run_id, rank, device)
 
 
 def has_analysis(store: Store, run_id: int) -> bool:

@@ -118,6 +118,7 @@ class ResumingWriter:
         roots: Sequence[tuple[Any, ...]] = (),
         *,
         retry: bool = True,
+        device_rows: Sequence[tuple[Any, ...]] = (),
     ) -> bool:
         """Write one batch, retrying transient faults until the deadline.
 
@@ -139,7 +140,7 @@ class ResumingWriter:
                         return False
                 # A fault counts as got past once a write on a new connection commits.
                 self.writer.write(events, modules, threads, devices, progress, roots,
-                                  reconnects=self._unsaved + int(self._fault))
+                                  reconnects=self._unsaved + int(self._fault), device_rows=device_rows)
                 if self._fault:
                     self._got_past_fault()
                 self._unsaved = 0

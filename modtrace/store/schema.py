@@ -34,7 +34,7 @@ from modtrace.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0007")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -169,6 +169,38 @@ root_calls = Table(
     comment="Root calls: the outermost module calls on the main thread (each model(...) of a generate() or serving loop). Steps start at them when a run's steps follow root calls.",
 )
 
+device_events = Table(
+    "device_events",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the event."),
+    Column("seq", BigInteger, nullable=False, comment="events.seq of the enter or exit event."),
+    Column("device_ts_ns", BigInteger, nullable=True, comment="Nanoseconds on the rank's clock when the device reached the event: the host time at which the device's reference event was recorded plus the device's elapsed time since it. NULL when the device could not time it."),
+    Column("mem_bytes", BigInteger, nullable=True, comment="Bytes allocated by tensors on the event's device at the event (torch.cuda.memory_allocated, read on the host). NULL when not read."),
+    PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_device_events"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_device_events_run"),
+    sqlite_with_rowid=False,
+    comment="Device time and allocated memory of the events of module calls on CUDA devices, written as their device events resolve; query them through event_log.",
+)
+
+span_device_rows = Table(
+    "span_device_rows",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the span."),
+    Column("span_id", BigInteger, nullable=False, comment="span_rows.span_id of the span."),
+    Column("device_start_ns", BigInteger, nullable=True, comment="device_ts_ns of the enter event, in nanoseconds on the rank's clock."),
+    Column("device_end_ns", BigInteger, nullable=True, comment="device_ts_ns of the exit event, in nanoseconds on the rank's clock."),
+    Column("device_duration_ns", BigInteger, nullable=True, comment="Device nanoseconds from the enter to the exit, idle gaps of the stream included."),
+    Column("device_self_ns", BigInteger, nullable=True, comment="device_duration_ns minus the device durations of children on the same device and stream; NULL when such a child has no device time."),
+    Column("mem_delta_bytes", BigInteger, nullable=True, comment="Allocated bytes on the span's device at the exit minus at the enter."),
+    Column("mem_max_bytes", BigInteger, nullable=True, comment="The most allocated on the span's device at any event of the span or its descendants."),
+    PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_device_rows"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_span_device_rows_run"),
+    sqlite_with_rowid=False,
+    comment="Device time and memory of spans, written by modtrace analyze for runs with device times; query them through spans.",
+)
+
 span_rows = Table(
     "span_rows",
     metadata,
@@ -229,11 +261,12 @@ PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
     "modules": ("run_id", "module_id", "fqn", "module_type", "parent_module_id"),
     "event_log": (
         "run_id", "seq", "ts_ns", "kind", "fqn", "module_type", "phase", "call_id", "step",
-        "rank", "thread_id", "device", "stream", "status",
+        "rank", "thread_id", "device", "stream", "status", "device_ts_ns", "mem_bytes",
     ),
     "spans": (
         "run_id", "rank", "span_id", "parent_span_id", "depth", "fqn", "module_type", "phase", "call_id",
         "step", "thread_id", "start_ns", "end_ns", "duration_ns", "self_ns", "device", "stream", "status",
+        "device_start_ns", "device_end_ns", "device_duration_ns", "device_self_ns", "mem_delta_bytes", "mem_max_bytes",
     ),
     "nesting_issues": (
         "run_id", "rank", "seq", "kind", "severity", "fqn", "phase", "call_id", "step", "thread_id", "message",

@@ -21,7 +21,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from modtrace.contracts import DEVICE_ROW, EVENT_ROW, MODULE_ROW, ROOT_ROW, THREAD_ROW
+from modtrace.contracts import (
+    DEVICE_EVENT_ROW,
+    DEVICE_ROW,
+    EVENT_ROW,
+    MODULE_ROW,
+    ROOT_ROW,
+    THREAD_ROW,
+)
 from modtrace.store.engine import Store
 
 # Order of the values in the tuples the tracker builds (modtrace.contracts).
@@ -30,6 +37,7 @@ MODULE_COLUMNS: tuple[str, ...] = MODULE_ROW.names
 THREAD_COLUMNS: tuple[str, ...] = THREAD_ROW.names
 DEVICE_COLUMNS: tuple[str, ...] = DEVICE_ROW.names
 ROOT_COLUMNS: tuple[str, ...] = ROOT_ROW.names
+DEVICE_EVENT_COLUMNS: tuple[str, ...] = DEVICE_EVENT_ROW.names
 
 # Rows per multi-row statement: 64 x 13 = 832 bound values, under the 999
 # that SQLite builds before 3.32 allow.
@@ -64,6 +72,7 @@ class RankWriter:
             "threads": _insert_sql("threads", THREAD_COLUMNS, run_id, rank, style),
             "devices": _insert_sql("devices", DEVICE_COLUMNS, run_id, rank, style),
             "root_calls": _insert_sql("root_calls", ROOT_COLUMNS, run_id, rank, style),
+            "device_events": _insert_sql("device_events", DEVICE_EVENT_COLUMNS, run_id, rank, style),
         }
         self._conn: Connection | None = None
 
@@ -76,10 +85,12 @@ class RankWriter:
         progress: tuple[int, int] | None = None,
         roots: Sequence[tuple[Any, ...]] = (),
         reconnects: int = 0,
+        device_rows: Sequence[tuple[Any, ...]] = (),
     ) -> None:
         """Write one batch in one transaction; ``progress`` is (event_count, step_count),
         ``roots`` the batch's root calls (``ROOT_COLUMNS``), ``reconnects`` is
-        added to the rank's count.
+        added to the rank's count, ``device_rows`` the device times resolved
+        since the last batch (``DEVICE_EVENT_COLUMNS``, of this or earlier batches' events).
 
         On failure nothing of the batch is kept and the connection is dropped
         (the next write opens a new one)."""
@@ -93,6 +104,7 @@ class RankWriter:
                 self._many(conn, "devices", devices)
                 self._events(conn, events)
                 self._many(conn, "root_calls", roots)
+                self._many(conn, "device_events", device_rows)
                 if progress is not None:
                     conn.exec_driver_sql(
                         f"UPDATE run_ranks SET event_count = {self._mark}, step_count = {self._mark}"

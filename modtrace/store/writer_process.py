@@ -136,9 +136,11 @@ class WriterProcess:
         devices: Sequence[tuple[Any, ...]] = (),
         progress: tuple[int, int] | None = None,
         roots: Sequence[tuple[Any, ...]] = (),
+        device_rows: Sequence[tuple[Any, ...]] = (),
     ) -> bytes:
         """A batch as a frame (the program's only per-event cost)."""
-        return _frame(("write", list(events), list(modules), list(threads), list(devices), progress, list(roots)))
+        return _frame(("write", list(events), list(modules), list(threads), list(devices), progress, list(roots),
+                       list(device_rows)))
 
     def send_nowait(self, frame: bytes) -> bool:
         """Hand a frame over if the pipe has room for all of it now; False
@@ -350,12 +352,12 @@ def main() -> None:
             last_arrival = now
             if interval and not inbox.has_frame():
                 inbox.wait(rng.uniform(0.0, interval))
-            _, events, modules, threads, devices, progress, roots = message
+            _, events, modules, threads, devices, progress, roots, device_rows = message
             if failed:  # batches after a refused one would leave a gap
                 reply: tuple[Any, ...] = ("skipped",)
             else:
                 try:
-                    writer.write(events, modules, threads, devices, progress, roots)
+                    writer.write(events, modules, threads, devices, progress, roots, device_rows=device_rows)
                 except Exception as exc:
                     failed = True
                     reply = ("error", one_line(exc))

@@ -108,6 +108,7 @@
     ["status", run.status || "", run.status === "failed" ? "bad" : ""],
     ["steps", fmtNum(mySteps.length), ""],
     ["median step", fmtNs(median), ""],
+    ["clock", run.clock || "host", ""],
     ["spans", fmtNum(DATA.span_count), ""],
     ["ranks", fmtNum(run.ranks || DATA.ranks.length), ""],
     ["nesting errors", fmtNum(sev.error), sev.error ? "bad" : ""],
