@@ -100,6 +100,12 @@ def _roots(events: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
             if e[kind] == Kind.ENTER and e[module] == 0 and e[phase] == Phase.FORWARD]
 
 
+def _device_rows(events: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """Device time and allocated bytes (revision 0005) for every event but the last two: (seq, device_ts_ns, mem_bytes)."""
+    seq = EVENT_COLUMNS.index("seq")
+    return [(e[seq], 5_000 + 1_500 * i, 4096 * (i % 7)) for i, e in enumerate(events[:-2])]
+
+
 def _meta(command: str) -> dict[str, object]:
     return {
         "command": command, "cwd": "/frozen", "hostname": "frozen-host", "pid": 1,
@@ -118,8 +124,11 @@ def make(path: Path) -> None:
             add_rank(store, run_a, rank, wall_anchor_ns=1_767_225_600_000_000_000 + rank)
             writer = RankWriter(store, run_a, rank)
             events = _events(steps=2)
-            writer.write(events, MODULES, [(0, 1000 + rank, "MainThread")], [(0, "cpu")],
-                         progress=(len(events), 2), roots=_roots(events))
+            # rank 1 ran on a CUDA device with device times (revision 0005's device_events)
+            devices = [(0, "cpu")] if rank == 0 else [(0, "cuda:0")]
+            writer.write(events, MODULES, [(0, 1000 + rank, "MainThread")], devices,
+                         progress=(len(events), 2), roots=_roots(events),
+                         device_rows=_device_rows(events) if rank == 1 else ())
             finish_rank(store, run_a, rank, "completed")
         # spans and nesting issues of the completed run (revision 0002's tables)
         from modtrace.materialize import materialize

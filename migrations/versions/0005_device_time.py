@@ -1,6 +1,6 @@
 """device time and memory: device_events, span_device_rows; event_log and spans join them (issue 16)
 
-Revision ID: 0007
+Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01 11:30:00.000000
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
+revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
