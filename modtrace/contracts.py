@@ -146,6 +146,9 @@ SPAN_ROW = Contract("span row", (
     ("start_ns", "Int64"), ("end_ns", "Int64"), ("duration_ns", "Int64"), ("self_ns", "Int64"),
     ("device_id", "Int32"), ("stream", "Int64"), ("status", "Int8"), ("exit_seq", "Int64"),
 ))
+# What table span_rows keeps of a span row: no end_ns, which is start_ns + duration_ns (the
+# spans view and modtrace.store.analysis_store compute it when they read).
+SPAN_STORED_ROW = Contract("stored span row", tuple(c for c in SPAN_ROW.columns if c[0] != "end_ns"))
 # The spans frame: span rows with names, phase and status as Enums.
 SPAN_FRAME = Contract("spans frame", (
     *_RUN_RANK, ("span_id", "Int64"), ("parent_span_id", "Int64"), ("depth", "Int32"), ("module_id", "Int32"),
@@ -184,5 +187,5 @@ CALL_FRAME = Contract("call frame", (
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
-    SPAN_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
+    SPAN_ROW, SPAN_STORED_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
 )

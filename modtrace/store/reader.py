@@ -10,6 +10,7 @@ Python tuple per row).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +56,44 @@ def driver_cursor(store: Store, name: str | None = None) -> Iterator[Any]:
 def mark(store: Store) -> str:
     """The driver's bound-parameter mark."""
     return "?" if store.engine.dialect.paramstyle == "qmark" else "%s"
+
+
+def copy_csv(store: Store, select: str) -> bytes:
+    """PostgreSQL: the rows of ``select`` (values formatted into it, COPY binds none) as CSV
+    bytes, without a header; NULL is an empty field, as polars reads it."""
+    buf = io.BytesIO()
+    with driver_cursor(store) as cur, cur.copy(f"COPY ({select}) TO STDOUT (FORMAT csv)") as copy:
+        for block in copy:
+            buf.write(block)
+    return buf.getvalue()
+
+
+def sqlite_csv_chunks(
+    store: Store, table: str, exprs: list[str], names: list[str], key: tuple[str, str], where: str,
+    schema: dict[str, pl.DataType], chunk_rows: int = CHUNK_ROWS,
+) -> Iterator[pl.DataFrame]:
+    """SQLite: ``table``'s rows matching ``where`` by ``key`` (two columns of its primary key,
+    both among ``names``), as frames of ``chunk_rows`` rows that SQLite formats as one CSV
+    text each (printf, group_concat) and polars parses; ``exprs`` are the columns' SQL."""
+    line = f"printf('{','.join('%s' for _ in exprs)}', {', '.join(exprs)})"
+    a, b = key
+    sql = (f"SELECT group_concat(line, char(10)) FROM (SELECT {line} AS line FROM {table} WHERE {where} "
+           f"AND ({a}, {b}) > (?, ?) ORDER BY {a}, {b} LIMIT ?)")
+    after: tuple[int, int] = (-(1 << 62), -(1 << 62))
+    with driver_cursor(store) as cur:
+        while True:
+            cur.execute(sql, (*after, chunk_rows))
+            (text,) = cur.fetchone()
+            if not text:
+                return
+            frame = pl.read_csv(text.encode(), has_header=False, new_columns=names, schema=schema)
+            del text
+            if not frame.select(pl.struct(a, b).is_sorted()).item():  # group_concat's order is SQLite's to choose
+                frame = frame.sort(a, b)
+            after = (int(frame[a][-1]), int(frame[b][-1]))
+            yield frame
+            if frame.height < chunk_rows:
+                return
 
 
 def read_ranks(store: Store, run_id: int) -> list[int]:

@@ -1,0 +1,66 @@
+"""compact spans: span_rows keeps no end_ns (the spans view computes it) and no
+second index; a run's spans are written and read by primary key only
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-01 11:30:00.000000
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+# Written out here, not imported, so this revision stays as released.  The
+# columns and their order are those of revision 0002's view.
+_SPANS = """
+CREATE VIEW spans AS
+SELECT
+    s.run_id,
+    s.rank,
+    s.span_id,
+    s.parent_span_id,
+    s.depth,
+    m.fqn,
+    m.module_type,
+    CASE s.phase WHEN 0 THEN 'forward' WHEN 1 THEN 'backward' WHEN 2 THEN 'recompute' END AS phase,
+    s.call_id,
+    s.step,
+    s.thread_id,
+    s.start_ns,
+    {end_ns} AS end_ns,
+    s.duration_ns,
+    s.self_ns,
+    d.name AS device,
+    s.stream,
+    CASE WHEN s.status IS NULL THEN 'unclosed' WHEN s.status = 0 THEN 'ok' WHEN s.status = 1 THEN 'error'
+        WHEN s.status = 2 THEN 'early_stop' WHEN s.status = 3 THEN 'closed_at_end_of_backward'
+        WHEN s.status = 4 THEN 'no_enter' END AS status,
+    s.graph_task,
+    s.exit_seq,
+    s.module_id
+FROM span_rows s
+JOIN modules m ON m.run_id = s.run_id AND m.rank = s.rank AND m.module_id = s.module_id
+LEFT JOIN devices d ON d.run_id = s.run_id AND d.rank = s.rank AND d.device_id = s.device_id
+"""
+
+
+def upgrade() -> None:
+    op.execute("DROP VIEW IF EXISTS spans")
+    op.drop_index("ix_span_rows_module", table_name="span_rows")
+    # Plain ALTER TABLE ... DROP COLUMN (SQLite 3.35+), no batch copy of the table.
+    op.drop_column("span_rows", "end_ns")
+    op.execute(_SPANS.format(end_ns="s.start_ns + s.duration_ns"))
+
+
+def downgrade() -> None:
+    op.execute("DROP VIEW IF EXISTS spans")
+    op.add_column("span_rows", sa.Column("end_ns", sa.BigInteger(), nullable=True, comment="ts_ns of the exit event; NULL when the span was never exited."))
+    op.execute("UPDATE span_rows SET end_ns = start_ns + duration_ns")
+    op.create_index("ix_span_rows_module", "span_rows", ["run_id", "rank", "module_id", "phase"], unique=False)
+    op.execute(_SPANS.format(end_ns="s.end_ns"))
