@@ -1,5 +1,5 @@
-"""compact spans: span_rows keeps no end_ns (the spans view computes it) and no
-second index; a run's spans are written and read by primary key only
+"""compact spans: span_rows keeps no end_ns (the spans view computes it), its parent
+and exit as small gaps from span_id, and no second index
 
 Revision ID: 0005
 Revises: 0004
@@ -24,7 +24,7 @@ SELECT
     s.run_id,
     s.rank,
     s.span_id,
-    s.parent_span_id,
+    {parent} AS parent_span_id,
     s.depth,
     m.fqn,
     m.module_type,
@@ -42,7 +42,7 @@ SELECT
         WHEN s.status = 2 THEN 'early_stop' WHEN s.status = 3 THEN 'closed_at_end_of_backward'
         WHEN s.status = 4 THEN 'no_enter' END AS status,
     s.graph_task,
-    s.exit_seq,
+    {exit_seq} AS exit_seq,
     s.module_id
 FROM span_rows s
 JOIN modules m ON m.run_id = s.run_id AND m.rank = s.rank AND m.module_id = s.module_id
@@ -50,17 +50,35 @@ LEFT JOIN devices d ON d.run_id = s.run_id AND d.rank = s.rank AND d.device_id =
 """
 
 
+_PARENT = ("span_id of the enclosing span on the same stack; NULL at a root. A recompute span's parent is the "
+           "backward span open on its thread when it ran.")
+_EXIT_SEQ = "seq of the exit event; NULL when never exited."
+_PARENT_GAP = ("span_id minus the span_id of the enclosing span on the same stack (the spans view's parent_span_id); "
+               "NULL at a root. A recompute span's parent is the backward span open on its thread when it ran.")
+_EXIT_GAP = "seq of the exit event minus span_id (the spans view's exit_seq); NULL when never exited."
+
+
 def upgrade() -> None:
     op.execute("DROP VIEW IF EXISTS spans")
     op.drop_index("ix_span_rows_module", table_name="span_rows")
+    op.add_column("span_rows", sa.Column("parent_gap", sa.BigInteger(), nullable=True, comment=_PARENT_GAP))
+    op.add_column("span_rows", sa.Column("exit_gap", sa.BigInteger(), nullable=True, comment=_EXIT_GAP))
+    op.execute("UPDATE span_rows SET parent_gap = span_id - parent_span_id, exit_gap = exit_seq - span_id")
     # Plain ALTER TABLE ... DROP COLUMN (SQLite 3.35+), no batch copy of the table.
-    op.drop_column("span_rows", "end_ns")
-    op.execute(_SPANS.format(end_ns="s.start_ns + s.duration_ns"))
+    for name in ("end_ns", "parent_span_id", "exit_seq"):
+        op.drop_column("span_rows", name)
+    op.execute(_SPANS.format(end_ns="s.start_ns + s.duration_ns", parent="s.span_id - s.parent_gap",
+                             exit_seq="s.span_id + s.exit_gap"))
 
 
 def downgrade() -> None:
     op.execute("DROP VIEW IF EXISTS spans")
+    op.add_column("span_rows", sa.Column("parent_span_id", sa.BigInteger(), nullable=True, comment=_PARENT))
     op.add_column("span_rows", sa.Column("end_ns", sa.BigInteger(), nullable=True, comment="ts_ns of the exit event; NULL when the span was never exited."))
-    op.execute("UPDATE span_rows SET end_ns = start_ns + duration_ns")
+    op.add_column("span_rows", sa.Column("exit_seq", sa.BigInteger(), nullable=True, comment=_EXIT_SEQ))
+    op.execute("UPDATE span_rows SET parent_span_id = span_id - parent_gap, end_ns = start_ns + duration_ns, "
+               "exit_seq = span_id + exit_gap")
+    for name in ("parent_gap", "exit_gap"):
+        op.drop_column("span_rows", name)
     op.create_index("ix_span_rows_module", "span_rows", ["run_id", "rank", "module_id", "phase"], unique=False)
-    op.execute(_SPANS.format(end_ns="s.end_ns"))
+    op.execute(_SPANS.format(end_ns="s.end_ns", parent="s.parent_span_id", exit_seq="s.exit_seq"))

@@ -73,7 +73,11 @@ def _insert(conn: Connection, store: Store, table: str, frame: pl.DataFrame) -> 
 def _span_rows(spans: pl.DataFrame) -> pl.DataFrame:
     """A spans frame or span rows -> stored span rows (phase and status as their codes, no end_ns)."""
     codes = [pl.col(c).to_physical().cast(pl.Int16) if spans.schema[c] == pl.Enum else pl.col(c) for c in ("phase", "status")]
-    return spans.with_columns(codes).select(SPAN_STORED_COLUMNS)
+    gaps = [(pl.col("span_id") - pl.col("parent_span_id")).alias("parent_gap"),
+            (pl.col("exit_seq") - pl.col("span_id")).alias("exit_gap")]
+    rows = spans.with_columns(*codes, *gaps).select(SPAN_STORED_COLUMNS)
+    # In primary-key order, each insert lands at the end of the table's B-tree.
+    return rows if rows.select(pl.struct("rank", "span_id").is_sorted()).item() else rows.sort("rank", "span_id")
 
 
 def _issue_rows(issues: pl.DataFrame) -> pl.DataFrame:
@@ -115,8 +119,14 @@ def has_analysis(store: Store, run_id: int) -> bool:
         return cur.fetchone() is not None
 
 
+_DERIVED = {
+    "end_ns": "start_ns + duration_ns", "parent_span_id": "span_id - parent_gap", "exit_seq": "span_id + exit_gap",
+}
+
+
 def _stored(column: str) -> str:
-    return "start_ns + duration_ns" if column == "end_ns" else column
+    """The SQL reading ``column`` of a span row from span_rows' compact form."""
+    return _DERIVED.get(column, column)
 
 
 def read_span_rows(
