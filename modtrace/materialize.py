@@ -63,6 +63,15 @@ def stored(store: Store, run_id: int) -> Analysis | None:
     return Analysis(spans, read_issues(store, run_id))
 
 
+def load_issues(store: Store, run_id: int) -> pl.DataFrame:
+    """The run's nesting issues: the stored ones when it was analysed (no span is read), else computed."""
+    from modtrace.store.analysis_store import has_analysis, read_issues
+
+    if has_analysis(store, run_id):
+        return read_issues(store, run_id)
+    return compute(store, run_id).issues
+
+
 def load(store: Store, run_id: int) -> Analysis:
     """The run's analysis: the stored one when there is one, else computed (nothing written)."""
     found = stored(store, run_id)

@@ -246,8 +246,13 @@ class Database:
         return self.analysis(run).spans
 
     def issues(self, run: RunLike) -> pl.DataFrame:
-        """The run's nesting issues frame (``contracts.ISSUE_FRAME``)."""
-        return self.analysis(run).issues
+        """The run's nesting issues frame (``contracts.ISSUE_FRAME``); stored ones are read without the spans."""
+        from modtrace.materialize import load_issues
+
+        ref = self.run(run)
+        if ref.id in self._analyses:
+            return self._analyses[ref.id].issues
+        return load_issues(self._store, ref.id)
 
     def issue_summary(self, run: RunLike) -> pl.DataFrame:
         """The run's issues as ``modtrace check`` lists them: every error and warning, and one row per
