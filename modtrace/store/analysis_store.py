@@ -91,19 +91,24 @@ def write_analysis(
 
     ``spans``: a spans frame (``SPAN_FRAME``) or span rows (``SPAN_ROW``);
     ``issues``: an issues frame (``ISSUE_FRAME``)."""
-    write_analysis_rounds(store, run_id, [(spans, issues)], rank=rank)
+    write_analysis_rounds(store, run_id, [(spans, issues, None)], rank=rank)
 
 
 def write_analysis_rounds(
-    store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame]], *, rank: int | None = None
+    store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame, int | None]], *,
+    rank: int | None = None,
 ) -> None:
-    """``write_analysis`` for results that come in parts: (spans, issues) pairs, each
-    written as it arrives, all of them in one transaction."""
+    """``write_analysis`` for results that come in parts, each written as it arrives, all
+    of them in one transaction: (spans, issues, clear) triples, where ``clear`` names a
+    rank whose rows written so far this part replaces (None: it adds to them)."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     with store.engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
         conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
-        for spans, issues in parts:
+        for spans, issues, clear in parts:
+            if clear is not None:
+                for table in ("span_rows", "nesting_issues"):
+                    conn.exec_driver_sql(f"DELETE FROM {table} WHERE run_id = {int(run_id)} AND rank = {int(clear)}")
             _insert(conn, store, "span_rows", _span_rows(spans))
             _insert(conn, store, "nesting_issues", _issue_rows(issues))
 
