@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_analysis import _random_run

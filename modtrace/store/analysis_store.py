@@ -70,7 +70,7 @@ def _insert(conn: Connection, store: Store, table: str, frame: pl.DataFrame) -> 
         _insert_sqlite(conn, table, frame)
 
 
-def _span_rows(spans: pl.DataFrame) -> pl.DataFrame:
+def stored_span_rows(spans: pl.DataFrame) -> pl.DataFrame:
     """A spans frame or span rows -> stored span rows (phase and status as their codes, no end_ns)."""
     codes = [pl.col(c).to_physical().cast(pl.Int16) if spans.schema[c] == pl.Enum else pl.col(c) for c in ("phase", "status")]
     gaps = [(pl.col("span_id") - pl.col("parent_span_id")).alias("parent_gap"),
@@ -109,7 +109,7 @@ def write_analysis_rounds(
             if clear is not None:
                 for table in ("span_rows", "nesting_issues"):
                     conn.exec_driver_sql(f"DELETE FROM {table} WHERE run_id = {int(run_id)} AND rank = {int(clear)}")
-            _insert(conn, store, "span_rows", _span_rows(spans))
+            _insert(conn, store, "span_rows", stored_span_rows(spans))
             _insert(conn, store, "nesting_issues", _issue_rows(issues))
 
 
