@@ -65,6 +65,20 @@ def stored(store: Store, run_id: int) -> Analysis | None:
     return Analysis(spans, read_issues(store, run_id))
 
 
+def load_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFrame:
+    """The run's spans frame with at least ``columns`` filled (the others null when stored,
+    for a cheaper read): the stored spans when it was analysed, else computed."""
+    from modtrace.analysis.spans import name_spans
+    from modtrace.store.analysis_store import has_analysis, read_span_rows
+    from modtrace.store.reader import read_devices, read_modules
+
+    if not has_analysis(store, run_id):
+        return compute(store, run_id).spans
+    wanted = tuple(dict.fromkeys(("rank", "span_id", "module_id", "device_id", *columns)))
+    return name_spans(read_span_rows(store, run_id, columns=wanted), read_modules(store, run_id),
+                      read_devices(store, run_id))
+
+
 def load_issues(store: Store, run_id: int) -> pl.DataFrame:
     """The run's nesting issues: the stored ones when it was analysed (no span is read), else computed."""
     from modtrace.store.analysis_store import has_analysis, read_issues

@@ -230,7 +230,7 @@ def read_fetchall(store: Store, run_id: int) -> pl.DataFrame:
 
 def read_polars(store: Store, run_id: int) -> pl.DataFrame:
     with store.engine.connect() as conn:
-        return pl.read_database(f"SELECT * FROM events WHERE run_id = {int(run_id)} ORDER BY rank, seq", conn)
+        return pl.read_database(f"SELECT * FROM events WHERE run_id = {int(run_id)} ORDER BY rank, seq", conn, infer_schema_length=None)
 
 
 def measure(store: Store, run_id: int, events: int, spans_n: int, repeats: int, tmp: str) -> dict[str, Any]:

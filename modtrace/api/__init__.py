@@ -316,7 +316,7 @@ class Database:
         ref = self.run(run)
         if phase is not None and phase not in PHASES:
             raise UsageError(f"phase {phase!r}: one of {', '.join(PHASES)}")
-        stepped = self.steps(ref, step_on=step_on)
+        stepped = self.steps(ref, self._tree_spans(ref), step_on=step_on)
         spans = stepped.frame if step_kind in (None, "all") else of_kind(ref.name, stepped, step_kind)
         if rank is not None:
             if rank not in set(spans["rank"].unique().to_list()):
@@ -329,6 +329,15 @@ class Database:
         return filter_tree(
             module_tree(spans), phases=None if phase is None else {phase}, max_depth=max_depth, min_percent=min_percent
         )
+
+    def _tree_spans(self, ref: Run) -> pl.DataFrame:
+        """The spans ``tree`` needs: those held, else only the columns it reads."""
+        from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS
+        from modtrace.materialize import load_spans
+
+        if ref.id in self._analyses:
+            return self._analyses[ref.id].spans
+        return load_spans(self._store, ref.id, TREE_SPAN_COLUMNS)
 
     def diff(
         self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,
