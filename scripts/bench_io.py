@@ -247,8 +247,11 @@ def measure(store: Store, run_id: int, events: int, spans_n: int, repeats: int, 
         "rowwise_executemany": write_rowwise,
         "multirow_64_tuples": write_multirow,
         "temp_table_insert_select": write_temp_select,
-        "polars_write_database": write_polars,
     }
+    import importlib.util
+
+    if importlib.util.find_spec("pandas") is not None:  # polars writes through SQLAlchemy with pandas only
+        writers["polars_write_database"] = write_polars
     if store.dialect == "postgresql":
         writers["psycopg_copy_rows"] = write_copy
     timed_reads: dict[str, Callable[[], float]] = {}
