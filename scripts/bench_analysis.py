@@ -487,6 +487,11 @@ def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> di
             row.setdefault("check", []).append(_cli(["check", "bench"], db))
             row.setdefault("export_perfetto", []).append(
                 _cli(["export", "bench", "--format", "perfetto", "-o", perfetto, "-q"], db))
+    if pg_url:
+        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("DROP SCHEMA IF EXISTS modtrace_bench_e2e CASCADE"))
+        admin.dispose()
     copy = os.path.join(tmp, "sized.db")
     shutil.copyfile(path, copy)
     total = _file_size(copy)
