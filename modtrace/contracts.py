@@ -146,6 +146,13 @@ SPAN_ROW = Contract("span row", (
     ("start_ns", "Int64"), ("end_ns", "Int64"), ("duration_ns", "Int64"), ("self_ns", "Int64"),
     ("device_id", "Int32"), ("stream", "Int64"), ("status", "Int8"), ("exit_seq", "Int64"),
 ))
+# What table span_rows keeps of a span row, compact: no end_ns (start_ns + duration_ns), the
+# parent and the exit as small gaps from span_id (parent_gap = span_id - parent_span_id,
+# exit_gap = exit_seq - span_id); the spans view and modtrace.store.analysis_store undo this.
+SPAN_STORED_ROW = Contract("stored span row", (
+    *(c for c in SPAN_ROW.columns if c[0] not in ("end_ns", "parent_span_id", "exit_seq")),
+    ("parent_gap", "Int64"), ("exit_gap", "Int64"),
+))
 # The spans frame: span rows with names, phase and status as Enums.
 SPAN_FRAME = Contract("spans frame", (
     *_RUN_RANK, ("span_id", "Int64"), ("parent_span_id", "Int64"), ("depth", "Int32"), ("module_id", "Int32"),
@@ -200,6 +207,6 @@ CLOCKS: tuple[str, ...] = ("host", "device")
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
-    SPAN_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
+    SPAN_ROW, SPAN_STORED_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
     DEVICE_EVENT_ROW, DEVICE_EVENT_FRAME, SPAN_DEVICE_ROW,
 )

@@ -10,6 +10,7 @@ analyses a rank when it finishes) call it; the CLI goes through the API.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
     from modtrace.analysis import Analysis
     from modtrace.store.engine import Store
 
-# A rank with more events than this is analysed in rounds by ``materialize``.
-STREAM_ABOVE = 2_000_000
+# ``materialize`` analyses a rank in rounds of about this many events (read in chunks of
+# CHUNK_ROWS): a rank up to that size is one round, the one-piece analysis.
+ROUND_ROWS = 2_000_000
 CHUNK_ROWS = 200_000
 
 
@@ -91,32 +93,87 @@ def _stored_device_columns(store: Store, run_id: int, spans: pl.DataFrame) -> pl
     return spans.join(rows.drop("run_id"), on=["rank", "span_id"], how="left", maintain_order="left")
 
 
+def load_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFrame:
+    """The run's spans frame with at least ``columns`` filled (the others null when stored,
+    for a cheaper read): the stored spans when it was analysed, else computed."""
+    from modtrace.analysis.spans import name_spans
+    from modtrace.store.analysis_store import has_analysis, read_span_rows
+    from modtrace.store.reader import read_devices, read_modules
+
+    if not has_analysis(store, run_id):
+        return compute(store, run_id).spans
+    wanted = tuple(dict.fromkeys(("rank", "span_id", "module_id", "device_id", *columns)))
+    return name_spans(read_span_rows(store, run_id, columns=wanted), read_modules(store, run_id),
+                      read_devices(store, run_id))
+
+
+def load_issues(store: Store, run_id: int) -> pl.DataFrame:
+    """The run's nesting issues: the stored ones when it was analysed (no span is read), else computed."""
+    from modtrace.store.analysis_store import has_analysis, read_issues
+
+    if has_analysis(store, run_id):
+        return read_issues(store, run_id)
+    return compute(store, run_id).issues
+
+
 def load(store: Store, run_id: int) -> Analysis:
     """The run's analysis: the stored one when there is one, else computed (nothing written)."""
     found = stored(store, run_id)
     return found if found is not None else compute(store, run_id)
 
 
+def _round_chunks(store: Store, run_id: int, rank: int, round_rows: int, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """The rank's events by seq in frames of about ``round_rows`` rows, read ``chunk_rows`` at a time."""
+    import polars as pl
+
+    from modtrace.store.reader import iter_event_chunks
+
+    held: list[pl.DataFrame] = []
+    size = 0
+    for chunk in iter_event_chunks(store, run_id, rank, chunk_rows=min(chunk_rows, round_rows)):
+        held.append(chunk)
+        size += chunk.height
+        if size >= round_rows:
+            yield pl.concat(held, rechunk=True)
+            held, size = [], 0
+    if held:
+        yield pl.concat(held, rechunk=True)
+
+
+@dataclass
+class _Found:
+    """What ``materialize`` returns of the rounds: every issue, and the spans while each rank
+    was one round (``spans`` is None once a rank took several: those went to the store only)."""
+
+    issues: list[pl.DataFrame] = field(default_factory=list)
+    spans: list[pl.DataFrame] | None = field(default_factory=list)
+
+
 def _rounds(
-    store: Store, run_id: int, ranks: list[int], complete: bool, chunk_rows: int, found: list[pl.DataFrame],
-    n_spans: list[int],
-) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
-    from modtrace.analysis.stream import analyze_rounds
-    from modtrace.store.reader import iter_event_chunks, read_modules
+    store: Store, run_id: int, ranks: list[int], complete: bool, round_rows: int, chunk_rows: int, found: _Found,
+) -> Iterator[tuple[pl.DataFrame, pl.DataFrame, int | None]]:
+    """(spans, issues, rank whose rows they replace or None) per round of each rank."""
+    from modtrace.analysis.stream import analyze_rank
+    from modtrace.store.reader import read_modules
 
     for r in ranks:
         modules = read_modules(store, run_id, ranks=[r])
-        chunks = iter_event_chunks(store, run_id, r, chunk_rows=chunk_rows)
-        for part in analyze_rounds(chunks, modules, complete=complete):
-            n_spans[0] += part.spans.height
-            if part.issues.height:
-                found.append(part.issues)
-            yield part.spans, part.issues
+        parts: list[tuple[pl.DataFrame, pl.DataFrame]] = []
+        for part in analyze_rank(lambda r=r: _round_chunks(store, run_id, r, round_rows, chunk_rows),  # type: ignore[misc]
+                                 modules, complete=complete):
+            if part.restart:
+                parts.clear()
+            parts.append((part.spans, part.issues))
+            yield part.spans, part.issues, r if part.restart else None
+        found.issues.extend(issues for _, issues in parts)
+        if found.spans is not None:
+            found.spans = None if len(parts) > 1 else [*found.spans, *(spans for spans, _ in parts)]
 
 
 def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
-    """The span device rows of a run analysed in rounds, rank by rank, from its stored spans
-    (only the columns ``device_times`` reads) and device events."""
+    """The span device rows of a run with device times, rank by rank, from its stored spans
+    (only the columns ``device_times`` reads) and device events, once the rounds are stored
+    (device and self times need a rank's whole call tree)."""
     from modtrace.store.device_store import (
         has_device_events,
         read_device_events,
@@ -134,49 +191,37 @@ def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
         write_span_device_rows(store, run_id, r, device_times(spans, read_device_events(store, run_id, ranks=[r])))
 
 
-def materialize_streamed(
+def materialize(
     store: Store, run_id: int, *, rank: int | None = None, complete: bool | None = None,
-    chunk_rows: int = CHUNK_ROWS,
-) -> tuple[int, pl.DataFrame]:
-    """Rebuild and store run ``run_id``'s spans and issues (only ``rank``'s when given) in rounds.
-
-    Returns (number of spans stored, issues frame).  The run's (rank's)
-    stored rows are replaced in one transaction, as ``materialize`` does.
-    """
-    import polars as pl
-
-    from modtrace.analysis.nesting import ISSUE_SCHEMA, empty_issues
-    from modtrace.store.analysis_store import write_analysis_rounds
-    from modtrace.store.reader import read_ranks
-
-    ranks = read_ranks(store, run_id) if rank is None else [rank]
-    found: list[pl.DataFrame] = []
-    n_spans = [0]
-    parts = _rounds(store, run_id, ranks, _complete(store, run_id, rank, complete), chunk_rows, found, n_spans)
-    write_analysis_rounds(store, run_id, parts, rank=rank)
-    _store_device_times(store, run_id, ranks)
-    if not found:
-        return n_spans[0], empty_issues()
-    return n_spans[0], pl.concat(found).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]
-
-
-def materialize(store: Store, run_id: int, *, rank: int | None = None, complete: bool | None = None) -> Analysis:
+    round_rows: int = ROUND_ROWS, chunk_rows: int = CHUNK_ROWS,
+) -> Analysis:
     """Rebuild and store run ``run_id``'s spans and nesting issues (only ``rank``'s when given).
 
     Idempotent: the run's (rank's) stored rows are replaced in one transaction.
-    A run with more than ``STREAM_ABOVE`` events on a rank is analysed in
-    rounds with bounded memory (``materialize_streamed``); its spans then go
-    to the store only, and the returned ``spans`` frame is empty.
+    Each rank is analysed in rounds of about ``round_rows`` events
+    (``analysis.stream.analyze_rank``), whose results are those of the
+    one-piece analysis whatever the size.  The returned spans are named when
+    every rank was one round; a run with a rank of several rounds comes back
+    with its issues and an empty spans frame (its spans are in the store).
     """
+    import polars as pl
+
     from modtrace.analysis import Analysis
-    from modtrace.store.analysis_store import write_analysis
-    from modtrace.store.reader import max_rank_events
+    from modtrace.analysis.nesting import ISSUE_SCHEMA, empty_issues
+    from modtrace.analysis.spans import empty_spans, name_spans
+    from modtrace.store.analysis_store import write_analysis_rounds
+    from modtrace.store.reader import read_devices, read_modules, read_ranks
 
-    if max_rank_events(store, run_id, rank) > STREAM_ABOVE:
-        from modtrace.analysis.spans import empty_spans
-
-        _, issues = materialize_streamed(store, run_id, rank=rank, complete=complete)
+    ranks = read_ranks(store, run_id) if rank is None else [rank]
+    found = _Found()
+    parts = _rounds(store, run_id, ranks, _complete(store, run_id, rank, complete), round_rows, chunk_rows, found)
+    write_analysis_rounds(store, run_id, parts, rank=rank)
+    _store_device_times(store, run_id, ranks)
+    some = [f for f in found.issues if f.height]
+    issues = pl.concat(some).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind") if some else empty_issues()  # type: ignore[arg-type]
+    if not found.spans:
         return Analysis(empty_spans(), issues)
-    result = compute(store, run_id, rank=rank, complete=complete)
-    write_analysis(store, run_id, result.spans, result.issues, rank=rank)
-    return result
+    selected = None if rank is None else [rank]
+    rows = pl.concat(found.spans, rechunk=True)
+    spans = name_spans(rows, read_modules(store, run_id, ranks=selected), read_devices(store, run_id, ranks=selected))
+    return _with_device_times(store, run_id, selected, Analysis(spans.sort("rank", "span_id"), issues))

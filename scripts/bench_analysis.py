@@ -387,6 +387,146 @@ def measure_read(n: int, repeats: int, tmp: str) -> dict[str, Any]:
             "load_average_before": load_before, "load_average_after": load_after}
 
 
+# ------------------------------------------------------- end to end, on a store
+
+
+def _write_recording(url: str, n: int) -> int:
+    """A run of n events (generate()'s shape) written by the recorder's writer; its run id."""
+    from modtrace.store.engine import open_store
+    from modtrace.store.runs import add_rank, create_run, finish_rank
+    from modtrace.store.writer import EVENT_COLUMNS, RankWriter
+
+    events, mods, _ = generate(n)
+    store = open_store(url, create=True)
+    try:
+        run_id, _ = create_run(store, "bench", {})
+        add_rank(store, run_id, 0, 0)
+        writer = RankWriter(store, run_id, 0)
+        writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
+        for start in range(0, events.height, 250_000):
+            part = events.slice(start, 250_000)
+            writer.write(part.select(EVENT_COLUMNS).rows(), progress=(start + part.height, int(part["step"].max()) + 1))
+        finish_rank(store, run_id, 0, "completed")
+    finally:
+        store.dispose()
+    return run_id
+
+
+def plain_loop(path: str, run_id: int) -> int:
+    """The baseline: a straightforward sqlite3 read of the run's rows and the Python stack loop."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT seq, ts_ns, kind, module_id, phase, call_id, step, thread_id, status, graph_task, tie "
+            "FROM events WHERE run_id = ? AND rank = 0 ORDER BY seq", (run_id,)).fetchall()
+        depth_of = {m: 0 for m in range(build_model()[0].height)}
+        spans, _ = python_analysis(rows, depth_of)
+    finally:
+        conn.close()
+    return len(spans)
+
+
+def _cli(args: list[str], db: str) -> float:
+    """Wall time of one modtrace command in a fresh interpreter, as a user runs it."""
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "modtrace", *args, "--db", db], capture_output=True, text=True,
+                          check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode not in (0, 1):  # check exits 1 on errors
+        raise SystemExit(f"modtrace {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return wall
+
+
+def _file_size(path: str) -> int:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("VACUUM")
+    finally:
+        conn.close()
+    return os.path.getsize(path)
+
+
+def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> dict[str, Any]:
+    """The issue's analysis rows, side by side on one recording: the plain loop, ``modtrace analyze``,
+    ``tree``, ``check``, ``export --format perfetto`` (each a fresh ``modtrace`` process), and
+    the SQLite file's bytes per event and per span after VACUUM.  Repeats are interleaved."""
+    import shutil
+
+    path = os.path.join(tmp, f"e2e_{n}.db")
+    run_id = _write_recording(path, n)
+    events_only = _file_size(path)
+    perfetto = os.path.join(tmp, "trace.json")
+    targets: dict[str, str] = {"sqlite": path}
+    if pg_url:
+        from sqlalchemy import create_engine, text
+
+        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("DROP SCHEMA IF EXISTS modtrace_bench_e2e CASCADE"))
+            conn.execute(text("CREATE SCHEMA modtrace_bench_e2e"))
+        admin.dispose()
+        sep = "&" if "?" in pg_url else "?"
+        targets["postgresql"] = f"{pg_url}{sep}options=-csearch_path%3Dmodtrace_bench_e2e"
+        _write_recording(targets["postgresql"], n)
+    times: dict[str, dict[str, list[float]]] = {d: {} for d in targets}
+    plain: list[float] = []
+    spans = 0
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        spans = plain_loop(path, run_id)
+        plain.append(time.perf_counter() - t0)
+        for dialect, db in targets.items():
+            row = times[dialect]
+            row.setdefault("analyze", []).append(_cli(["analyze", "bench"], db))
+            row.setdefault("tree", []).append(_cli(["tree", "bench"], db))
+            row.setdefault("check", []).append(_cli(["check", "bench"], db))
+            row.setdefault("export_perfetto", []).append(
+                _cli(["export", "bench", "--format", "perfetto", "-o", perfetto, "-q"], db))
+    if pg_url:
+        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("DROP SCHEMA IF EXISTS modtrace_bench_e2e CASCADE"))
+        admin.dispose()
+    copy = os.path.join(tmp, "sized.db")
+    shutil.copyfile(path, copy)
+    total = _file_size(copy)
+    plain_s = statistics.median(plain)
+    out: dict[str, Any] = {"events": n, "spans": spans, "plain_loop_median_s": plain_s,
+                           "bytes_per_event": events_only / n, "bytes_per_span": (total - events_only) / spans,
+                           "sqlite_file_bytes": total}
+    for dialect, row in times.items():
+        medians = {k: statistics.median(v) for k, v in row.items()}
+        out[dialect] = {**{f"{k}_median_s": v for k, v in medians.items()},
+                        "analyze_vs_plain_loop": plain_s / medians["analyze"],
+                        "runs_s": row}
+    return out
+
+
+def print_end_to_end(e2e: dict[str, Any]) -> None:
+    """The issue's table rows, one line each, with the goal beside the figure."""
+    print(f"end to end, {e2e['events']:,} events -> {e2e['spans']:,} spans (medians of interleaved repeats)")
+    print(f"  {'what':<34}{'sqlite':>12}{'postgresql':>14}   goal")
+    dialects = [d for d in ("sqlite", "postgresql") if d in e2e]
+
+    def line(what: str, key: str, fmt: str, goal: str) -> None:
+        cells = "".join(f"{fmt.format(e2e[d][key]):>{12 if i == 0 else 14}}" for i, d in enumerate(dialects))
+        print(f"  {what:<34}{cells}   {goal}")
+
+    print(f"  {'plain loop (sqlite3 + Python)':<34}{e2e['plain_loop_median_s']:>11.2f}s")
+    line("modtrace analyze", "analyze_median_s", "{:.2f}s", "")
+    line("  speed-up over the plain loop", "analyze_vs_plain_loop", "{:.2f}x", ">= 3x")
+    line("modtrace tree", "tree_median_s", "{:.2f}s", "<= 1 s")
+    line("modtrace check", "check_median_s", "{:.2f}s", "<= 1 s")
+    line("modtrace export --format perfetto", "export_perfetto_median_s", "{:.2f}s", "<= 1 s")
+    print(f"  {'bytes per event (after VACUUM)':<34}{e2e['bytes_per_event']:>12.1f}{'':>14}   <= 40")
+    print(f"  {'bytes per span (after VACUUM)':<34}{e2e['bytes_per_span']:>12.1f}{'':>14}   <= 48")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000000,10000000")
@@ -395,6 +535,10 @@ def main() -> None:
     parser.add_argument("--read-sizes", default="1000000")
     parser.add_argument("--read-repeats", type=int, default=3)
     parser.add_argument("--skip-read", action="store_true")
+    parser.add_argument("--skip-rebuild", action="store_true", help="skip the in-memory polars vs Python rows")
+    parser.add_argument("--e2e-events", type=int, default=1_000_000, help="events of the end-to-end recording (0: skip)")
+    parser.add_argument("--e2e-repeats", type=int, default=3)
+    parser.add_argument("--pg", default=None, help="also run end to end on this PostgreSQL URL (a scratch schema)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -411,7 +555,12 @@ def main() -> None:
         "load_average_start": load_average(),
     }
     with tempfile.TemporaryDirectory() as tmp:
-        results = measure_sizes(sizes, args.repeats, args.python_repeats, tmp)
+        if args.e2e_events:
+            summary["end_to_end"] = measure_end_to_end(args.e2e_events, args.e2e_repeats, tmp, args.pg)
+            print_end_to_end(summary["end_to_end"])
+        if args.skip_rebuild:
+            sizes = []
+        results = measure_sizes(sizes, args.repeats, args.python_repeats, tmp) if sizes else []
         summary["sizes"] = results
         if len(results) >= 2:
             small, big = results[0], results[-1]
@@ -420,8 +569,16 @@ def main() -> None:
                 "polars_time_ratio": big["polars_median_s"] / small["polars_median_s"],
             }
         growth = summary.get("growth")
+        e2e = summary.get("end_to_end")
         summary["criteria"] = {
             "speedup_at_least_3x": all(r["speedup"] >= 3 for r in results),
+            "analyze_at_least_3x_the_plain_loop": None if e2e is None else all(
+                e2e[d]["analyze_vs_plain_loop"] >= 3 for d in ("sqlite", "postgresql") if d in e2e),
+            "tree_check_export_at_most_1s": None if e2e is None else all(
+                e2e[d][f"{k}_median_s"] <= 1 for d in ("sqlite", "postgresql") if d in e2e
+                for k in ("tree", "check", "export_perfetto")),
+            "storage_within_40_per_event_48_per_span": None if e2e is None else
+            e2e["bytes_per_event"] <= 40 and e2e["bytes_per_span"] <= 48,
             "peak_rss_at_most_3gb": all(r["child"]["peak_rss_mb"] <= 3 * 1024 for r in results),
             "linear_growth_at_most_11x_per_10x": None if growth is None
             else growth["polars_time_ratio"] <= 1.1 * growth["events_ratio"],
@@ -430,7 +587,7 @@ def main() -> None:
             summary["sqlite_read"] = [measure_read(int(s), args.read_repeats, tmp)
                                       for s in args.read_sizes.split(",") if s]
     summary["load_average_end"] = load_average()
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(summary, separators=(",", ":")))
 
 
 if __name__ == "__main__":

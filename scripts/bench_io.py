@@ -9,10 +9,20 @@ interleaved repeats in one process, medians:
   formats CSV text that polars parses; PostgreSQL a server-side cursor); ADBC
   (``adbc_driver_sqlite`` / ``adbc_driver_postgresql``), whose cursors give
   Arrow streams polars takes without a copy.
-* write spans into ``span_rows``: today's one-row ``INSERT`` through
-  ``executemany``; 64-row ``INSERT ... VALUES`` statements (what the event
-  writer does); ADBC bulk ingest of the polars frame (PostgreSQL: COPY
-  underneath); on PostgreSQL also psycopg's binary ``COPY``.
+* write spans into ``span_rows`` (its compact stored form, revision 0005):
+  modtrace's writer (``store.analysis_store.write_analysis``: multi-row
+  ``INSERT``s with one flat parameter list on SQLite, one CSV ``COPY`` on
+  PostgreSQL); one-row ``INSERT`` through ``executemany``; 64-row ``INSERT
+  ... VALUES`` of per-statement tuples (what the event writer does);
+  ``INSERT ... SELECT`` from a temporary table filled by ``executemany``;
+  polars ``write_database`` (SQLAlchemy); ADBC bulk ingest of the polars
+  frame; on PostgreSQL also psycopg's row-by-row ``COPY``.
+
+ADBC's SQLite driver carries its own SQLite library, which ignores the locks
+of Python's ``sqlite3`` in the same process (two libraries in one process
+corrupted a file once): its candidates run in a child process, alone on the
+file, and time themselves there.  They are skipped when ``adbc_driver_sqlite``
+(``adbc_driver_postgresql``) is not installed; modtrace does not depend on it.
 
 Prints one JSON summary on the last line.
 Usage: scripts/bench_io.py [--events N] [--repeats R] [--pg URL]
@@ -36,6 +46,8 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from modtrace.analysis.spans import SPAN_ROW_COLUMNS, SPAN_ROW_SCHEMA  # noqa: E402
+from modtrace.contracts import ISSUE_FRAME  # noqa: E402
+from modtrace.store.analysis_store import stored_span_rows, write_analysis  # noqa: E402
 from modtrace.store.engine import Store, open_store  # noqa: E402
 from modtrace.store.reader import read_events  # noqa: E402
 from modtrace.store.runs import add_rank, create_run  # noqa: E402
@@ -93,28 +105,47 @@ def prepare(url: str, events: int) -> tuple[Store, int]:
     return store, run_id
 
 
-def adbc_connect(store: Store) -> Any:
-    if store.dialect == "sqlite":
-        import adbc_driver_sqlite.dbapi as adbc
-
-        assert store.path is not None
-        return adbc.connect(str(store.path))
+_ADBC_CHILD = r"""
+import json, sys, time
+import polars as pl
+url, dialect, mode, run_id = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+if dialect == "sqlite":
+    import adbc_driver_sqlite.dbapi as adbc
+else:
     import adbc_driver_postgresql.dbapi as adbc
+conn = adbc.connect(url)
+cur = conn.cursor()
+if mode == "read":
+    t0 = time.perf_counter()
+    cur.execute(f"SELECT * FROM events WHERE run_id = {run_id} ORDER BY rank, seq")
+    n = pl.DataFrame(cur.fetch_arrow()).height
+else:
+    spans = pl.read_parquet(sys.argv[5])
+    t0 = time.perf_counter()
+    cur.adbc_ingest("span_rows", spans, mode="append")
+    conn.commit()
+    n = spans.height
+print(json.dumps({"seconds": time.perf_counter() - t0, "rows": n}))
+cur.close()
+conn.close()
+"""
 
-    url = store.engine.url.set(drivername="postgresql")
-    return adbc.connect(url.render_as_string(hide_password=False))
+
+def _adbc_available(store: Store) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("adbc_driver_sqlite" if store.dialect == "sqlite" else "adbc_driver_postgresql") is not None
 
 
-def read_adbc(store: Store, run_id: int) -> pl.DataFrame:
-    conn = adbc_connect(store)
-    try:
-        cur = conn.cursor()
-        cur.execute(f"SELECT * FROM events WHERE run_id = {int(run_id)} ORDER BY rank, seq")
-        frame = pl.DataFrame(cur.fetch_arrow())
-        cur.close()
-    finally:
-        conn.close()
-    return frame
+def _adbc(store: Store, mode: str, run_id: int, parquet: str = "") -> float:
+    """One ADBC candidate in a child process, the store's own connections closed first; its own timing."""
+    import subprocess
+
+    store.engine.dispose()
+    url = str(store.path) if store.dialect == "sqlite" else store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    done = subprocess.run([sys.executable, "-c", _ADBC_CHILD, url, store.dialect, mode, str(run_id), parquet],
+                          capture_output=True, text=True, check=True)
+    return float(json.loads(done.stdout.splitlines()[-1])["seconds"])
 
 
 def _clear(store: Store, run_id: int) -> None:
@@ -122,20 +153,30 @@ def _clear(store: Store, run_id: int) -> None:
         conn.exec_driver_sql(f"DELETE FROM span_rows WHERE run_id = {int(run_id)}")
 
 
+def _columns(frame: pl.DataFrame) -> str:
+    return ", ".join(frame.columns)
+
+
+def write_modtrace(store: Store, spans: pl.DataFrame) -> None:
+    write_analysis(store, int(spans["run_id"][0]), spans, pl.DataFrame(schema=ISSUE_FRAME.polars()))
+
+
 def write_rowwise(store: Store, spans: pl.DataFrame) -> None:
+    rows = stored_span_rows(spans)
     mark = "?" if store.dialect == "sqlite" else "%s"
-    sql = f"INSERT INTO span_rows ({', '.join(SPAN_ROW_COLUMNS)}) VALUES ({', '.join(mark for _ in SPAN_ROW_COLUMNS)})"
+    sql = f"INSERT INTO span_rows ({_columns(rows)}) VALUES ({', '.join(mark for _ in rows.columns)})"
     with store.engine.begin() as conn:
-        for start in range(0, spans.height, 50_000):
-            conn.exec_driver_sql(sql, spans.slice(start, 50_000).rows())
+        for start in range(0, rows.height, 50_000):
+            conn.exec_driver_sql(sql, rows.slice(start, 50_000).rows())
 
 
 def write_multirow(store: Store, spans: pl.DataFrame) -> None:
+    frame = stored_span_rows(spans)
     mark = "?" if store.dialect == "sqlite" else "%s"
-    one = "(" + ", ".join(mark for _ in SPAN_ROW_COLUMNS) + ")"
-    head = f"INSERT INTO span_rows ({', '.join(SPAN_ROW_COLUMNS)}) VALUES "
+    one = "(" + ", ".join(mark for _ in frame.columns) + ")"
+    head = f"INSERT INTO span_rows ({_columns(frame)}) VALUES "
     full = head + ", ".join([one] * MULTI_ROWS)
-    rows = spans.rows()
+    rows = frame.rows()
     whole = len(rows) - len(rows) % MULTI_ROWS
     flat = [tuple(v for r in rows[i:i + MULTI_ROWS] for v in r) for i in range(0, whole, MULTI_ROWS)]
     with store.engine.begin() as conn:
@@ -146,56 +187,98 @@ def write_multirow(store: Store, spans: pl.DataFrame) -> None:
             conn.exec_driver_sql(head + ", ".join([one] * len(tail)), tuple(v for r in tail for v in r))
 
 
-def write_adbc(store: Store, spans: pl.DataFrame) -> None:
-    conn = adbc_connect(store)
-    try:
-        cur = conn.cursor()
-        cur.adbc_ingest("span_rows", spans, mode="append")
-        cur.close()
-        conn.commit()
-    finally:
-        conn.close()
+def write_temp_select(store: Store, spans: pl.DataFrame) -> None:
+    """executemany into a temporary table without a key, then one INSERT ... SELECT."""
+    rows = stored_span_rows(spans)
+    mark = "?" if store.dialect == "sqlite" else "%s"
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE span_load AS SELECT {_columns(rows)} FROM span_rows WHERE 1 = 0")
+        conn.exec_driver_sql(f"INSERT INTO span_load VALUES ({', '.join(mark for _ in rows.columns)})", rows.rows())
+        conn.exec_driver_sql(f"INSERT INTO span_rows ({_columns(rows)}) SELECT {_columns(rows)} FROM span_load")
+        conn.exec_driver_sql("DROP TABLE span_load")
+
+
+def write_polars(store: Store, spans: pl.DataFrame) -> None:
+    stored_span_rows(spans).write_database("span_rows", store.engine, if_table_exists="append")
 
 
 def write_copy(store: Store, spans: pl.DataFrame) -> None:
+    rows = stored_span_rows(spans)
     raw = store.engine.raw_connection()
     try:
         driver: Any = raw.driver_connection
-        with driver.cursor() as cur, cur.copy(f"COPY span_rows ({', '.join(SPAN_ROW_COLUMNS)}) FROM STDIN") as copy:
-            for row in spans.iter_rows():
+        with driver.cursor() as cur, cur.copy(f"COPY span_rows ({_columns(rows)}) FROM STDIN") as copy:
+            for row in rows.iter_rows():
                 copy.write_row(row)
         driver.commit()
     finally:
         raw.close()
 
 
-def measure(store: Store, run_id: int, events: int, spans_n: int, repeats: int) -> dict[str, Any]:
+def read_fetchall(store: Store, run_id: int) -> pl.DataFrame:
+    raw = store.engine.raw_connection()
+    try:
+        cur = raw.driver_connection.cursor()  # type: ignore[union-attr]
+        cur.execute(f"SELECT * FROM events WHERE run_id = {int(run_id)} ORDER BY rank, seq")
+        rows = cur.fetchall()
+        cur.close()
+    finally:
+        raw.rollback()
+        raw.close()
+    return pl.DataFrame(rows, orient="row", infer_schema_length=None)
+
+
+def read_polars(store: Store, run_id: int) -> pl.DataFrame:
+    with store.engine.connect() as conn:
+        return pl.read_database(f"SELECT * FROM events WHERE run_id = {int(run_id)} ORDER BY rank, seq", conn, infer_schema_length=None)
+
+
+def measure(store: Store, run_id: int, events: int, spans_n: int, repeats: int, tmp: str) -> dict[str, Any]:
     spans = synthetic_spans(run_id, spans_n)
+    parquet = str(Path(tmp) / "spans.parquet")
+    stored_span_rows(spans).write_parquet(parquet)
     readers: dict[str, Callable[[], pl.DataFrame]] = {
         "modtrace_reader": lambda: read_events(store, run_id),
-        "adbc": lambda: read_adbc(store, run_id),
+        "driver_fetchall": lambda: read_fetchall(store, run_id),
+        "polars_read_database": lambda: read_polars(store, run_id),
     }
     writers: dict[str, Callable[[Store, pl.DataFrame], None]] = {
+        "modtrace_writer": write_modtrace,
         "rowwise_executemany": write_rowwise,
-        "multirow_64": write_multirow,
-        "adbc_ingest": write_adbc,
+        "multirow_64_tuples": write_multirow,
+        "temp_table_insert_select": write_temp_select,
     }
+    import importlib.util
+
+    if importlib.util.find_spec("pandas") is not None:  # polars writes through SQLAlchemy with pandas only
+        writers["polars_write_database"] = write_polars
     if store.dialect == "postgresql":
-        writers["psycopg_copy"] = write_copy
-    reads: dict[str, list[float]] = {k: [] for k in readers}
-    writes: dict[str, list[float]] = {k: [] for k in writers}
+        writers["psycopg_copy_rows"] = write_copy
+    timed_reads: dict[str, Callable[[], float]] = {}
+    timed_writes: dict[str, Callable[[], float]] = {}
+    if _adbc_available(store):
+        timed_reads["adbc_child"] = lambda: _adbc(store, "read", run_id)
+        timed_writes["adbc_ingest_child"] = lambda: _adbc(store, "write", run_id, parquet)
+    reads: dict[str, list[float]] = {k: [] for k in [*readers, *timed_reads]}
+    writes: dict[str, list[float]] = {k: [] for k in [*writers, *timed_writes]}
     rng = random.Random(0)
     for _ in range(repeats):
-        for name in rng.sample(list(readers), len(readers)):
+        for name in rng.sample(list(reads), len(reads)):
+            if name in timed_reads:
+                reads[name].append(timed_reads[name]())
+                continue
             t0 = time.perf_counter()
             frame = readers[name]()
             reads[name].append(time.perf_counter() - t0)
             assert frame.height == events, (name, frame.height)
-        for name in rng.sample(list(writers), len(writers)):
+        for name in rng.sample(list(writes), len(writes)):
             _clear(store, run_id)
-            t0 = time.perf_counter()
-            writers[name](store, spans)
-            writes[name].append(time.perf_counter() - t0)
+            if name in timed_writes:
+                writes[name].append(timed_writes[name]())
+            else:
+                t0 = time.perf_counter()
+                writers[name](store, spans)
+                writes[name].append(time.perf_counter() - t0)
             with store.engine.connect() as conn:
                 count = conn.exec_driver_sql(f"SELECT COUNT(*) FROM span_rows WHERE run_id = {run_id}").scalar()
             assert count == spans_n, (name, count)
@@ -218,13 +301,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         store, run_id = prepare(str(Path(d) / "io.db"), args.events)
         try:
-            summary["sqlite"] = measure(store, run_id, args.events, args.events // 2, args.repeats)
+            summary["sqlite"] = measure(store, run_id, args.events, args.events // 2, args.repeats, d)
         finally:
             store.dispose()
     if args.pg:
         store, run_id = prepare(args.pg, args.events)
         try:
-            summary["postgresql"] = measure(store, run_id, args.events, args.events // 2, args.repeats)
+            with tempfile.TemporaryDirectory() as d:
+                summary["postgresql"] = measure(store, run_id, args.events, args.events // 2, args.repeats, d)
         finally:
             with store.engine.begin() as conn:
                 conn.exec_driver_sql(f"DELETE FROM runs WHERE id = {run_id}")

@@ -8,7 +8,7 @@ backward every step, roots closed at the end of backward), then analyses it
 store them) in a fresh child process per mode and repeat, measuring wall
 time and the child's peak RSS (its ``ru_maxrss``):
 
-- ``stream``: ``modtrace.materialize.materialize_streamed`` (events
+- ``stream``: ``modtrace.materialize.materialize`` in rounds of ``chunk`` events (events
   read through a server-side cursor in chunks of ``--chunk-rows``, open
   calls carried from chunk to chunk, spans written chunk by chunk);
 - ``whole``: ``modtrace.materialize.materialize`` forced onto the
@@ -153,12 +153,13 @@ url, run_id, mode, chunk = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.a
 store = open_store(url)
 t0 = time.perf_counter()
 if mode == "stream":
-    spans, found = stream.materialize_streamed(store, run_id, chunk_rows=chunk)
+    found = stream.materialize(store, run_id, round_rows=chunk, chunk_rows=chunk).issues
+    from modtrace.store.analysis_store import count_span_rows
+    spans = count_span_rows(store, run_id)
     issues = found.height
 else:
     from modtrace.materialize import materialize
-    stream.STREAM_ABOVE = 1 << 62  # the one-piece path whatever the size
-    result = materialize(store, run_id)
+    result = materialize(store, run_id, round_rows=1 << 62)  # the whole rank as one round
     spans, issues = result.spans.height, result.issues.height
 elapsed = time.perf_counter() - t0
 with store.engine.connect() as conn:

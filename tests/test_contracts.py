@@ -127,7 +127,7 @@ def test_writer_and_schema_follow_the_contracts() -> None:
         schema.events: EVENT_FRAME, schema.modules: MODULE_ROW.prefixed("", ("run_id", "Int32"), ("rank", "Int32")),
         schema.threads: THREAD_ROW.prefixed("", ("run_id", "Int32"), ("rank", "Int32")),
         schema.devices: DEVICE_ROW.prefixed("", ("run_id", "Int32"), ("rank", "Int32")),
-        schema.span_rows: SPAN_ROW, schema.nesting_issues: ISSUE_ROW,
+        schema.span_rows: contracts.SPAN_STORED_ROW, schema.nesting_issues: ISSUE_ROW,
         schema.root_calls: ROOT_ROW.prefixed("", ("run_id", "Int32"), ("rank", "Int32")),
     }
     for table, contract in tables.items():

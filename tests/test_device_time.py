@@ -187,13 +187,13 @@ def test_the_stored_analysis_keeps_the_device_columns_and_a_cpu_run_stores_none(
     # the spans view joins them
     view = _rows(db_path, "SELECT sum(device_duration_ns), sum(mem_delta_bytes) FROM spans WHERE run_id = 1")[0]
     assert view == tuple(int(computed[c].sum()) for c in ("device_duration_ns", "mem_delta_bytes"))
-    # a run analysed in rounds (a long one) stores the same device rows
-    from modtrace.materialize import materialize_streamed
+    # analysed in many small rounds (as a long run is), it stores the same device rows
+    from modtrace.materialize import materialize
 
     before = _rows(db_path, "SELECT * FROM span_device_rows ORDER BY run_id, rank, span_id")
     store = open_store(str(db_path))
     try:
-        materialize_streamed(store, 1, chunk_rows=7)
+        materialize(store, 1, round_rows=7, chunk_rows=7)
     finally:
         store.dispose()
     assert _rows(db_path, "SELECT * FROM span_device_rows ORDER BY run_id, rank, span_id") == before

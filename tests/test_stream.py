@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_analysis import _random_run
@@ -158,26 +157,25 @@ def _stored(db: str, run_id: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any
     return spans, issues
 
 
-def test_streamed_materialize_stores_what_the_one_piece_one_does(any_db: str) -> None:
-    from modtrace.materialize import materialize, materialize_streamed
+def test_materialize_in_small_rounds_stores_what_one_round_does(any_db: str) -> None:
+    from modtrace.materialize import compute, materialize
     from modtrace.store.engine import open_store
 
     run_id = _record(any_db, "small")
     store = open_store(any_db)
     try:
-        whole = materialize(store, run_id)
+        whole = materialize(store, run_id)  # one round: the one-piece analysis
         expected = _stored(any_db, run_id)
         assert whole.spans.height == len(expected[0]) > 100
-        n, issues = materialize_streamed(store, run_id, chunk_rows=17)
-        assert n == whole.spans.height
-        assert issues.sort("rank", "seq", "kind").equals(whole.issues.sort("rank", "seq", "kind"))
+        assert whole.spans.equals(compute(store, run_id).spans.sort("rank", "span_id"))
+        again = materialize(store, run_id, round_rows=17, chunk_rows=5)
+        assert again.issues.sort("rank", "seq", "kind").equals(whole.issues.sort("rank", "seq", "kind"))
         assert _stored(any_db, run_id) == expected  # replaced, not appended: the same rows
     finally:
         store.dispose()
 
 
-def test_materialize_streams_a_run_above_the_threshold(db_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli) -> None:  # type: ignore[no-untyped-def]
-    import modtrace.materialize as materialize_mod
+def test_a_run_of_several_rounds_goes_to_the_store_only(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     from modtrace.materialize import materialize
     from modtrace.store.engine import open_store
 
@@ -186,11 +184,9 @@ def test_materialize_streams_a_run_above_the_threshold(db_path: Path, monkeypatc
     try:
         materialize(store, run_id)
         expected = _stored(str(db_path), run_id)
-        # Above the threshold (the tuning constant, lowered so a small run crosses it) the
-        # spans go to the store in rounds and are not held: the frame comes back empty.
-        monkeypatch.setattr(materialize_mod, "STREAM_ABOVE", 50)
-        monkeypatch.setattr(materialize_mod, "CHUNK_ROWS", 64)
-        result = materialize(store, run_id)
+        # Rounds smaller than the run (a small run takes several): the spans go to the
+        # store round by round and are not held.
+        result = materialize(store, run_id, round_rows=50, chunk_rows=64)
         assert result.spans.height == 0 and tuple(result.spans.columns) == SPAN_COLUMNS
     finally:
         store.dispose()
@@ -243,3 +239,69 @@ def test_validation_sees_gaps_and_reversals_across_chunk_boundaries() -> None:
         _, got = streamed(gapped, modules, chunk, True)
         found = got.filter(pl.col("kind").is_in(["seq_gap", "time_reversed"])).sort("seq", "kind")
         assert found.equals(invalid.sort("seq", "kind")), chunk
+
+
+# --- the analysis of a rank (analyze_rank): rounds, identical to one piece on every stream --------
+
+
+def ranked(events: pl.DataFrame, modules: pl.DataFrame, chunk: int, complete: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """What analyze_rank's rounds add up to, as a writer applies them (a restart replaces the rounds before)."""
+    parts: list[stream.Round] = []
+    for part in stream.analyze_rank(lambda: [events.slice(o, chunk) for o in range(0, events.height, chunk)],
+                                    modules, complete=complete):
+        if part.restart:
+            parts.clear()
+        parts.append(part)
+    return pl.concat([r.spans for r in parts]), pl.concat([r.issues for r in parts])
+
+
+def _corrupt(seed: int, how: str, where: float, threads: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    events, mods = _random_run(seed, 2, threads, True)
+    rows = events.sort("seq").rows(named=True)
+    i = min(int(where * len(rows)), len(rows) - 1)
+    j = min(len(rows) - 1, i + 1 + seed % 7)
+    if how == "drop":
+        rows = rows[:i] + rows[i + 1:]
+    elif how == "duplicate":  # the copy lands a few rows later, often across a cut
+        rows = rows[:j] + [dict(rows[i])] + rows[j:]
+    elif how == "swap":
+        rows[i], rows[j] = rows[j], rows[i]
+    for n, row in enumerate(rows):
+        row["seq"] = n
+    return pl.DataFrame(rows, schema=events.schema), mods.frame()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), how=st.sampled_from(["none", "drop", "duplicate", "swap"]),
+       where=st.floats(0, 1), threads=st.integers(1, 3), chunk=st.integers(1, 60), complete=st.booleans())
+@example(seed=0, how="swap", where=0.625, threads=2, chunk=1, complete=True)
+@example(seed=3, how="duplicate", where=0.3, threads=1, chunk=5, complete=True)
+def test_a_rank_in_rounds_is_the_one_piece_analysis_on_every_stream(
+    seed: int, how: str, where: float, threads: int, chunk: int, complete: bool
+) -> None:
+    events, modules = _corrupt(seed, how, where, threads)
+    usable, invalid = validate(events, modules)
+    spans, issues = one_piece(usable, modules, complete)
+    issues = pl.concat([invalid, issues]).sort("rank", "seq", "kind")
+    got_spans, got_issues = ranked(events, modules, chunk, complete)
+    assert got_spans.sort("rank", "span_id").equals(spans.sort("rank", "span_id"))
+    assert got_issues.sort("rank", "seq", "kind").equals(issues)
+
+
+def test_a_call_entered_again_after_a_cut_is_still_a_duplicate_enter() -> None:
+    # One forward call whose enter/exit pair is repeated later, each pair in its own chunk:
+    # the rounds alone would see two clean calls.
+    events, mods = _random_run(1, 1, 1, False)
+    rows = events.sort("seq").rows(named=True)
+    first = next(r for r in rows if r["kind"] == 0 and r["phase"] == 0)
+    exit_row = next(r for r in rows if r["kind"] == 1 and r["call_id"] == first["call_id"] and r["phase"] == 0)
+    rows = rows + [dict(first), dict(exit_row)]
+    for n, row in enumerate(rows):
+        row["seq"] = n
+        row["ts_ns"] = n * 10
+    bad = pl.DataFrame(rows, schema=events.schema)
+    modules = mods.frame()
+    _, issues = one_piece(bad, modules, True)
+    assert "duplicate_enter" in issues["kind"].to_list()
+    _, got = ranked(bad, modules, 2, True)
+    assert got.sort("rank", "seq", "kind").equals(issues.sort("rank", "seq", "kind"))

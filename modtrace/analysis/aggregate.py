@@ -13,6 +13,13 @@ from modtrace.analysis.step_time import total_step_time
 
 SAMPLE_COLUMNS: tuple[str, ...] = ("rank", "step", "fqn", "module_type", "phase", "calls", "inclusive_ns", "self_ns")
 
+# The span columns ``module_tree`` (with the steps and step time it needs) reads; a
+# caller may fetch only these.  The others of a spans frame may be null.
+TREE_SPAN_COLUMNS: tuple[str, ...] = (
+    "rank", "span_id", "parent_span_id", "depth", "module_id", "phase", "step", "thread_id",
+    "start_ns", "end_ns", "duration_ns", "self_ns",
+)
+
 NODE_COLUMNS: tuple[str, ...] = (
     "node_id", "parent_node_id", "level", "fqn", "module_type", "phase", "calls", "steps",
     "inclusive_total_ns", "self_total_ns", "inclusive_median_ns", "self_median_ns", "percent",

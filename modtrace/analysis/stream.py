@@ -28,13 +28,19 @@ Memory is bounded by a chunk (and the lookahead), the carried stack and one
 round's spans; the result is the same as the one-piece analysis for any
 stream whose stacks nest (healthy or cut short by a crash), and for a
 corrupted one whose one-piece issues hold no ``crossed``, ``duplicate_enter``
-or ``duplicate_exit`` (tests/test_stream.py).  What still differs: rounds do
-not remember calls closed in earlier rounds, so a call exited again across a
-cut is reported ``no_enter`` (not ``duplicate_exit``) and one entered again
-is not reported; and the calls a ``crossed`` exit sets aside are carried
-back onto the stack, so the calls after them may get them as parent (other
-parent, depth and self time) and a later exit may be reported ``crossed``
-again.  The one-piece analysis (``analyze_events``) names those exactly.
+or ``duplicate_exit`` (tests/test_stream.py).  What rounds alone get wrong:
+they do not remember calls closed in earlier rounds, so a call exited again
+across a cut is reported ``no_enter`` (not ``duplicate_exit``) and one
+entered again is not reported; and the calls a ``crossed`` exit sets aside
+are carried back onto the stack, so the calls after them may get them as
+parent and a later exit may be reported ``crossed`` again.
+
+``analyze_rank`` is the analysis of a rank: these rounds, plus a second look
+where a cut could matter.  A round that reports a crossed, no_enter,
+duplicate or reentered call, or enters again a call an earlier round closed
+on the same stack, sends the rank back through as one round (the one-piece
+analysis), so its result never depends on where the cuts fell, nor on the
+run's size (tests/test_stream.py checks it on healthy and corrupted streams).
 
 Pure: chunks in, rounds out.  ``modtrace.materialize`` reads the chunks from
 the store and writes the rounds back.
@@ -42,7 +48,7 @@ the store and writes the rounds back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 import polars as pl
@@ -51,16 +57,21 @@ from modtrace.analysis.events import EVENT_SCHEMA, conform, empty_events, normal
 from modtrace.analysis.nesting import collect_issues
 from modtrace.analysis.spans import pair_events, time_spans
 from modtrace.analysis.validate import validate
+from modtrace.contracts import CROSSED, DUPLICATE_ENTER, DUPLICATE_EXIT, NO_ENTER, REENTERED
 
 _NO_END = 1 << 62
 
 
 @dataclass(frozen=True)
 class Round:
-    """What one round closed: span rows (``SPAN_ROW_COLUMNS``, codes) and issues (``ISSUE_COLUMNS``)."""
+    """What one round closed: span rows (``SPAN_ROW_COLUMNS``, codes) and issues (``ISSUE_COLUMNS``).
+
+    ``restart``: this round is the rank's whole analysis, in place of every
+    earlier round of it (``analyze_rank``)."""
 
     spans: pl.DataFrame
     issues: pl.DataFrame
+    restart: bool = False
 
 
 def _tie_groups(ev: pl.DataFrame) -> pl.DataFrame:
@@ -174,7 +185,7 @@ def _validate(
 
 def analyze_rounds(
     chunks: Iterable[pl.DataFrame], modules: pl.DataFrame, *, complete: bool = True
-) -> Iterator[Round]:
+) -> Generator[Round, None, None]:
     """One rank's event chunks, in seq order -> the spans and issues of each round.
 
     Input: event frames (``EVENT_SCHEMA``) of one rank, consecutive in seq,
@@ -220,7 +231,7 @@ def analyze_rounds(
         rows = pl.concat([carry, _fresh_groups(now)], rechunk=True)
         ev = normalize_events(rows, modules)
         pairing = pair_events(ev)
-        spans = time_spans(pairing.pairs)
+        spans = time_spans(pairing.pairs, pairing.child_ns)
         issues = collect_issues(ev, pairing, modules, complete=complete if final else True)
         if invalid.height:
             issues = pl.concat([invalid, issues]).sort("rank", "seq", "kind")
@@ -252,4 +263,59 @@ def analyze_rounds(
         yield Round(closed, issues.filter(pl.col("kind") != "unclosed"))
 
 
-__all__ = ["Round", "analyze_rounds", "safe_cut"]
+# Issue kinds whose rows a cut can change (see the module's docstring): a call's story
+# told across rounds that do not remember its earlier rounds.
+_CUT_SENSITIVE = (CROSSED, NO_ENTER, DUPLICATE_ENTER, DUPLICATE_EXIT, REENTERED)
+# A call on one stack: a repeated enter of a closed one is a duplicate_enter only the
+# one-piece walk names (rounds forget closed calls).
+_STACK_CALL = ("thread_id", "_task", "call_id", "phase")
+
+
+def _stack_calls(spans: pl.DataFrame) -> pl.DataFrame:
+    forward = pl.col("phase") == 0
+    return spans.select(
+        "thread_id", pl.when(forward).then(None).otherwise(pl.col("graph_task")).alias("_task"), "call_id", "phase",
+    )
+
+
+def analyze_rank(
+    chunks: Callable[[], Iterable[pl.DataFrame]], modules: pl.DataFrame, *, complete: bool = True
+) -> Iterator[Round]:
+    """The analysis of one rank: its events in rounds, as ``analyze_rounds`` cuts them,
+    with results identical to the one-piece analysis on every stream.
+
+    ``chunks()`` gives the rank's event chunks in seq order, from the start, each
+    time it is called.  A rank that is one round is the one-piece analysis.
+    Rounds of a stream whose calls nest (healthy, or cut short by a crash)
+    equal it too.  Where a cut could change what is reported (a round finds
+    a crossed, no_enter, duplicate or reentered call, or enters again a call
+    an earlier round closed), the rank is analysed again as one round over
+    all its chunks, yielded with ``restart`` set: it replaces the rounds
+    yielded before it.  Memory is then the rank's, as in one piece; it is
+    bounded by a round only on the streams that need no second look.
+    """
+    closed = pl.DataFrame(schema={"thread_id": pl.Int32(), "_task": pl.Int64(), "call_id": pl.Int64(), "phase": pl.Int8()})
+    rounds = analyze_rounds(chunks(), modules, complete=complete)
+    held = next(rounds, None)
+    first = True
+    while held is not None:
+        part, held = held, next(rounds, None)
+        if first and held is None:  # the rank is one round: the one-piece analysis
+            yield part
+            return
+        first = False
+        calls = _stack_calls(part.spans)
+        unsafe = bool(part.issues["kind"].is_in(_CUT_SENSITIVE).any()) or bool(
+            calls.filter(pl.col("phase") != 2).join(closed, on=list(_STACK_CALL), how="semi", nulls_equal=True).height
+        )
+        if unsafe:
+            rounds.close()
+            whole = pl.concat([conform(c, EVENT_SCHEMA) for c in chunks()], rechunk=True)
+            (once,) = analyze_rounds([whole], modules, complete=complete)
+            yield Round(once.spans, once.issues, restart=True)
+            return
+        closed = pl.concat([closed, calls.filter(pl.col("phase") != 2)])
+        yield part
+
+
+__all__ = ["Round", "analyze_rank", "analyze_rounds", "safe_cut"]

@@ -263,8 +263,13 @@ class Database:
         return on_clock(self.spans(run), chosen), chosen
 
     def issues(self, run: RunLike) -> pl.DataFrame:
-        """The run's nesting issues frame (``contracts.ISSUE_FRAME``)."""
-        return self.analysis(run).issues
+        """The run's nesting issues frame (``contracts.ISSUE_FRAME``); stored ones are read without the spans."""
+        from modtrace.materialize import load_issues
+
+        ref = self.run(run)
+        if ref.id in self._analyses:
+            return self._analyses[ref.id].issues
+        return load_issues(self._store, ref.id)
 
     def issue_summary(self, run: RunLike) -> pl.DataFrame:
         """The run's issues as ``modtrace check`` lists them: every error and warning, and one row per
@@ -330,7 +335,9 @@ class Database:
         ref = self.run(run)
         if phase is not None and phase not in PHASES:
             raise UsageError(f"phase {phase!r}: one of {', '.join(PHASES)}")
-        stepped = self.steps(ref, self.spans_on(ref, clock)[0], step_on=step_on)
+        # host time: only the span columns the tree reads; device time: the spans with their device columns
+        on_host = self.clock(ref, clock) == "host"
+        stepped = self.steps(ref, self._tree_spans(ref) if on_host else self.spans_on(ref, clock)[0], step_on=step_on)
         spans = stepped.frame if step_kind in (None, "all") else of_kind(ref.name, stepped, step_kind)
         if rank is not None:
             if rank not in set(spans["rank"].unique().to_list()):
@@ -343,6 +350,15 @@ class Database:
         return filter_tree(
             module_tree(spans), phases=None if phase is None else {phase}, max_depth=max_depth, min_percent=min_percent
         )
+
+    def _tree_spans(self, ref: Run) -> pl.DataFrame:
+        """The spans ``tree`` needs: those held, else only the columns it reads."""
+        from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS
+        from modtrace.materialize import load_spans
+
+        if ref.id in self._analyses:
+            return self._analyses[ref.id].spans
+        return load_spans(self._store, ref.id, TREE_SPAN_COLUMNS)
 
     def diff(
         self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,

@@ -3,13 +3,15 @@
 Events come back in the analysis input contract
 (``modtrace.contracts.EVENT_FRAME``), by rank and seq, fetched in
 chunks, so memory holds the frame and one chunk in transit at most: on
-PostgreSQL as rows of a server-side cursor, on SQLite as one CSV text per
-chunk that SQLite formats and polars parses (about twice as fast as a
-Python tuple per row).
+PostgreSQL as one ``COPY ... TO STDOUT (FORMAT csv)`` per chunk, on SQLite as
+one CSV text per chunk that SQLite formats (printf, group_concat); polars
+parses either (about twice as fast as a Python tuple per row; ADBC's SQLite
+driver measured no faster, scripts/bench_analysis.py's notes).
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +57,44 @@ def driver_cursor(store: Store, name: str | None = None) -> Iterator[Any]:
 def mark(store: Store) -> str:
     """The driver's bound-parameter mark."""
     return "?" if store.engine.dialect.paramstyle == "qmark" else "%s"
+
+
+def copy_csv(store: Store, select: str) -> bytes:
+    """PostgreSQL: the rows of ``select`` (values formatted into it, COPY binds none) as CSV
+    bytes, without a header; NULL is an empty field, as polars reads it."""
+    buf = io.BytesIO()
+    with driver_cursor(store) as cur, cur.copy(f"COPY ({select}) TO STDOUT (FORMAT csv)") as copy:
+        for block in copy:
+            buf.write(block)
+    return buf.getvalue()
+
+
+def sqlite_csv_chunks(
+    store: Store, table: str, exprs: list[str], names: list[str], key: tuple[str, str], where: str,
+    schema: dict[str, pl.DataType], chunk_rows: int = CHUNK_ROWS,
+) -> Iterator[pl.DataFrame]:
+    """SQLite: ``table``'s rows matching ``where`` by ``key`` (two columns of its primary key,
+    both among ``names``), as frames of ``chunk_rows`` rows that SQLite formats as one CSV
+    text each (printf, group_concat) and polars parses; ``exprs`` are the columns' SQL."""
+    line = f"printf('{','.join('%s' for _ in exprs)}', {', '.join(exprs)})"
+    a, b = key
+    sql = (f"SELECT group_concat(line, char(10)) FROM (SELECT {line} AS line FROM {table} WHERE {where} "
+           f"AND {{}} ORDER BY {a}, {b} LIMIT ?)")
+    after: tuple[int, ...] = ()
+    with driver_cursor(store) as cur:
+        while True:
+            cur.execute(sql.format(f"({a}, {b}) > (?, ?)" if after else "1 = 1"), (*after, chunk_rows))
+            (text,) = cur.fetchone()
+            if not text:
+                return
+            frame = pl.read_csv(text.encode(), has_header=False, new_columns=names, schema=schema)
+            del text
+            if not frame.select(pl.struct(a, b).is_sorted()).item():  # group_concat's order is SQLite's to choose
+                frame = frame.sort(a, b)
+            after = (int(frame[a][-1]), int(frame[b][-1]))
+            yield frame
+            if frame.height < chunk_rows:
+                return
 
 
 def read_ranks(store: Store, run_id: int) -> list[int]:
@@ -126,32 +166,40 @@ def _sqlite_event_chunks(cur: Any, run_id: int, rank: int, chunk_rows: int) -> I
             return
 
 
-def _cursor_event_chunks(cur: Any, run_id: int, rank: int, chunk_rows: int, m: str) -> Iterator[pl.DataFrame]:
+def _copy_event_chunks(store: Store, run_id: int, rank: int, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """PostgreSQL: each chunk one COPY of the next ``chunk_rows`` rows by seq, as CSV polars parses."""
     columns = ", ".join(f"{small_code(c)} AS {c}" if c in _SMALL else c for c in _FETCHED)
-    sql = f"SELECT {columns} FROM events WHERE run_id = {m} AND rank = {m} ORDER BY seq"
-    cur.execute(sql, (run_id, rank))
+    after, op = -(1 << 63), ">="
     while True:
-        rows = cur.fetchmany(chunk_rows)
-        if not rows:
+        data = copy_csv(store, f"SELECT {columns} FROM events WHERE run_id = {int(run_id)} AND rank = {int(rank)} "
+                               f"AND seq {op} {after} ORDER BY seq LIMIT {int(chunk_rows)}")
+        if not data:
             return
-        yield pl.DataFrame(rows, schema=_FETCHED_SCHEMA, orient="row")
+        frame = pl.read_csv(data, has_header=False, new_columns=_FETCHED, schema=_FETCHED_SCHEMA)
+        del data
+        after, op = int(frame["seq"][-1]), ">"
+        yield frame
+        if frame.height < chunk_rows:
+            return
 
 
 def iter_event_chunks(
     store: Store, run_id: int, rank: int, *, chunk_rows: int = CHUNK_ROWS
 ) -> Iterator[pl.DataFrame]:
     """One rank's events by seq, as event frames of at most ``chunk_rows`` rows."""
-    with driver_cursor(store, "modtrace_events") as cur:
-        if store.dialect == "sqlite":
-            chunks = _sqlite_event_chunks(cur, run_id, rank, chunk_rows)
-        else:
-            chunks = _cursor_event_chunks(cur, run_id, rank, chunk_rows, mark(store))
+    def tagged(chunks: Iterator[pl.DataFrame]) -> Iterator[pl.DataFrame]:
         for frame in chunks:
             yield frame.select(
                 pl.lit(run_id, dtype=pl.Int32).alias("run_id"),
                 pl.lit(rank, dtype=pl.Int32).alias("rank"),
                 *_FETCHED,
             )
+
+    if store.dialect == "sqlite":
+        with driver_cursor(store) as cur:
+            yield from tagged(_sqlite_event_chunks(cur, run_id, rank, chunk_rows))
+    else:
+        yield from tagged(_copy_event_chunks(store, run_id, rank, chunk_rows))
 
 
 def read_events(

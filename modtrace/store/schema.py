@@ -19,7 +19,6 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     ForeignKeyConstraint,
-    Index,
     Integer,
     MetaData,
     PrimaryKeyConstraint,
@@ -34,7 +33,7 @@ from modtrace.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -207,7 +206,6 @@ span_rows = Table(
     Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
     Column("rank", Integer, nullable=False, comment="Rank that recorded the span."),
     Column("span_id", BigInteger, nullable=False, comment="Span id: the seq of its enter event, unique per (run_id, rank)."),
-    Column("parent_span_id", BigInteger, nullable=True, comment="span_id of the enclosing span on the same stack; NULL at a root. A recompute span's parent is the backward span open on its thread when it ran."),
     Column("depth", Integer, nullable=False, comment="Nesting depth on its stack, 0 at a root."),
     Column("module_id", Integer, nullable=False, comment="modules.module_id of the module called."),
     Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.codes.Phase)."),
@@ -216,16 +214,15 @@ span_rows = Table(
     Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the span ran on."),
     Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task of a backward or recompute span; NULL in forward."),
     Column("start_ns", BigInteger, nullable=False, comment="ts_ns of the enter event."),
-    Column("end_ns", BigInteger, nullable=True, comment="ts_ns of the exit event; NULL when the span was never exited."),
     Column("duration_ns", BigInteger, nullable=True, comment="end_ns - start_ns (inclusive time); NULL when never exited."),
     Column("self_ns", BigInteger, nullable=True, comment="duration_ns minus the durations of its child spans (exclusive time); NULL when never exited."),
     Column("device_id", Integer, nullable=True, comment="devices.device_id at the enter; NULL when unknown."),
     Column("stream", BigInteger, nullable=True, comment="Accelerator stream at the enter; NULL on CPU."),
     Column("status", SmallInteger, nullable=True, comment="Status of the exit event (modtrace.codes.Status); NULL when the span was never exited (shown as unclosed in the spans view)."),
-    Column("exit_seq", BigInteger, nullable=True, comment="seq of the exit event; NULL when never exited."),
+    Column("parent_gap", BigInteger, nullable=True, comment="span_id minus the span_id of the enclosing span on the same stack (the spans view's parent_span_id); NULL at a root. A recompute span's parent is the backward span open on its thread when it ran."),
+    Column("exit_gap", BigInteger, nullable=True, comment="seq of the exit event minus span_id (the spans view's exit_seq); NULL when never exited."),
     PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_rows"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_span_rows_run"),
-    Index("ix_span_rows_module", "run_id", "rank", "module_id", "phase"),
     sqlite_with_rowid=False,
     comment="Spans rebuilt from events by modtrace analyze (one per module call and phase), in compact form; query the spans view for readable values.",
 )
