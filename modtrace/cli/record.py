@@ -99,6 +99,11 @@ def check_run_name(name: str) -> str:
                    "optimizer; root (each outermost module call on the main thread: one per generate() token, "
                    "per request, per batch); manual (Recorder.step() only). Root calls are always recorded, "
                    "so tree, diff and report can choose again with --step-on.")
+@click.option("--schedule", "schedule_text", metavar="KEY=N,...", default=None,
+              help="Record only some steps, as torch.profiler.schedule does: skip the first skip_first steps, "
+                   "then repeat (0: forever) cycles of wait steps (no hooks at all), warmup steps (hooks run, "
+                   "nothing written) and active steps (recorded), e.g. "
+                   "skip_first=10,wait=5,warmup=1,active=20,repeat=3. active is required.")
 @click.option("--eager", is_flag=True,
               help="Run with torch.compile disabled (TORCH_COMPILE_DISABLE=1): a model compiled as a whole "
                    "records only its own call, not its submodules'.")
@@ -113,6 +118,7 @@ def record(
     quiet: bool,
     no_analyze: bool,
     step_on: str,
+    schedule_text: str | None,
     eager: bool,
     target_args: tuple[str, ...],
 ) -> int:
@@ -142,6 +148,14 @@ def record(
     else:
         raise UsageError("record needs SCRIPT or -m MODULE (see modtrace record --help)")
     tag_map = parse_tags(tags)
+    schedule = None
+    if schedule_text is not None:
+        from modtrace.recording.schedule import parse_schedule
+
+        schedule = parse_schedule(schedule_text)
+        if step_on == "root":
+            raise UsageError("--schedule counts optimizer steps and Recorder.step() calls: "
+                             "use it with --step-on auto, optimizer or manual, not root")
     if run_name is not None:
         check_run_name(run_name)
     check_target(target)
@@ -149,7 +163,7 @@ def record(
     if eager:
         disable_compilation()
     return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
-                   quiet=quiet, analyze=not no_analyze, step_on=step_on)
+                   quiet=quiet, analyze=not no_analyze, step_on=step_on, schedule=schedule)
 
 
 def disable_compilation() -> None:
@@ -170,6 +184,7 @@ def _record(
     quiet: bool,
     analyze: bool,
     step_on: str = "auto",
+    schedule: Any = None,
 ) -> int:
     from datetime import datetime
 
@@ -190,7 +205,7 @@ def _record(
 
     try:
         return _record_under(target, run_name, auto, db=db, tags=tags, command=command, meta=meta,
-                             quiet=quiet, analyze=analyze, step_on=step_on)
+                             quiet=quiet, analyze=analyze, step_on=step_on, schedule=schedule)
     except Terminated:
         # SIGTERM before the target started or after it ended; a started
         # recorder finishes from its atexit hook.
@@ -199,7 +214,7 @@ def _record(
 
 def _record_under(
     target: Any, run_name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
-    meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto",
+    meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto", schedule: Any = None,
 ) -> int:
     from modtrace import progress as progress_mod
     from modtrace.errors import Terminated
@@ -207,7 +222,7 @@ def _record_under(
 
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze,
-                              step_on=step_on)
+                              step_on=step_on, schedule=schedule)
         line = None
         if progress_mod.wanted(sys.stderr, quiet):
             line = progress_mod.ProgressLine(
@@ -235,7 +250,7 @@ def _record_under(
 
 def _start_recorder(
     name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
-    meta: dict[str, Any], analyze: bool, step_on: str = "auto",
+    meta: dict[str, Any], analyze: bool, step_on: str = "auto", schedule: Any = None,
 ) -> Any:
     """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
     from modtrace.errors import RunNameTaken
@@ -244,7 +259,8 @@ def _start_recorder(
     attempt = 1
     while True:
         candidate = name if attempt == 1 else f"{name}-{attempt}"
-        rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze, step_on=step_on)
+        rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze, step_on=step_on,
+                       schedule=schedule)
         try:
             rec.__enter__()  # Recorder.start
         except RunNameTaken:
