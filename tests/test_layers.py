@@ -22,7 +22,8 @@ LAYERS: dict[str, str] = {
     "modtrace.contracts": "base",
     "modtrace.errors": "base",
     "modtrace.masking": "base",  # secrets masked in run rows: the recorder writes, the store shows
-    "modtrace.step_rules": "base",  # pure rules over code names, shared by recorder, analysis, renderers, CLI
+    "modtrace.step_rules": "base",
+    "modtrace.step_ranges": "base",  # step numbers as ranges: written by the recorder, read by the API  # pure rules over code names, shared by recorder, analysis, renderers, CLI
     "modtrace.tracker": "tracker",
     "modtrace.device_clock": "tracker",
     "modtrace.input_kind": "tracker",  # the tracker's pre-hook of root calls (torch)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from modtrace.naming import default_run_name, shared_run_name
+from modtrace.step_ranges import ranges
 
 DEFAULT_FLUSH_EVERY = 20_000
 FLUSH_INTERVAL_S = 1.0
@@ -29,6 +30,8 @@ WRITERS = ("auto", "process", "thread", "inline")
 # (about 250 bytes each), whole steps are dropped at step boundaries and the
 # run says which (run_ranks.dropped_steps).
 MAX_BUFFERED_EVENTS = 1_000_000
+
+__all__ = ["ranges"]  # re-exported for the recorder's modules
 
 
 @dataclass
@@ -71,17 +74,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def ranges(steps: set[int] | list[int]) -> str | None:
-    """Step numbers as ranges: {1, 2, 3, 7} -> '1-3,7'; None when empty."""
-    out: list[str] = []
-    for step in sorted(steps):
-        if out and int(out[-1].rsplit("-", 1)[-1]) == step - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{step}"
-        else:
-            out.append(str(step))
-    return ",".join(out) or None
 
 
 def drain(rows: list[Any]) -> list[Any]:

@@ -305,3 +305,19 @@ def read_thread_names(store: Store, run_id: int) -> dict[tuple[int, int], str | 
             select(threads.c.rank, threads.c.thread_id, threads.c.name).where(threads.c.run_id == run_id)
         ).all()
     return {(int(r), int(t)): n for r, t, n in rows}
+
+
+def recorded_steps(store: Store, run_id: int, rank: int | None = None) -> str | None:
+    """The steps the run (or its ``rank``) recorded under its schedule, as ranges ('' when none);
+    None when it has no schedule (every step recorded)."""
+    q = select(run_ranks.c.recorded_steps).where(run_ranks.c.run_id == run_id,
+                                                 run_ranks.c.recorded_steps.is_not(None))
+    if rank is not None:
+        q = q.where(run_ranks.c.rank == rank)
+    with store.engine.connect() as conn:
+        found = [r[0] for r in conn.execute(q)]
+    if not found:
+        return None
+    from modtrace.step_ranges import parse_ranges, ranges
+
+    return ranges(set().union(*(parse_ranges(t) for t in found))) or ""
