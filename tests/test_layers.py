@@ -138,7 +138,7 @@ def test_the_walk_sees_imports_inside_functions_and_type_checking_blocks() -> No
     imports = _all_imports()
     assert len({i.source for i in imports}) > 30
     # the recorder imports the join layer inside a method; the CLI imports lazily inside commands
-    assert any(i.source == "modtrace.recording.recorder" and i.target == "modtrace.materialize" for i in imports)
+    assert any(i.source == "modtrace.recording.analysing" and i.target == "modtrace.materialize" for i in imports)
     assert any(i.type_only for i in imports)
     for module in {i.source for i in imports} | {i.target for i in imports}:
         assert _exists(module), module

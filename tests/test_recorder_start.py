@@ -83,8 +83,8 @@ with modtrace.Recorder(db={str(db)!r}, run="nofcntl", writer="process", handle_s
     for _ in range(3):
         net(torch.ones(1, 2)).sum().backward()
         rec.step()
-import modtrace.store.engine, modtrace.store.writer_process
-assert modtrace.store.engine.fcntl is None and modtrace.store.writer_process.termios is None
+import modtrace.store.engine, modtrace.recording.writer_process
+assert modtrace.store.engine.fcntl is None and modtrace.recording.writer_process.termios is None
 print(rec.status, rec.events_recorded)
 """
     env = {**os.environ, "PYTHONPATH": str(Path(modtrace.__file__).resolve().parent.parent)}

@@ -242,6 +242,7 @@ def _record_under(
         if line is not None:
             line.stop()
         rec.finish(outcome.status, outcome.error)
+        rec.wait_analyzed()  # the writer process analyses the run after the program: record returns after it
 
     if not quiet:
         _summary(rec, outcome)

@@ -7,7 +7,7 @@ steps, without waiting), and from a background thread whenever
 ``flush_every`` events are waiting (``EAGER_BATCH`` once a writer process
 takes them) and at least once a second; the last batch is written when the
 recording ends.  Batches are written by a writer process
-(``modtrace.store.writer_process``) once it is ready, else by a thread of
+(``modtrace.recording.writer_process``) once it is ready, else by a thread of
 the program (``writer=`` chooses).  A process killed with SIGKILL loses at
 most the window not yet handed over: about ``flush_every`` events or one
 second of events, whichever is smaller (up to ``WRITER_START_WAIT_S`` while
@@ -35,9 +35,9 @@ from modtrace.recording.config import (
     Batch,
     drain,
 )
+from modtrace.recording.writer_process import WriterProcess, WriterProcessError
 from modtrace.store.engine import Store
 from modtrace.store.retry import ResumingWriter, is_transient
-from modtrace.store.writer_process import WriterProcess, WriterProcessError
 from modtrace.tracker import Tracker
 
 

@@ -17,13 +17,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modtrace import forking
 from modtrace._version import __version__
 from modtrace.codes import Status
 from modtrace.errors import StoreError, Terminated, UsageError, one_line
 from modtrace.masking import mask
+from modtrace.recording.analysing import Analysing
 from modtrace.recording.config import (
     DEFAULT_FLUSH_EVERY,
     MAX_BUFFERED_EVENTS,
@@ -41,15 +42,18 @@ from modtrace.recording.reserve import DiskReserve
 from modtrace.recording.safety import SafetyNets
 from modtrace.recording.schedule import Schedule, StepAction, parse_schedule
 from modtrace.recording.scheduling import Scheduling
+from modtrace.recording.writer_process import WriterProcess
 from modtrace.step_rules import STEP_RULES
 from modtrace.store.engine import Store, open_store
 from modtrace.store.retry import ResumingWriter, call_retrying, retry_seconds
 from modtrace.store.runs import add_rank, create_run, finish_rank
-from modtrace.store.writer_process import WriterProcess
 from modtrace.tracker import Tracker
 
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
-class Recorder(Scheduling, Flushing, SafetyNets):
+
+class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
     """Record every ``nn.Module`` call inside a ``with`` block into a database.
 
     >>> with modtrace.Recorder(db="trace.db", run="baseline") as rec:
@@ -151,6 +155,11 @@ class Recorder(Scheduling, Flushing, SafetyNets):
         self._forked_child = False  # this is a child forked while recording (see modtrace.forking)
         self._started = 0.0
         self._reserve = DiskReserve(None)
+        self._keeper: Connection | None = None
+        self._analyst: WriterProcess | None = None  # analysing the rank after the recording ended
+        # Whether the end-of-recording analysis is stored: None while the writer process
+        # is at it (``wait_analyzed``) or when none was asked for.
+        self.analysis_stored: bool | None = None
         self._prev_sigterm: Any = None
         self._atexit_registered = False
 
@@ -218,6 +227,10 @@ class Recorder(Scheduling, Flushing, SafetyNets):
 
     def start(self) -> Recorder:
         store = open_store(self.db, create=True)
+        # One connection held open while recording: on SQLite the last
+        # connection to close checkpoints the write-ahead log (an fsync), and
+        # each step below opens and closes its own.
+        self._keeper = store.engine.connect() if store.is_sqlite else None
         try:
             meta = {
                 "command": self.command,
@@ -245,7 +258,7 @@ class Recorder(Scheduling, Flushing, SafetyNets):
                 tracker.stop()
                 raise
         except BaseException:
-            store.dispose()
+            self._dispose(store)
             raise
         self._store = store
         self._reserve = DiskReserve(store.path)
@@ -286,7 +299,7 @@ class Recorder(Scheduling, Flushing, SafetyNets):
         except Exception:  # the original error is the one to report
             pass
         finally:
-            self._store.dispose()
+            self._dispose(self._store)
             self._reserve.release()
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
@@ -308,8 +321,8 @@ class Recorder(Scheduling, Flushing, SafetyNets):
                 self.flush()
             except StoreError as exc:
                 self._write_failed(exc)
-        self._close_writers()
         if self._flush_error is not None:
+            self._close_writers()
             lost = self._dropped + len(self._buf) + sum(len(b.events) for b in (*self._in_flight, *self._pending))
             status = "failed"
             error = f"{self._flush_error}; {lost} event(s) not written" + (f" (the program: {error})" if error else "")
@@ -327,13 +340,18 @@ class Recorder(Scheduling, Flushing, SafetyNets):
         try:
             call_retrying(lambda: finish_rank(store, self.run_id, self.rank, status, error, faults),
                           0.0 if self._flush_error is not None else self.retry_s)
+            analyze = self.analyze and self._flush_error is None
+            if analyze:
+                self._hand_analysis_over(status == "completed")
+            self._close_writers()  # with the analysis handed over, the writer process does it from here
             self._report_faults()
-            if self.analyze and self._flush_error is None:
-                self._materialize()
+            if analyze and self._analyst is None:
+                self.analysis_stored = self._materialize()
         except Exception as exc:  # e.g. the disk is still full: what was written stays readable
             print(f"modtrace: error: could not mark run {self.run_name!r} {status}: {one_line(exc)}", file=sys.stderr)
         finally:
-            self._store.dispose()
+            self._close_writers()
+            self._dispose(self._store)
             self._reserve.release()
 
     def _report_faults(self) -> None:
@@ -355,6 +373,12 @@ class Recorder(Scheduling, Flushing, SafetyNets):
             print(mask(f"modtrace: note: run {self.run_name!r}: {forked:,} module call(s) ran in forked child "
                        "processes (e.g. DataLoader workers) and were not recorded"), file=sys.stderr)
 
+    def _dispose(self, store: Store) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.close()
+        store.dispose()
+
     def __enter__(self) -> Recorder:
         return self.start()
 
@@ -371,19 +395,6 @@ class Recorder(Scheduling, Flushing, SafetyNets):
             self.finish("failed", summary(exc))
 
     # -- writing -----------------------------------------------------------------
-
-    def _materialize(self) -> None:
-        try:
-            from modtrace.materialize import materialize
-        except ImportError:  # analysis layer not installed in this build
-            return
-        assert self._store is not None
-        try:
-            materialize(self._store, self.run_id, rank=self.rank, complete=self.status == "completed")
-        except Exception as exc:  # the events are safe; analysis can be rerun with `modtrace analyze`
-            print(f"modtrace: warning: analysing run {self.run_name!r} failed: {one_line(exc)}; "
-                  f"rerun `modtrace analyze {self.run_name}`", file=sys.stderr)
-
 
 def _checkpoint(store: Store) -> None:
     if not store.is_sqlite:

@@ -9,14 +9,18 @@ import atexit
 import signal
 import threading
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modtrace import forking
 from modtrace.errors import Terminated
+from modtrace.recording.writer_process import WriterProcess
 from modtrace.store.engine import Store
 from modtrace.store.retry import ResumingWriter
-from modtrace.store.writer_process import WriterProcess
+from modtrace.store.writer import forget_connection
 from modtrace.tracker import Tracker
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 class SafetyNets:
@@ -33,6 +37,7 @@ class SafetyNets:
     _forked_child: bool
     _prev_sigterm: Any
     _atexit_registered: bool
+    _keeper: Connection | None
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
         raise NotImplementedError
@@ -51,6 +56,9 @@ class SafetyNets:
             proc.forget()
         if self._writer is not None:
             self._writer.forget()
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            forget_connection(keeper)
         if self._store is not None:
             self._store.engine.dispose(close=False)
         if self._atexit_registered:

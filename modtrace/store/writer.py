@@ -124,20 +124,10 @@ class RankWriter:
 
     def forget(self) -> None:
         """In a process forked from the writer's: drop the connection without
-        closing it (closing would end the parent's session), the way
-        SQLAlchemy documents for connections carried across a fork."""
+        closing it (closing would end the parent's session)."""
         conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            fairy: Any = conn.connection
-            _forked_away.append(fairy.dbapi_connection)  # never finalised by this process
-            if fairy._connection_record is not None:
-                fairy._connection_record.dbapi_connection = None
-            fairy.dbapi_connection = None
-        except Exception:  # an invalidated connection holds nothing
-            pass
-        _forked_away.append(conn)
+        if conn is not None:
+            forget_connection(conn)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -162,3 +152,18 @@ class RankWriter:
         if not isinstance(rows, list):
             rows = list(rows)
         conn.exec_driver_sql(self._sql[table], rows)
+
+
+def forget_connection(conn: Connection) -> None:
+    """In a process forked from the one that opened ``conn``: drop it without
+    closing it (closing would end the parent's session), the way SQLAlchemy
+    documents for connections carried across a fork."""
+    try:
+        fairy: Any = conn.connection
+        _forked_away.append(fairy.dbapi_connection)  # never finalised by this process
+        if fairy._connection_record is not None:
+            fairy._connection_record.dbapi_connection = None
+        fairy.dbapi_connection = None
+    except Exception:  # an invalidated connection holds nothing
+        pass
+    _forked_away.append(conn)
