@@ -86,7 +86,7 @@ def _sqlite_shape(path: Path) -> dict[str, object]:
                 )
             elif kind == "index":
                 shape[f"index {name}"] = (conn.execute(f"PRAGMA index_xinfo({name})").fetchall(),
-                                          conn.execute(f"SELECT tbl_name FROM sqlite_master WHERE name = ?", (name,)).fetchall())
+                                          conn.execute("SELECT tbl_name FROM sqlite_master WHERE name = ?", (name,)).fetchall())
         shape["version"] = conn.execute("SELECT version_num FROM alembic_version").fetchall()
         shape["journal"] = conn.execute("PRAGMA journal_mode").fetchall()
         return shape

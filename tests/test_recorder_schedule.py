@@ -55,6 +55,7 @@ def test_only_active_steps_are_written_whole_with_their_numbers_and_no_seq_gap(d
         for _ in range(12):
             hooks_by_step.append(module_hook_count() - base)
             train_step(model, opt)
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     # off steps: no module hook at all; warm-up and active: the tracker's two
     actions = [sched.action(s) for s in range(12)]
     assert hooks_by_step == [0 if a is StepAction.OFF else 2 for a in actions]
@@ -88,9 +89,10 @@ def test_off_steps_keep_counting_steps_and_warmup_writes_nothing(db_path: Path) 
 
 def test_a_schedule_that_never_reaches_an_active_step_records_no_event(db_path: Path) -> None:
     model, opt = model_and_opt()
-    with modtrace.Recorder(db=str(db_path), run="none", schedule="skip_first=50,active=1", handle_sigterm=False):
+    with modtrace.Recorder(db=str(db_path), run="none", schedule="skip_first=50,active=1", handle_sigterm=False) as _rec:
         for _ in range(3):
             train_step(model, opt)
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rows(db_path, "SELECT count(*) FROM events") == [(0,)]
     assert rows(db_path, "SELECT recorded_steps, step_count FROM run_ranks") == [("", 3)]
 
@@ -167,9 +169,10 @@ def test_diff_of_two_schedules_without_a_common_step_says_so(db_path: Path, run_
     model, opt = model_and_opt()
     for name, sched in (("early", "active=3,repeat=1"), ("late", "skip_first=3,active=3,repeat=1"),
                         ("overlap", "skip_first=2,active=3,repeat=1")):
-        with modtrace.Recorder(db=str(db_path), run=name, schedule=sched, handle_sigterm=False):
+        with modtrace.Recorder(db=str(db_path), run=name, schedule=sched, handle_sigterm=False) as _rec:
             for _ in range(6):
                 train_step(model, opt)
+        _rec.wait_analyzed()  # the writer process analyses the run after the with
     res = run_cli("diff", "early", "late", "--skip-steps", "0")
     notes = [line for line in res.err.splitlines() if "no recorded step in common" in line]
     assert len(notes) == 1 and "0-2" in notes[0] and "3-5" in notes[0]

@@ -75,8 +75,10 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
         raise UsageError(f"run {run.name!r} has no module calls to compare")
     from modtrace.store.runs import recorded_steps
 
-    info = {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank, "_stepped": stepped,
-            "recorded_steps": recorded_steps(store, run.id, rank)}
+    info: dict[str, Any] = {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank, "_stepped": stepped}
+    recorded = recorded_steps(store, run.id, rank)
+    if recorded is not None:  # recorded under a schedule: which steps
+        info["recorded_steps"] = recorded
     return calls, info
 
 

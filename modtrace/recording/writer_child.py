@@ -23,7 +23,7 @@ import random
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from modtrace.errors import one_line
 from modtrace.recording.writer_frames import Inbox, send
@@ -76,7 +76,7 @@ def main() -> None:
     _exit()
 
 
-def _exit() -> None:
+def _exit() -> NoReturn:
     """Everything is committed and closed: exit without the interpreter's
     teardown (tens of milliseconds the program would wait for)."""
     sys.stderr.flush()
