@@ -187,3 +187,4 @@ def test_wall_time_of_a_step_before_an_unrecorded_one_ends_at_its_own_last_span(
     }).with_columns(pl.col("phase").cast(pl.Int8))
     table = step_table(spans)
     assert table["wall_ns"].to_list() == [100, 50, 40]  # step 3 runs to step 4; step 4 is not followed by 5
+

@@ -270,6 +270,11 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
     recorded = {r[10] for r in rank_rows if r[10] is not None}
     info["recorded_steps"] = (None if not recorded else (next(iter(recorded)) or "none") if len(recorded) == 1
                               else "; ".join(f"rank {r[0]}: {r[10] or 'none'}" for r in rank_rows))
+    # Whether the run's spans and issues are stored (by the recorder's writer process when the
+    # recording ended, or `modtrace analyze`); without them tree, check, report compute them.
+    from modtrace.store.analysis_store import has_analysis
+
+    info["analysis"] = "stored" if has_analysis(store, run_id) else "not stored (modtrace analyze stores it)"
     info["rank_details"] = [
         {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5],
          "reconnects": r[6], "dropped_events": r[7], "dropped_steps": r[8], "fork_calls": r[9],
