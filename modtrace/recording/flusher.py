@@ -25,6 +25,7 @@ import time
 from collections import deque
 from typing import Any
 
+from modtrace import forking
 from modtrace.errors import StoreError, one_line
 from modtrace.masking import mask
 from modtrace.recording.config import (
@@ -34,6 +35,7 @@ from modtrace.recording.config import (
     WRITER_START_WAIT_S,
     Batch,
     drain,
+    ranges,
 )
 from modtrace.recording.writer_process import WriterProcess, WriterProcessError
 from modtrace.store.engine import Store
@@ -70,6 +72,8 @@ class Flushing:
     _last_taken_step: int | None
     _forked_child: bool
     _started: float
+    max_buffered: int
+    _forks: forking.ForkCounter | None
 
     def flush(self) -> int:
         """Write buffered events and names now; returns the number of events written."""
@@ -260,6 +264,25 @@ class Flushing:
         if self._tracker is not None:
             self._tracker._append = self._drop  # later events are counted, not kept
         print(mask(f"modtrace: error: {exc}; recording stopped (run {self.run_name!r} will be marked failed)"), file=sys.stderr)
+
+    def _report_faults(self) -> None:
+        """One line on stderr when the recording met faults it got past."""
+        assert self._store is not None
+        with self._store.engine.connect() as conn:
+            reconnects = conn.exec_driver_sql(
+                f"SELECT reconnects FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}").scalar()
+        parts = []
+        if reconnects:
+            parts.append(f"resumed after {reconnects} lost connection(s) or lock timeout(s), nothing lost")
+        if self._shed:
+            parts.append(f"{self._shed:,} event(s) of step(s) {ranges(self._shed_steps)} dropped while the database "
+                         f"was unreachable (more than {self.max_buffered:,} waited)")
+        if parts:
+            print(mask(f"modtrace: warning: run {self.run_name!r}: " + "; ".join(parts)), file=sys.stderr)
+        forked = self._forks.total() if self._forks is not None else 0
+        if forked:
+            print(mask(f"modtrace: note: run {self.run_name!r}: {forked:,} module call(s) ran in forked child "
+                       "processes (e.g. DataLoader workers) and were not recorded"), file=sys.stderr)
 
     def _drop(self, event: tuple[Any, ...]) -> None:
         self._dropped += 1

@@ -71,6 +71,12 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
     connection for up to ``retry_s`` seconds (default ``MODTRACE_RETRY_S`` or
     120) while the program goes on; past ``max_buffered`` waiting events,
     whole steps are dropped and the run records which (``store.retry``).
+
+    ``schedule`` (``modtrace.schedule(...)`` or its ``--schedule`` text)
+    records only some steps (``modtrace.recording.schedule``); the run stores
+    which.  The end-of-recording analysis (``analyze``) is done by the writer
+    process after the context exits when batches went through it:
+    ``wait_analyzed()`` waits for it.
     """
 
     def __init__(
@@ -353,25 +359,6 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             self._close_writers()
             self._dispose(self._store)
             self._reserve.release()
-
-    def _report_faults(self) -> None:
-        """One line on stderr when the recording met faults it got past."""
-        assert self._store is not None
-        with self._store.engine.connect() as conn:
-            reconnects = conn.exec_driver_sql(
-                f"SELECT reconnects FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}").scalar()
-        parts = []
-        if reconnects:
-            parts.append(f"resumed after {reconnects} lost connection(s) or lock timeout(s), nothing lost")
-        if self._shed:
-            parts.append(f"{self._shed:,} event(s) of step(s) {ranges(self._shed_steps)} dropped while the database "
-                         f"was unreachable (more than {self.max_buffered:,} waited)")
-        if parts:
-            print(mask(f"modtrace: warning: run {self.run_name!r}: " + "; ".join(parts)), file=sys.stderr)
-        forked = self._forks.total() if self._forks is not None else 0
-        if forked:
-            print(mask(f"modtrace: note: run {self.run_name!r}: {forked:,} module call(s) ran in forked child "
-                       "processes (e.g. DataLoader workers) and were not recorded"), file=sys.stderr)
 
     def _dispose(self, store: Store) -> None:
         keeper, self._keeper = self._keeper, None
