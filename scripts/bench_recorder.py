@@ -176,8 +176,9 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
 
         ctx = profile(activities=[ProfilerActivity.CPU], with_stack=True)
     elif name in ("modtrace", "modtrace_thread", "modtrace_no_step", "modtrace_schedule_off"):
-        writer = "thread" if name == "modtrace_thread" else "process"
-        # schedule_off: every timed step is outside the schedule's recorded steps (no module hook)
+        writer = "thread" if name in ("modtrace_thread", "modtrace_schedule_off") else "process"
+        # schedule_off: every timed step is outside the schedule's recorded steps (no module hook);
+        # nothing is written, so no writer process (its start would overlap the timed steps)
         sched = modtrace.schedule(skip_first=10**9, active=1) if name == "modtrace_schedule_off" else None
         ctx = modtrace.Recorder(db=str(tmp / "bench.db"), run=f"bench-{name}-{rep}", analyze=False, writer=writer,
                                 schedule=sched)
