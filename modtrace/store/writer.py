@@ -148,7 +148,7 @@ class RankWriter:
             # SQLAlchemy would redo per statement).
             flat = chain.from_iterable(rows if full == len(rows) else rows[:full])
             cursor = conn.connection.cursor()
-            values: Any = zip(*[flat] * (k * len(EVENT_COLUMNS)))  # the drivers take any iterable
+            values: Any = zip(*[flat] * (k * len(EVENT_COLUMNS)), strict=True)  # the drivers take any iterable
             dbapi_error = conn.dialect.loaded_dbapi.Error
             try:
                 cursor.executemany(self._sql["events_multi"], values)
