@@ -27,12 +27,13 @@ Side by side in one process, interleaved repeats, medians:
   steps with the default options and with ``analyze=False``; then how long
   the writer process takes to store the analysis after the program left.
 * schedule: ``modtrace_schedule_off`` in the overhead table is a Recorder
-  whose schedule keeps every timed step off (no module hook installed).
+  whose schedule keeps every timed step off (no module hook installed);
+  section ``schedule_off`` measures the same against bare steps, paired.
 * hand-over: packing a step's events for the writer process (pickle without
   memo, as now, vs with it, as before), on the tracker's own tuples.
 
 Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
-[--sections overhead,write_path,disk,fixed_costs,handover]
+[--sections overhead,write_path,disk,fixed_costs,handover,schedule_off]
 """
 
 from __future__ import annotations
@@ -395,6 +396,46 @@ def new_database_costs(d: Path, repeats: int) -> dict[str, float]:
     return {k: round(statistics.median(v) * 1e3, 2) for k, v in times.items()}
 
 
+def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
+    """A schedule's off steps vs no recording at all, paired: each repeat times ``steps`` bare
+    steps and ``steps`` off steps (no module hook installed, ``rec.step()`` at each) back to back,
+    in alternating order; the median of the per-repeat differences, per module call."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model()
+    x = torch.randn(4, 16)
+    calls = 1 + 2 * BLOCKS
+    diffs: list[float] = []
+    with tempfile.TemporaryDirectory() as d:
+        rec = modtrace.Recorder(db=str(Path(d) / "off.db"), run="off", analyze=False, writer="thread",
+                                schedule=modtrace.schedule(skip_first=10**9, active=1))
+        with rec:
+            run_steps(model, x, 2, rec.step)
+            for r in range(repeats * 6):
+                times = {}
+                for which in (("bare", "off") if r % 2 == 0 else ("off", "bare")):
+                    t0 = time.perf_counter()
+                    run_steps(model, x, steps, rec.step if which == "off" else None)
+                    times[which] = (time.perf_counter() - t0) / steps
+                diffs.append(times["off"] - times["bare"])
+            # What an off step adds, taken apart: the module hooks installed (none), and the
+            # step boundary itself (rec.step(), once a step), spread over the step's calls.
+            import torch.nn.modules.module as module_hooks
+
+            hooks = len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks)
+            n = 20_000
+            t0 = time.perf_counter()
+            for _ in range(n):
+                rec.step()
+            step_s = (time.perf_counter() - t0) / n
+        assert rec.events_recorded == 0
+    return {"added_us_per_module_call_median": round(statistics.median(diffs) / calls * 1e6, 3),
+            "module_hooks_installed_in_off_steps": hooks,
+            "step_boundary_us": round(step_s * 1e6, 3),
+            "step_boundary_us_per_module_call": round(step_s / calls * 1e6, 4),
+            "paired_repeats": len(diffs), "steps_per_repeat": steps, "goal_us": 0.5}
+
+
 def handover(repeats: int) -> dict[str, Any]:
     """Packing one step's events for the writer process, as the program does between steps:
     today's pickle without memo vs the pickle with memo it replaced, on the tracker's own tuples."""
@@ -435,7 +476,7 @@ def handover(repeats: int) -> dict[str, Any]:
     }
 
 
-SECTIONS = ("overhead", "write_path", "disk", "fixed_costs", "handover")
+SECTIONS = ("overhead", "write_path", "disk", "fixed_costs", "handover", "schedule_off")
 
 
 def main() -> None:
@@ -456,6 +497,7 @@ def main() -> None:
         "disk": lambda: bytes_per_event(50),
         "fixed_costs": lambda: fixed_costs(max(3, args.repeats // 2)),
         "handover": lambda: handover(args.repeats),
+        "schedule_off": lambda: schedule_off(args.repeats, args.steps),
     }
     summary: dict[str, Any] = {section: runs[section]() for section in SECTIONS if section in chosen}
     summary["torch"] = torch.__version__
