@@ -61,6 +61,7 @@ def test_the_disk_reserve_works_without_posix_fallocate(db_path: Path, monkeypat
     with modtrace.Recorder(db=str(db_path), run="mac", handle_sigterm=False) as rec:
         nn.Linear(2, 2)(torch.ones(1, 2))
         assert reserve.stat().st_size == RESERVE_BYTES
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.status == "completed" and not reserve.exists()
 
 
