@@ -341,7 +341,9 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         faults = {"dropped_events": self._shed, "dropped_steps": ranges(self._shed_steps),
                   "recorded_steps": self._recorded_steps_text(),
                   "fork_calls": self._forks.total() if self._forks is not None else 0}
-        if self.schedule is not None and self._flush_error is None:  # steps after the last recorded one count too
+        if self._flush_error is None:
+            # Every event is written: every step counts, also those after the last batch (a
+            # schedule's off steps, or a step whose events a timed flush took before it ended).
             faults["step_count"] = tracker.step
         try:
             call_retrying(lambda: finish_rank(store, self.run_id, self.rank, status, error, faults),
