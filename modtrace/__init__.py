@@ -2,7 +2,8 @@
 
 ``modtrace.Recorder`` records into a database; ``modtrace.open(db)`` reads
 it back as polars frames (``modtrace.api``); ``modtrace.ModuleTracker`` is a
-drop-in replacement for ``torch.utils.module_tracker.ModuleTracker``.  All are
+drop-in replacement for ``torch.utils.module_tracker.ModuleTracker``;
+``modtrace.schedule(...)`` chooses which steps a ``Recorder`` records.  All are
 imported lazily so that ``import modtrace`` (and the CLI) does not import torch.
 """
 
@@ -16,8 +17,9 @@ if TYPE_CHECKING:
     from modtrace.api import open
     from modtrace.module_tracker import ModuleTracker
     from modtrace.recorder import Recorder
+    from modtrace.recording.schedule import schedule
 
-__all__ = ["ModuleTracker", "Recorder", "__version__", "open"]
+__all__ = ["ModuleTracker", "Recorder", "__version__", "open", "schedule"]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +31,10 @@ def __getattr__(name: str) -> Any:
         from modtrace.module_tracker import ModuleTracker
 
         return ModuleTracker
+    if name == "schedule":
+        from modtrace.recording.schedule import schedule
+
+        return schedule
     if name == "open":
         from modtrace.api import open
 

@@ -107,7 +107,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
         # Each tracker keeps its own entries on a node: two recording at once
         # (a Recorder and a ModuleTracker) must not dispatch each other's calls.
         self._meta_key = f"modtrace-{id(self):x}"
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[RemovableHandle | None] = []
         # keyed by tensor identity (tensors compare elementwise, so not a WeakKeyDictionary)
         self._leaf_handles: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._local = threading.local()
@@ -141,6 +141,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
         # (None: when a clock is injected).  Calls on devices of the clock's
         # type mark a timing event; the timer is made when the first is seen.
         self.device_timer: DeviceTimer | None = None
+        self.device_marks = True  # False: no timing event (a warm-up step, whose seqs are used again)
         self._device_time = device_clock is not None if device_time is None else device_time
         self._device_clock = device_clock
         self._timed_type = device_clock.device_type if device_clock is not None and self._device_time else "cuda"
@@ -164,6 +165,8 @@ class Tracker(BackwardHooks, RecomputeLinks):
         """Remove every hook; node hooks still attached to live graphs become inert."""
         self._active = False
         for handle in self._handles:
+            if handle is None:  # paused
+                continue
             handle.remove()
             # torch's handle for a with_kwargs global hook leaves its id in
             # this registry; take it out so nothing of ours outlives stop().
@@ -178,6 +181,38 @@ class Tracker(BackwardHooks, RecomputeLinks):
     @property
     def active(self) -> bool:
         return self._active
+
+    # -- a recording schedule's off steps (modtrace.recording.schedule) -------
+
+    def pause(self) -> None:
+        """Remove the global module hooks, keeping the optimizer step hook
+        (steps still advance): module calls cost nothing until ``resume()``.
+        Call between steps, when no forward call is open."""
+        if self._active and len(self._handles) >= 2 and self._handles[0] is not None:
+            for handle in self._handles[:2]:
+                if handle is not None:
+                    handle.remove()
+                    _module_hooks._global_forward_hooks_with_kwargs.pop(handle.id, None)
+            self._handles[:2] = [None, None]
+
+    def resume(self) -> None:
+        """Install the module hooks again after ``pause()``."""
+        if self._active and len(self._handles) >= 2 and self._handles[0] is None:
+            self._handles[:2] = [
+                register_module_forward_pre_hook(self._forward_pre),
+                register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
+            ]
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event gets (``rewind`` takes it back)."""
+        seq = next(self._seq)
+        self._seq = itertools.count(seq)
+        return seq
+
+    def rewind(self, seq: int) -> None:
+        """Number the next event ``seq`` again: the events since were thrown away (a warm-up step)."""
+        self._seq = itertools.count(seq)
 
     def _open_forward_calls(self) -> int:
         """Forward calls open on this thread."""
@@ -243,7 +278,8 @@ class Tracker(BackwardHooks, RecomputeLinks):
             return int(torch.cuda.current_stream(self._device_objs[device_id]).cuda_stream)
         index = self._device_objs[device_id].index or 0
         stream, handle = timer.clock.current_stream(index)
-        timer.mark(seq, index, stream, handle)
+        if self.device_marks:
+            timer.mark(seq, index, stream, handle)
         return handle
 
     def _module_device(self, mod: nn.Module) -> torch.device | None:

@@ -2,8 +2,8 @@
 -- which rank was slowest.
 --
 -- Step time per rank is defined as in step_breakdown (first span start to the
--- next step's first start on that rank; the last step ends at its last span's
--- end). Ranks' clocks are not compared, only their step durations. A rank
+-- next step's first start on that rank; the last step, and one whose next step
+-- was not recorded, ends at its last span's end). Ranks' clocks are not compared, only their step durations. A rank
 -- that never reached a step is missing from that step's row (see ranks).
 --
 -- Parameters:
@@ -32,7 +32,7 @@ walls AS (
     SELECT
         rank,
         step,
-        CAST(COALESCE(LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step), last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns
+        CAST(COALESCE(CASE WHEN LEAD(step) OVER (PARTITION BY rank ORDER BY step) = step + 1 THEN LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step) END, last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns
     FROM per_step
 ),
 ranked AS (

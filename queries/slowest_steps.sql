@@ -2,8 +2,8 @@
 -- the most self time in each.
 --
 -- Step wall time is defined as in step_breakdown: from the step's first span
--- start to the next step's first start on the same rank (the last step ends at
--- its last span's end). Each rank's steps are ranked separately and listed
+-- start to the next step's first start on the same rank (the last step, and one
+-- whose next step was not recorded, ends at its last span's end). Each rank's steps are ranked separately and listed
 -- together, slowest first.
 --
 -- Parameters:
@@ -34,7 +34,7 @@ walls AS (
     SELECT
         rank,
         step,
-        CAST(COALESCE(LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step), last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns,
+        CAST(COALESCE(CASE WHEN LEAD(step) OVER (PARTITION BY rank ORDER BY step) = step + 1 THEN LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step) END, last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns,
         CAST(module_ns AS DOUBLE PRECISION) AS module_ns
     FROM per_step
 ),

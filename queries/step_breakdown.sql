@@ -45,7 +45,7 @@ bounded AS (
     SELECT
         rank,
         step,
-        CAST(COALESCE(LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step), last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns,
+        CAST(COALESCE(CASE WHEN LEAD(step) OVER (PARTITION BY rank ORDER BY step) = step + 1 THEN LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step) END, last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns,
         CAST(forward_ns AS DOUBLE PRECISION) AS forward_ns,
         CAST(backward_ns AS DOUBLE PRECISION) AS backward_ns,
         CAST(recompute_ns AS DOUBLE PRECISION) AS recompute_ns,

@@ -24,10 +24,16 @@ Side by side in one process, interleaved repeats, medians:
   the same tuples into the same table.
 * bytes per event on disk.
 * fixed costs: entering a Recorder (imports done), and leaving one after 30
-  steps with the default options and with ``analyze=False``.
+  steps with the default options and with ``analyze=False``; then how long
+  the writer process takes to store the analysis after the program left.
+* schedule: ``modtrace_schedule_off`` in the overhead table is a Recorder
+  whose schedule keeps every timed step off (no module hook installed);
+  section ``schedule_off`` measures the same against bare steps, paired.
+* hand-over: packing a step's events for the writer process (pickle without
+  memo, as now, vs with it, as before), on the tracker's own tuples.
 
 Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
-[--sections overhead,write_path,disk,fixed_costs]
+[--sections overhead,write_path,disk,fixed_costs,handover,schedule_off]
 """
 
 from __future__ import annotations
@@ -170,14 +176,18 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
         from torch.profiler import ProfilerActivity, profile
 
         ctx = profile(activities=[ProfilerActivity.CPU], with_stack=True)
-    elif name in ("modtrace", "modtrace_thread", "modtrace_no_step"):
-        writer = "thread" if name == "modtrace_thread" else "process"
-        ctx = modtrace.Recorder(db=str(tmp / "bench.db"), run=f"bench-{name}-{rep}", analyze=False, writer=writer)
+    elif name in ("modtrace", "modtrace_thread", "modtrace_no_step", "modtrace_schedule_off"):
+        writer = "thread" if name in ("modtrace_thread", "modtrace_schedule_off") else "process"
+        # schedule_off: every timed step is outside the schedule's recorded steps (no module hook);
+        # nothing is written, so no writer process (its start would overlap the timed steps)
+        sched = modtrace.schedule(skip_first=10**9, active=1) if name == "modtrace_schedule_off" else None
+        ctx = modtrace.Recorder(db=str(tmp / "bench.db"), run=f"bench-{name}-{rep}", analyze=False, writer=writer,
+                                schedule=sched)
     else:
         raise ValueError(name)
     ctx.__enter__()
     try:
-        on_step = ctx.step if name in ("modtrace", "modtrace_thread", "tracker") else None
+        on_step = ctx.step if name in ("modtrace", "modtrace_thread", "modtrace_schedule_off", "tracker") else None
         run_steps(model, x, 1, on_step)  # a first step inside the context, outside the clock
         pid = None
         if name.startswith("modtrace"):
@@ -206,7 +216,8 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = build_model()
     x = torch.randn(4, 16)
-    configs = ["bare", "floor", "tracker", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread", "modtrace_no_step"]
+    configs = ["bare", "floor", "tracker", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread",
+               "modtrace_no_step", "modtrace_schedule_off"]
     writer_cpu: list[float] = []
     samples: dict[str, list[float]] = {c: [] for c in configs}
     rng = random.Random(0)
@@ -232,6 +243,8 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "modtrace_vs_profiler_step_ratio": round(med["modtrace"] / med["profiler_with_stack"], 3),
         "modtrace_thread_vs_module_tracker_added_ratio": round(added["modtrace_thread"] / added["module_tracker"], 3),
         "modtrace_no_step_vs_module_tracker_added_ratio": round(added["modtrace_no_step"] / added["module_tracker"], 3),
+        # a schedule's off steps: no module hook installed; the goal is <= 0.5 us per module call
+        "schedule_off_added_us_per_module_call": round(added["modtrace_schedule_off"] * 1e6, 3),
         # CPU the writer process spent per module call (on another core), beside the step's own time
         # (summed over every repeat: the kernel counts CPU time in 10 ms ticks)
         "writer_process_cpu_us_per_module_call": round(sum(writer_cpu) / (len(writer_cpu) * steps * calls) * 1e6, 2) if writer_cpu else None,
@@ -322,6 +335,7 @@ def fixed_costs(repeats: int, steps: int = 30) -> dict[str, Any]:
     x = torch.randn(4, 16)
     enter: list[float] = []
     leave: dict[str, list[float]] = {"default": [], "analyze_false": []}
+    analysis_wait: list[float] = []
     events = 0
     with tempfile.TemporaryDirectory() as d:
         for rep in range(repeats):
@@ -337,17 +351,132 @@ def fixed_costs(repeats: int, steps: int = 30) -> dict[str, Any]:
                     t0 = time.perf_counter()
                     rec.__exit__(None, None, None)
                     leave[which].append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    rec.wait_analyzed()  # the writer process analyses after the program's context
+                    if which == "default":
+                        analysis_wait.append(time.perf_counter() - t0)
                 events = rec.events_recorded
+        create = new_database_costs(Path(d), repeats)
     return {
         "enter_ms_median": round(statistics.median(enter) * 1e3, 2),
+        # a new database: created at head from the metadata in one transaction (now) vs Alembic's
+        # upgrade through every revision (before)
+        "new_db_ms_median": create,
+        "new_db_fast_vs_alembic_ratio": round(create["fast"] / create["alembic"], 3),
         "leave_ms_median": {k: round(statistics.median(v) * 1e3, 2) for k, v in leave.items()},
+        # after leaving with the default options: until the writer process has stored the analysis
+        # (what `modtrace record` waits for; the program does not)
+        "analysis_after_leave_ms_median": round(statistics.median(analysis_wait) * 1e3, 2),
         "steps": steps,
         "events": events,
         "repeats": repeats,
     }
 
 
-SECTIONS = ("overhead", "write_path", "disk", "fixed_costs")
+def new_database_costs(d: Path, repeats: int) -> dict[str, float]:
+    import sqlalchemy as sa
+
+    from modtrace.store.base import Store
+    from modtrace.store.migrate import upgrade
+
+    times: dict[str, list[float]] = {"fast": [], "alembic": []}
+    for rep in range(repeats * 2):
+        for which in (("fast", "alembic") if rep % 2 == 0 else ("alembic", "fast")):
+            path = d / f"new-{which}-{rep}.db"
+            t0 = time.perf_counter()
+            if which == "fast":
+                open_store(str(path), create=True).dispose()
+            else:
+                engine = sa.create_engine(f"sqlite:///{path}", poolclass=sa.pool.NullPool)
+                with engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+                upgrade(Store(engine=engine, label=str(path), path=path))
+                engine.dispose()
+            times[which].append(time.perf_counter() - t0)
+    return {k: round(statistics.median(v) * 1e3, 2) for k, v in times.items()}
+
+
+def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
+    """A schedule's off steps vs no recording at all, paired: each repeat times ``steps`` bare
+    steps and ``steps`` off steps (no module hook installed, ``rec.step()`` at each) back to back,
+    in alternating order; the median of the per-repeat differences, per module call."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model()
+    x = torch.randn(4, 16)
+    calls = 1 + 2 * BLOCKS
+    diffs: list[float] = []
+    with tempfile.TemporaryDirectory() as d:
+        rec = modtrace.Recorder(db=str(Path(d) / "off.db"), run="off", analyze=False, writer="thread",
+                                schedule=modtrace.schedule(skip_first=10**9, active=1))
+        with rec:
+            run_steps(model, x, 2, rec.step)
+            for r in range(repeats * 6):
+                times = {}
+                for which in (("bare", "off") if r % 2 == 0 else ("off", "bare")):
+                    t0 = time.perf_counter()
+                    run_steps(model, x, steps, rec.step if which == "off" else None)
+                    times[which] = (time.perf_counter() - t0) / steps
+                diffs.append(times["off"] - times["bare"])
+            # What an off step adds, taken apart: the module hooks installed (none), and the
+            # step boundary itself (rec.step(), once a step), spread over the step's calls.
+            import torch.nn.modules.module as module_hooks
+
+            hooks = len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks)
+            n = 20_000
+            t0 = time.perf_counter()
+            for _ in range(n):
+                rec.step()
+            step_s = (time.perf_counter() - t0) / n
+        assert rec.events_recorded == 0
+    return {"added_us_per_module_call_median": round(statistics.median(diffs) / calls * 1e6, 3),
+            "module_hooks_installed_in_off_steps": hooks,
+            "step_boundary_us": round(step_s * 1e6, 3),
+            "step_boundary_us_per_module_call": round(step_s / calls * 1e6, 4),
+            "paired_repeats": len(diffs), "steps_per_repeat": steps, "goal_us": 0.5}
+
+
+def handover(repeats: int) -> dict[str, Any]:
+    """Packing one step's events for the writer process, as the program does between steps:
+    today's pickle without memo vs the pickle with memo it replaced, on the tracker's own tuples."""
+    import pickle
+
+    from modtrace.recording.writer_frames import pack_batch
+
+    torch.set_num_threads(1)
+    model = build_model()
+    x = torch.randn(4, 16)
+    events: list[tuple[Any, ...]] = []
+    tracker = Tracker(events.append)
+    tracker.start()
+    try:
+        run_steps(model, x, 1)
+    finally:
+        tracker.stop()
+    old: list[float] = []
+    new: list[float] = []
+    for rep in range(repeats * 20):
+        batch = [tuple(e) for e in events]  # fresh tuples, as each step's are
+        order = ("old", "new") if rep % 2 == 0 else ("new", "old")
+        for which in order:
+            t0 = time.perf_counter()
+            if which == "old":
+                pickle.dumps(("write", list(batch), [], [], [], (0, 0), []), protocol=pickle.HIGHEST_PROTOCOL)
+            else:
+                pack_batch(batch, progress=(0, 0))
+            (old if which == "old" else new).append(time.perf_counter() - t0)
+    o, n = statistics.median(old), statistics.median(new)
+    calls = 1 + 2 * BLOCKS
+    return {
+        "events_per_step": len(events),
+        "pack_us_per_event": {"pickle_memo_before": round(o / len(events) * 1e6, 3),
+                              "pickle_no_memo_now": round(n / len(events) * 1e6, 3)},
+        "pack_us_per_module_call_now": round(n / calls * 1e6, 3),
+        "now_vs_before_ratio": round(n / o, 3),
+    }
+
+
+SECTIONS = ("overhead", "write_path", "disk", "fixed_costs", "handover", "schedule_off")
 
 
 def main() -> None:
@@ -367,6 +496,8 @@ def main() -> None:
         "write_path": lambda: write_path(args.write_rows, max(3, args.repeats // 2)),
         "disk": lambda: bytes_per_event(50),
         "fixed_costs": lambda: fixed_costs(max(3, args.repeats // 2)),
+        "handover": lambda: handover(args.repeats),
+        "schedule_off": lambda: schedule_off(args.repeats, args.steps),
     }
     summary: dict[str, Any] = {section: runs[section]() for section in SECTIONS if section in chosen}
     summary["torch"] = torch.__version__

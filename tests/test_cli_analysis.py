@@ -28,11 +28,12 @@ def record_net(db: str, run: str = "net", steps: int = 2, **kw: Any) -> None:
     net = Net(blocks=2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     clock = itertools.count(0, 10)
-    with modtrace.Recorder(db=db, run=run, clock=lambda: next(clock), **kw):
+    with modtrace.Recorder(db=db, run=run, clock=lambda: next(clock), **kw) as _rec:
         for _ in range(steps):
             net(torch.randn(3, 4)).sum().backward()
             opt.step()
             opt.zero_grad()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
 
 
 
@@ -194,6 +195,7 @@ def test_healthy_models_have_no_error_or_warning_issues(db_path: Path, scenario:
             blocks = nn.Sequential(Block(), Block())
             out = checkpoint(blocks, torch.randn(2, 4, requires_grad=True), use_reentrant=True)
             out.sum().backward()
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     store = open_store(str(db_path))
     try:
         stored = read_analysis(store, 1)

@@ -53,8 +53,9 @@ def test_regional_compilation_keeps_names_and_nesting(db_path: Path, run_cli) ->
     model = Net()
     eager_names = {f"Net{n and '.' + n}" for n, _ in model.named_modules()}
     model.blocks[1] = torch.compile(model.blocks[1], backend="eager")  # type: ignore[assignment]
-    with modtrace.Recorder(db=str(db_path), run="regional"):
+    with modtrace.Recorder(db=str(db_path), run="regional") as _rec:
         train(model)
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
     names = {f for (f,) in query(str(db_path), "SELECT DISTINCT fqn FROM spans")}
     # the compiled block is recorded under its own name (no OptimizedModule, no _orig_mod); its insides run compiled
     assert names == eager_names - {"Net.blocks", "Net.blocks.1.fc1", "Net.blocks.1.fc2"}  # a ModuleList is never called

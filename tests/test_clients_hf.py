@@ -65,8 +65,9 @@ def test_hugging_face_training_steps(name: str, db_path: Path, run_cli) -> None:
     torch.manual_seed(0)
     model, batch = MODELS[name]()
     model.train()
-    with torch_hook_log() as (seen, called), modtrace.Recorder(db=str(db_path), run=name):
+    with torch_hook_log() as (seen, called), modtrace.Recorder(db=str(db_path), run=name) as _rec:
         train(model, batch, steps=3)
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
     # the forward enter/exit sequence is what torch's global hooks saw, named as torch's ModuleTracker names them
     recorded = forward_sequence(str(db_path))
     assert len(recorded) == len(seen) > 0

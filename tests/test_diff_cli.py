@@ -85,11 +85,12 @@ def record(db: str, name: str, costs: dict[int, int] | None = None, *, steps: in
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
     with Recorder(db=db, run=name, clock=clock, rank=rank, world_size=world_size, join=world_size > 1,
-                  handle_sigterm=False, analyze=analyze):
+                  handle_sigterm=False, analyze=analyze) as _rec:
         for _ in range(steps):
             net(x).sum().backward()
             opt.step()
             opt.zero_grad()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
 
 
 def doc_of(out: str) -> dict[str, Any]:
@@ -207,8 +208,9 @@ def test_structure_changes_on_train_tiny(db_path: Path, run_cli) -> None:  # typ
     train = runpy.run_path(str(REPO / "scripts" / "train_tiny.py"), run_name="train_tiny")
     args = ["--steps", "3", "--blocks", "2", "--d-model", "16", "--seq", "8", "--batch", "2", "--quiet", "--threads", "1"]
     for name, extra in (("plain", []), ("ckpt", ["--checkpoint"]), ("short", ["--blocks", "1"])):
-        with Recorder(db=str(db_path), run=name, handle_sigterm=False):
+        with Recorder(db=str(db_path), run=name, handle_sigterm=False) as _rec:
             train["main"](args + extra)
+        _rec.wait_analyzed()  # the writer process analyses the run after the with
     res = run_cli("diff", "--db", str(db_path), "plain", "ckpt", "--format", "json", "--fail-on", "structure")
     assert res.code == 1, res.err
     doc = doc_of(res.out)

@@ -176,9 +176,10 @@ class Reentrant(nn.Module):
 def test_nested_graph_tasks_keep_every_track_strictly_nested(db_path: Path, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     net = Reentrant()
-    with modtrace.Recorder(db=str(db_path), run="reentrant", clock=FakeClock()):
+    with modtrace.Recorder(db=str(db_path), run="reentrant", clock=FakeClock()) as _rec:
         for _ in range(2):
             net(torch.randn(4, 6, requires_grad=True)).sum().backward()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
     db = str(db_path)
     tasks = sql(db, "SELECT COUNT(DISTINCT graph_task) FROM spans WHERE phase = 'backward' AND step = 0")[0][0]
     assert tasks > 1  # the nested graph tasks this test is about
@@ -224,9 +225,10 @@ def test_ranks_align_through_their_wall_clock_anchors(db_path: Path, tmp_path: P
     torch.manual_seed(0)
     net = Pair()
     for rank in (0, 1):  # rank 1 starts after rank 0 ended; both clocks start at 0
-        with modtrace.Recorder(db=db, run="dist", join=True, rank=rank, world_size=2, clock=FakeClock()):
+        with modtrace.Recorder(db=db, run="dist", join=True, rank=rank, world_size=2, clock=FakeClock()) as _rec:
             for _ in range(2):
                 net(torch.randn(2, 6)).sum().backward()
+        _rec.wait_analyzed()  # the writer process analyses the run after the with
     raw = sql(db, "SELECT rank, MIN(start_ns), MAX(end_ns) FROM spans GROUP BY rank ORDER BY rank")
     assert raw[0][1] == raw[1][1]  # identical clocks: unaligned, the ranks would overlap
     out = tmp_path / "t.json"
@@ -372,8 +374,9 @@ def test_export_usage_errors_leave_nothing_behind(db_path: Path, tmp_path: Path,
 
 
 def test_a_run_without_calls_exports_valid_empty_files(db_path: Path, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
-    with modtrace.Recorder(db=str(db_path), run="empty"):
+    with modtrace.Recorder(db=str(db_path), run="empty") as _rec:
         pass
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
     trace = run_cli("export", "empty", "-o", "-")
     assert (trace.code, trace.err) == (0, "")
     parsed = load_trace(trace.out)

@@ -119,6 +119,7 @@ def test_sqlite_locked_past_the_busy_timeout_resumes_and_loses_nothing(
                 run_steps(rec, net, released, 20)
                 during = rec.step_count - steps_before
             run_steps(rec, net, None, 5)
+        rec.wait_analyzed()  # the writer process analyses the run after the with
     got = assert_whole(str(db_path), rec, calls[0], run_cli)
     assert got["reconnects"] >= 1, got
     assert during > 20, "the program waited for the locked database"
@@ -133,6 +134,7 @@ def test_a_lock_outliving_the_deadline_stops_recording_as_before(db_path: Path, 
         rec.flush()
         with exclusive_lock(db_path, hold_s=3.0) as released:
             run_steps(rec, net, released, 3)
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.status == "failed"
     err = capsys.readouterr().err
     assert "database is locked" in err and "recording stopped" in err
@@ -151,6 +153,7 @@ def test_over_the_memory_bound_whole_steps_are_dropped_and_the_run_says_which(
             rec.flush()
             with exclusive_lock(db_path, hold_s=1.5) as released:
                 run_steps(rec, net, released, 40)
+        rec.wait_analyzed()  # the writer process analyses the run after the with
     got = stored(str(db_path), rec.run_id)
     assert got["status"] == "completed" and got["dropped_events"] > 0, got
     assert got["events"] + got["dropped_events"] == 2 * calls[0], got
@@ -210,6 +213,7 @@ def test_postgres_backend_terminated_again_and_again_resumes_and_loses_nothing(
             killer.start()
             run_steps(rec, net, done, 60)
             killer.join()
+        rec.wait_analyzed()  # the writer process analyses the run after the with
     assert len(hits) >= 6 and {"active", "idle in transaction"} & set(hits), hits
     got = assert_whole(url, rec, calls[0], run_cli)
     assert got["reconnects"] >= 1, got
@@ -236,6 +240,7 @@ def test_postgres_restart_mid_run_resumes(pg_url: str, run_cli: Any) -> None:
             thread.start()
             run_steps(rec, net, done, 60)
             thread.join()
+        rec.wait_analyzed()  # the writer process analyses the run after the with
     assert assert_whole(pg_url, rec, calls[0], run_cli)["reconnects"] >= 1
 
 

@@ -70,6 +70,7 @@ def test_plain_fork_child_calls_are_counted_and_nothing_of_the_child_is_written(
             for _ in range(4):  # the parent's writer still works after the child is gone
                 model(x)
                 rec.step()
+        rec.wait_analyzed()  # the writer process analyses the run after the with
     n, forks, reconnects, run_status = stored(any_db, rec.run_id)
     assert calls[0] == 7 * 3 and n == 2 * 3 * 7  # the parent's own 3 + 4 forwards
     assert (forks, reconnects, run_status) == (5 * 3, 0, "completed")
@@ -101,6 +102,7 @@ def test_dataloader_workers_transforms_are_counted_not_recorded(db_path: Any, ru
             for batch in loader:
                 model(batch)
                 rec.step()
+        rec.wait_analyzed()  # the writer process analyses the run after the with
     n, forks, reconnects, run_status = stored(str(db_path), rec.run_id)
     assert calls[0] == 4 * 3 and n == 2 * calls[0]  # in this process: 4 batches through the model
     assert forks == 8 * 3  # in the workers: 8 items through the 3-module transform

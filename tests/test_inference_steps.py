@@ -203,6 +203,7 @@ def test_an_eval_loop_gets_one_step_per_batch(run_cli, any_db: str) -> None:  # 
         for x in batches:
             model(x)
             assert rec.step_count > 0
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.step_count == 6
     shown = json.loads(run_cli("show", "eval", "--db", any_db, "--format", "json").out)
     assert (shown["steps"], shown["step_rule"]) == (6, "root")
@@ -238,6 +239,7 @@ def _train(model: nn.Module, steps: int, accumulate: int = 1, closure: bool = Fa
 def test_training_steps_stay_optimizer_steps(run_cli, db_path: Path, accumulate: int, closure: bool) -> None:  # type: ignore[no-untyped-def]
     with modtrace.Recorder(run="train") as rec:
         _train(_net(), 3, accumulate, closure)
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.step_count == 3
     shown = json.loads(run_cli("show", "train", "--format", "json").out)
     assert (shown["steps"], shown["step_rule"]) == (3, "optimizer")
@@ -258,6 +260,7 @@ def test_manual_steps_leave_the_optimizer_out(run_cli, db_path: Path) -> None:  
             opt.step()
             if i % 2 == 1:
                 rec.step()
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.step_count == 2
     shown = json.loads(run_cli("show", "manual", "--format", "json").out)
     assert (shown["step_on"], shown["steps"], shown["step_rule"]) == ("manual", 2, "manual")
@@ -275,6 +278,7 @@ def test_root_steps_keep_recorder_steps(run_cli, db_path: Path) -> None:  # type
         model(torch.randn(4, 8))
         rec.step()
         model(torch.randn(4, 8))
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.step_count == 2
     assert _tree_steps(run_cli, "r") == [2]
 

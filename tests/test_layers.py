@@ -22,7 +22,8 @@ LAYERS: dict[str, str] = {
     "modtrace.contracts": "base",
     "modtrace.errors": "base",
     "modtrace.masking": "base",  # secrets masked in run rows: the recorder writes, the store shows
-    "modtrace.step_rules": "base",  # pure rules over code names, shared by recorder, analysis, renderers, CLI
+    "modtrace.step_rules": "base",
+    "modtrace.step_ranges": "base",  # step numbers as ranges: written by the recorder, read by the API  # pure rules over code names, shared by recorder, analysis, renderers, CLI
     "modtrace.tracker": "tracker",
     "modtrace.device_clock": "tracker",
     "modtrace.input_kind": "tracker",  # the tracker's pre-hook of root calls (torch)
@@ -41,7 +42,7 @@ LAYERS: dict[str, str] = {
     "modtrace.progress": "recorder",
     "modtrace.recorder": "recorder",
     "modtrace.runner": "recorder",
-    "modtrace.schedule": "recorder",
+    "modtrace.recording": "recorder",
     "modtrace.cli": "cli",
     "modtrace.__main__": "cli",
     "modtrace": "package",
@@ -137,7 +138,7 @@ def test_the_walk_sees_imports_inside_functions_and_type_checking_blocks() -> No
     imports = _all_imports()
     assert len({i.source for i in imports}) > 30
     # the recorder imports the join layer inside a method; the CLI imports lazily inside commands
-    assert any(i.source == "modtrace.recorder" and i.target == "modtrace.materialize" for i in imports)
+    assert any(i.source == "modtrace.recording.analysing" and i.target == "modtrace.materialize" for i in imports)
     assert any(i.type_only for i in imports)
     for module in {i.source for i in imports} | {i.target for i in imports}:
         assert _exists(module), module

@@ -67,6 +67,50 @@ def test_upgrading_an_empty_database_yields_exactly_the_metadata(any_db: str) ->
         store.dispose()
 
 
+def _sqlite_shape(path: Path) -> dict[str, object]:
+    """Everything SQLite knows of a database's schema, formatting aside: columns, keys,
+    indexes, CHECK and named constraints of every table, view definitions, the version."""
+    conn = sqlite3.connect(path)
+    try:
+        shape: dict[str, object] = {}
+        for kind, name, sql in conn.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"):
+            flat = " ".join(re.sub(r"([(),])", r" \1 ", sql or "").split()).replace('"', "")
+            if kind == "view":
+                shape[f"view {name}"] = flat
+            elif kind == "table":
+                shape[f"table {name}"] = (
+                    conn.execute(f"PRAGMA table_info({name})").fetchall(),
+                    sorted(conn.execute(f"PRAGMA foreign_key_list({name})").fetchall()),
+                    sorted(re.findall(r"CHECK \( .*? \) \)", flat)),
+                    sorted(re.findall(r"CONSTRAINT (\w+)", flat)),
+                )
+            elif kind == "index":
+                shape[f"index {name}"] = (conn.execute(f"PRAGMA index_xinfo({name})").fetchall(),
+                                          conn.execute("SELECT tbl_name FROM sqlite_master WHERE name = ?", (name,)).fetchall())
+        shape["version"] = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+        shape["journal"] = conn.execute("PRAGMA journal_mode").fetchall()
+        return shape
+    finally:
+        conn.close()
+
+
+def test_a_new_database_created_at_head_equals_one_upgraded_through_every_migration(tmp_path: Path) -> None:
+    fast = open_store(str(tmp_path / "fast.db"), create=True)  # created from the metadata in one transaction
+    assert fast.created
+    assert _diff(fast) == []
+    fast.dispose()
+    slow = _bare_store(str(tmp_path / "slow.db"))
+    with slow.engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+    upgrade(slow)
+    slow.dispose()
+    fast_shape, slow_shape = _sqlite_shape(tmp_path / "fast.db"), _sqlite_shape(tmp_path / "slow.db")
+    assert set(fast_shape) == set(slow_shape)
+    for key in slow_shape:
+        assert fast_shape[key] == slow_shape[key], key
+    assert fast_shape["version"] == [(HEAD,)]
+
+
 def test_downgrade_to_base_and_back_to_head(bare: Store) -> None:
     upgrade(bare)
     cfg = alembic_config(bare)

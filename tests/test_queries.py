@@ -98,13 +98,14 @@ def record(db: str, run: str, *, rank: int = 0, world_size: int = 1, tick: int =
     net = TinyNet(clock, slow_block)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(rank)
-    with modtrace.Recorder(db=db, run=run, rank=rank, world_size=world_size, clock=clock):
+    with modtrace.Recorder(db=db, run=run, rank=rank, world_size=world_size, clock=clock) as _rec:
         for _ in range(STEPS):
             idx = torch.randint(0, 16, (2, 5), generator=gen)
             loss = nn.functional.cross_entropy(net(idx).reshape(-1, 16), idx.reshape(-1))
             opt.zero_grad()
             loss.backward()
             opt.step()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
 
 
 @dataclass

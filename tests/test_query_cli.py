@@ -31,11 +31,12 @@ def _record(db: str) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     clock = itertools.count(0, 1000)
     for name in ("older", RUN):
-        with modtrace.Recorder(db=db, run=name, clock=lambda: next(clock)):
+        with modtrace.Recorder(db=db, run=name, clock=lambda: next(clock)) as _rec:
             for _ in range(2):
                 net(torch.randn(3, 4)).sum().backward()
                 opt.step()
                 opt.zero_grad()
+        _rec.wait_analyzed()  # the writer process analyses the run after the with
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,7 @@ def test_recorder_writes_runs_modules_and_event_log(any_db: str) -> None:
     model = mlp()
     with modtrace.Recorder(db=any_db, run="base", tags={"lr": "0.01"}, clock=FakeClock()) as rec:
         train(model, 3)
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.run_name == "base" and rec.run_id > 0
     assert rec.status == "completed"
     (run,) = rows(any_db, "SELECT name, status, world_size, tags, modtrace_version, ended_at FROM runs")
@@ -80,25 +81,29 @@ def test_manual_steps_and_rank_from_environment(db_path: object, monkeypatch: py
             with torch.no_grad():
                 model(torch.randn(1, 8))
             rec.step()
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.rank == 3
     assert rows(str(db_path), "SELECT DISTINCT step, rank FROM event_log ORDER BY step") == [(0, 3), (1, 3)]
 
 
 def test_run_names_are_unique(db_path: object) -> None:
-    with modtrace.Recorder(run="same"):
+    with modtrace.Recorder(run="same") as _rec:
         pass
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
     with pytest.raises(UsageError, match="a run named 'same' already exists"):
-        with modtrace.Recorder(run="same"):
+        with modtrace.Recorder(run="same") as _rec:
             pass
+        _rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rows(str(db_path), "SELECT name, status FROM runs") == [("same", "completed")]
 
 
 def test_exception_marks_failed_and_keeps_events(db_path: object) -> None:
     model = mlp()
     with pytest.raises(ZeroDivisionError):
-        with modtrace.Recorder(run="boom"):
+        with modtrace.Recorder(run="boom") as _rec:
             train(model, 2)
             raise ZeroDivisionError("division by zero")
+        _rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rows(str(db_path), "SELECT status, error FROM runs") == [("failed", "ZeroDivisionError: division by zero")]
     assert rows(str(db_path), "SELECT COUNT(*) FROM event_log") == [(32,)]
 
@@ -110,8 +115,9 @@ def test_keyboard_interrupt_inside_a_forward_marks_interrupted_and_closes_the_op
 
     model = nn.Sequential(nn.Linear(8, 8), Stop())
     with pytest.raises(KeyboardInterrupt):
-        with modtrace.Recorder(run="ctrl-c"):
+        with modtrace.Recorder(run="ctrl-c") as _rec:
             model(torch.randn(1, 8))
+        _rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rows(str(db_path), "SELECT status FROM runs") == [("interrupted",)]
     ev = rows(str(db_path), "SELECT kind, fqn, status FROM event_log ORDER BY seq")
     # KeyboardInterrupt skips torch's always_call hooks; the recorder closes what was open
@@ -123,8 +129,9 @@ def test_leaving_the_context_removes_every_hook_and_later_backward_records_nothi
               dict(module_hooks._global_forward_hooks_always_called), dict(module_hooks._global_forward_hooks_with_kwargs),
               dict(optimizer_hooks._global_optimizer_post_hooks))
     model = mlp()
-    with modtrace.Recorder(run="r"):
+    with modtrace.Recorder(run="r") as _rec:
         out = model(torch.randn(2, 8, requires_grad=True)).sum()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
     after = (dict(module_hooks._global_forward_pre_hooks), dict(module_hooks._global_forward_hooks),
              dict(module_hooks._global_forward_hooks_always_called), dict(module_hooks._global_forward_hooks_with_kwargs),
              dict(optimizer_hooks._global_optimizer_post_hooks))
@@ -237,6 +244,7 @@ def test_the_writer_can_be_chosen_from_the_environment(db_path: object, monkeypa
     monkeypatch.setenv("MODTRACE_WRITER", "thread")
     with modtrace.Recorder(run="env") as rec:
         assert rec.writer_mode == "thread" and rec._proc is None
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     monkeypatch.setenv("MODTRACE_WRITER", "bogus")
     with pytest.raises(UsageError, match="MODTRACE_WRITER must be one of auto, process, thread, inline, not 'bogus'"):
         modtrace.Recorder(run="env2")
@@ -458,5 +466,6 @@ def test_ranks_of_one_launch_share_a_run_but_never_join_a_finished_one(any_db: s
     assert rows(any_db, "SELECT status, world_size FROM runs") == [("completed", 2)]
     assert rows(any_db, "SELECT rank, status FROM run_ranks ORDER BY rank") == [(0, "completed"), (1, "completed")]
     with pytest.raises(UsageError, match="already exists"):
-        with modtrace.Recorder(db=any_db, run="dist", rank=1, world_size=2):
+        with modtrace.Recorder(db=any_db, run="dist", rank=1, world_size=2) as _rec:
             pass
+        _rec.wait_analyzed()  # the writer process analyses the run after the with

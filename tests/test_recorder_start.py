@@ -14,6 +14,7 @@ import torch.optim.optimizer as optimizer_hooks
 from torch import nn
 
 import modtrace
+from modtrace.recording.reserve import RESERVE_BYTES
 from modtrace.store.engine import open_store
 from modtrace.store.runs import list_runs, run_details
 
@@ -59,7 +60,8 @@ def test_the_disk_reserve_works_without_posix_fallocate(db_path: Path, monkeypat
     reserve = db_path.with_name(f"{db_path.name}-reserve-{os.getpid()}")
     with modtrace.Recorder(db=str(db_path), run="mac", handle_sigterm=False) as rec:
         nn.Linear(2, 2)(torch.ones(1, 2))
-        assert reserve.stat().st_size == rec._RESERVE_BYTES
+        assert reserve.stat().st_size == RESERVE_BYTES
+    rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.status == "completed" and not reserve.exists()
 
 
@@ -82,8 +84,8 @@ with modtrace.Recorder(db={str(db)!r}, run="nofcntl", writer="process", handle_s
     for _ in range(3):
         net(torch.ones(1, 2)).sum().backward()
         rec.step()
-import modtrace.store.engine, modtrace.store.writer_process
-assert modtrace.store.engine.fcntl is None and modtrace.store.writer_process.termios is None
+import modtrace.store.engine, modtrace.recording.writer_process
+assert modtrace.store.engine.fcntl is None and modtrace.recording.writer_process.termios is None
 print(rec.status, rec.events_recorded)
 """
     env = {**os.environ, "PYTHONPATH": str(Path(modtrace.__file__).resolve().parent.parent)}

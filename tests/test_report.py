@@ -43,7 +43,7 @@ def record_tiny(db: str, run: str, *, steps: int = 2, slow_block: int | None = N
     model = tt.TinyLM(64, 32, 2, 2, 16, slow_block=slow_block, use_checkpoint=checkpoint)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    with modtrace.Recorder(db=db, run=run, **recorder):
+    with modtrace.Recorder(db=db, run=run, **recorder) as _rec:
         for _ in range(steps):
             x, y = tt.synthetic_batch(gen, 64, 4, 16)
             logits = model(x)
@@ -51,6 +51,7 @@ def record_tiny(db: str, run: str, *, steps: int = 2, slow_block: int | None = N
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
 
 
 class StepClock:
@@ -101,11 +102,12 @@ def record_toy(db: str, run: str, *, steps: int = 8, slow_ns: int = 0, **recorde
     torch.manual_seed(0)
     model = Toy(clock, slow_ns)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with modtrace.Recorder(db=db, run=run, clock=clock, **recorder):
+    with modtrace.Recorder(db=db, run=run, clock=clock, **recorder) as _rec:
         for _ in range(steps):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
             opt.zero_grad()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
 
 
 def embedded(html: str) -> dict[str, Any]:

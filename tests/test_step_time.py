@@ -27,13 +27,14 @@ def recorded(db_path: Path) -> Any:
     net = Net(blocks=3)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     clock = itertools.count(0, 7)
-    with modtrace.Recorder(db=str(db_path), run="net", clock=lambda: next(clock), handle_sigterm=False):
+    with modtrace.Recorder(db=str(db_path), run="net", clock=lambda: next(clock), handle_sigterm=False) as _rec:
         for _ in range(STEPS):
             net(torch.randn(3, 4)).sum().backward()
             for _ in range(5):  # time outside module calls
                 next(clock)
             opt.step()
             opt.zero_grad()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
     with modtrace.open(str(db_path)) as db:
         assert db.has_analysis("net")
         return step_table(db.spans("net"))

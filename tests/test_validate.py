@@ -22,10 +22,11 @@ from tests.recording import FakeClock
 def record_small(db: Path, run: str = "r", steps: int = 2) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with modtrace.Recorder(db=str(db), run=run, clock=FakeClock()):
+    with modtrace.Recorder(db=str(db), run=run, clock=FakeClock()) as _rec:
         for _ in range(steps):
             model(torch.ones(2, 4)).sum().backward()
             opt.step()
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
 
 
 def corrupt(db: Path, *statements: str) -> None:

@@ -9,8 +9,9 @@ backward spans and counts once, as recompute).
 
 A step's *wall* time runs from its first span's start to the next step's
 first start on the same rank (so the optimizer step and data loading that
-follow a step's backward are its own); the last step ends at its last span's
-end (or start, for a span never exited).  ``wall - step`` is the time
+follow a step's backward are its own); the last step, and the last before a
+step not recorded (a schedule's), ends at its last span's end (or start, for
+a span never exited).  ``wall - step`` is the time
 outside module calls.
 
 ``modtrace tree`` shows inclusive time as a percent of the step time,
@@ -58,7 +59,10 @@ def step_table(spans: pl.DataFrame) -> pl.DataFrame:
         )
         .sort("rank", "step")
     )
-    wall = pl.coalesce(pl.col("_start").shift(-1).over("rank"), pl.col("_last")) - pl.col("_start")
+    # The next step's start ends this one only when it is the next step: a schedule's recorded
+    # steps come in windows, and the steps between them were not recorded.
+    nxt = pl.when(pl.col("step").shift(-1).over("rank") == pl.col("step") + 1).then(pl.col("_start").shift(-1).over("rank"))
+    wall = pl.coalesce(nxt, pl.col("_last")) - pl.col("_start")
     return per_step.with_columns(wall.alias("wall_ns")).select(STEP_COLUMNS)
 
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "RunCalls", "Stepped", "check_schema",
-    "current_revision", "diff_calls", "like_with_like", "like_with_like_calls", "open", "preload_diff",
+    "current_revision", "diff_calls", "like_with_like", "like_with_like_calls", "no_common_step", "open", "preload_diff",
     "preload_store", "query", "query_library", "resolve_query", "step_table", "upgrade",
 ]
 
@@ -116,6 +116,14 @@ def like_with_like_calls(
     from modtrace.api._diff import like_with_like as pick
 
     return pick(base, cand, kind)
+
+
+def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
+    """For two ``Database.diff_side`` descriptions: one line when the runs' schedules recorded no
+    step in common, else None."""
+    from modtrace.api._diff import no_common_step as check
+
+    return check(base, cand)
 
 
 def step_table(spans: pl.DataFrame) -> pl.DataFrame:

@@ -86,8 +86,14 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
     stepped = restep(store, run.id, run.name, calls.calls, step_on, None if rank is None else [rank])
     if calls.calls.height == 0:
         raise UsageError(f"run {run.name!r} has no module calls to compare")
-    return calls, {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank, "clock": clock,
-                   "_stepped": stepped}
+    from modtrace.store.runs import recorded_steps
+
+    info: dict[str, Any] = {"run": run.name, "run_id": run.id, "db": store.label, "rank": rank, "clock": clock,
+                            "_stepped": stepped}
+    recorded = recorded_steps(store, run.id, rank)
+    if recorded is not None:  # recorded under a schedule: which steps
+        info["recorded_steps"] = recorded
+    return calls, info
 
 
 def like_with_like(base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, dict[str, Any]],
@@ -111,3 +117,15 @@ def preload() -> None:
     import modtrace.analysis.steps  # noqa: F401
     import modtrace.store.analysis_store  # noqa: F401
     import modtrace.store.roots  # noqa: F401
+
+
+def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
+    """One line when both runs were recorded under schedules that share no recorded step; else None."""
+    from modtrace.step_ranges import parse_ranges
+
+    b, c = base.get("recorded_steps"), cand.get("recorded_steps")
+    if b is None or c is None or parse_ranges(b) & parse_ranges(c):
+        return None
+    return (f"runs {base['run']!r} (recorded steps {b or 'none'}) and {cand['run']!r} (recorded steps "
+            f"{c or 'none'}) have no recorded step in common: their schedules differ; steps are compared "
+            "as samples all the same")

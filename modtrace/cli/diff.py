@@ -103,7 +103,7 @@ def diff(
     by default when both have it, else host time. Exit status: 0 clean, 1
     findings (per --fail-on), 2 usage error.
     """
-    from modtrace.api import DiffOptions, diff_calls, like_with_like_calls
+    from modtrace.api import DiffOptions, diff_calls, like_with_like_calls, no_common_step
     from modtrace.errors import UsageError
     from modtrace.renderers import get_renderer
     from modtrace.renderers.diff import DiffView
@@ -123,6 +123,9 @@ def diff(
     )
     base_calls, cand_calls = like_with_like_calls(loaded_base, loaded_cand, step_kind)
     base_info, cand_info = loaded_base[1], loaded_cand[1]
+    disjoint = no_common_step(base_info, cand_info)
+    if disjoint is not None:
+        click.echo(f"modtrace: note: {disjoint}", err=True)
     result = diff_calls(base_calls, cand_calls, options)
     for side, info in (("base_steps", base_info), ("cand_steps", cand_info)):
         if not result.summary[side]:

@@ -99,6 +99,11 @@ def check_run_name(name: str) -> str:
                    "optimizer; root (each outermost module call on the main thread: one per generate() token, "
                    "per request, per batch); manual (Recorder.step() only). Root calls are always recorded, "
                    "so tree, diff and report can choose again with --step-on.")
+@click.option("--schedule", "schedule_text", metavar="KEY=N,...", default=None,
+              help="Record only some steps, as torch.profiler.schedule does: skip the first skip_first steps, "
+                   "then repeat (0: forever) cycles of wait steps (no hooks at all), warmup steps (hooks run, "
+                   "nothing written) and active steps (recorded), e.g. "
+                   "skip_first=10,wait=5,warmup=1,active=20,repeat=3. active is required.")
 @click.option("--eager", is_flag=True,
               help="Run with torch.compile disabled (TORCH_COMPILE_DISABLE=1): a model compiled as a whole "
                    "records only its own call, not its submodules'.")
@@ -115,6 +120,7 @@ def record(
     quiet: bool,
     no_analyze: bool,
     step_on: str,
+    schedule_text: str | None,
     eager: bool,
     no_device_time: bool,
     target_args: tuple[str, ...],
@@ -145,6 +151,14 @@ def record(
     else:
         raise UsageError("record needs SCRIPT or -m MODULE (see modtrace record --help)")
     tag_map = parse_tags(tags)
+    schedule = None
+    if schedule_text is not None:
+        from modtrace.recording.schedule import parse_schedule
+
+        schedule = parse_schedule(schedule_text)
+        if step_on == "root":
+            raise UsageError("--schedule counts optimizer steps and Recorder.step() calls: "
+                             "use it with --step-on auto, optimizer or manual, not root")
     if run_name is not None:
         check_run_name(run_name)
     check_target(target)
@@ -152,7 +166,7 @@ def record(
     if eager:
         disable_compilation()
     return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
-                   quiet=quiet, analyze=not no_analyze, step_on=step_on,
+                   quiet=quiet, analyze=not no_analyze, step_on=step_on, schedule=schedule,
                    device_time=False if no_device_time else None)
 
 
@@ -175,6 +189,7 @@ def _record(
     analyze: bool,
     step_on: str = "auto",
     device_time: bool | None = None,
+    schedule: Any = None,
 ) -> int:
     from datetime import datetime
 
@@ -195,7 +210,7 @@ def _record(
 
     try:
         return _record_under(target, run_name, auto, db=db, tags=tags, command=command, meta=meta,
-                             quiet=quiet, analyze=analyze, step_on=step_on, device_time=device_time)
+                             quiet=quiet, analyze=analyze, step_on=step_on, device_time=device_time, schedule=schedule)
     except Terminated:
         # SIGTERM before the target started or after it ended; a started
         # recorder finishes from its atexit hook.
@@ -205,6 +220,7 @@ def _record(
 def _record_under(
     target: Any, run_name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
     meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto", device_time: bool | None = None,
+    schedule: Any = None,
 ) -> int:
     from modtrace import progress as progress_mod
     from modtrace.errors import Terminated
@@ -212,7 +228,7 @@ def _record_under(
 
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze,
-                              step_on=step_on, device_time=device_time)
+                              step_on=step_on, device_time=device_time, schedule=schedule)
         line = None
         if progress_mod.wanted(sys.stderr, quiet):
             line = progress_mod.ProgressLine(
@@ -232,6 +248,7 @@ def _record_under(
         if line is not None:
             line.stop()
         rec.finish(outcome.status, outcome.error)
+        rec.wait_analyzed()  # the writer process analyses the run after the program: record returns after it
 
     if not quiet:
         _summary(rec, outcome)
@@ -241,6 +258,7 @@ def _record_under(
 def _start_recorder(
     name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
     meta: dict[str, Any], analyze: bool, step_on: str = "auto", device_time: bool | None = None,
+    schedule: Any = None,
 ) -> Any:
     """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
     from modtrace.errors import RunNameTaken
@@ -250,7 +268,7 @@ def _start_recorder(
     while True:
         candidate = name if attempt == 1 else f"{name}-{attempt}"
         rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze, step_on=step_on,
-                       device_time=device_time)
+                       device_time=device_time, schedule=schedule)
         try:
             rec.__enter__()  # Recorder.start
         except RunNameTaken:

@@ -35,10 +35,13 @@ def runs(db: str | None, limit: int | None, fmt: str) -> None:
         rows = database.run_list(limit)
     for r in rows:
         r["step_on"] = rule_label(r["step_on"], r.pop("step_rule"))
+        if r.get("recorded_steps") is not None:  # a schedule: which of the steps are stored
+            r["steps_shown"] = f"{r['steps']} (recorded {r['recorded_steps']})"
     columns = ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks"]
     if fmt == "table":
         out = [
-            [r["id"], r["name"], r["status"], r["started_at"], _duration(r["duration_s"]), r["events"], r["steps"],
+            [r["id"], r["name"], r["status"], r["started_at"], _duration(r["duration_s"]), r["events"],
+             r.get("steps_shown", r["steps"]),
              r["step_on"], r["ranks"]]
             for r in rows
         ]

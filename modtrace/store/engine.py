@@ -238,17 +238,18 @@ def _lock_file(path: Path, *, shared: bool) -> Iterator[None]:
 
 
 def _create_sqlite(store: Store) -> None:
-    from modtrace.store.migrate import upgrade
-
     assert store.path is not None
     with _file_lock(store.path):
         rev, has_tables = read_revision(store.engine)
         if rev is None and has_tables:
             raise StoreError(f"{store.label} is a SQLite database of another application; refusing to touch it")
         if rev is None:
+            from modtrace.store.create import create_at_head
+
             with store.engine.connect() as conn:
                 conn.exec_driver_sql("PRAGMA journal_mode = WAL")
-            upgrade(store)
+                conn.commit()
+                create_at_head(conn)
         else:
             check_revision(rev, store.label)
 

@@ -213,7 +213,7 @@ def list_runs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
         rank_rows = conn.execute(
             select(
                 run_ranks.c.run_id, run_ranks.c.rank, run_ranks.c.hostname, run_ranks.c.pid,
-                run_ranks.c.status, run_ranks.c.event_count, run_ranks.c.step_count,
+                run_ranks.c.status, run_ranks.c.event_count, run_ranks.c.step_count, run_ranks.c.recorded_steps,
             )
         ).all()
     by_run: dict[int, list[Any]] = {}
@@ -224,6 +224,8 @@ def list_runs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
         row["events"] = sum(int(r[5]) for r in of_run)
         row["steps"] = max((int(r[6]) for r in of_run), default=0)
         row["ranks"] = len(of_run)
+        recorded = sorted({r[7] for r in of_run if r[7] is not None})
+        row["recorded_steps"] = None if not recorded else "; ".join(x or "none" for x in recorded)
         row["status"] = display_status(row["status"], [(r[2], r[3], r[4]) for r in of_run])
         start, end = parse_iso(row["started_at"]), parse_iso(row["ended_at"])
         row["duration_s"] = (end - start).total_seconds() if start and end else None
@@ -243,7 +245,8 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
         rank_rows = conn.execute(
             select(run_ranks.c.rank, run_ranks.c.hostname, run_ranks.c.pid, run_ranks.c.status,
                    run_ranks.c.event_count, run_ranks.c.step_count, run_ranks.c.reconnects,
-                   run_ranks.c.dropped_events, run_ranks.c.dropped_steps, run_ranks.c.fork_calls)
+                   run_ranks.c.dropped_events, run_ranks.c.dropped_steps, run_ranks.c.fork_calls,
+                   run_ranks.c.recorded_steps)
             .where(run_ranks.c.run_id == run_id)
             .order_by(run_ranks.c.rank)
         ).all()
@@ -263,9 +266,19 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
     info["dropped_events"] = sum(int(r[7]) for r in rank_rows)
     info["dropped_steps"] = "; ".join(f"rank {r[0]}: {r[8]}" for r in rank_rows if r[8]) or None
     info["fork_calls"] = sum(int(r[9]) for r in rank_rows)
+    # Under a schedule (runs.schedule), the steps recorded: one rank's ranges, or each rank's.
+    recorded = {r[10] for r in rank_rows if r[10] is not None}
+    info["recorded_steps"] = (None if not recorded else (next(iter(recorded)) or "none") if len(recorded) == 1
+                              else "; ".join(f"rank {r[0]}: {r[10] or 'none'}" for r in rank_rows))
+    # Whether the run's spans and issues are stored (by the recorder's writer process when the
+    # recording ended, or `modtrace analyze`); without them tree, check, report compute them.
+    from modtrace.store.analysis_store import has_analysis
+
+    info["analysis"] = "stored" if has_analysis(store, run_id) else "not stored (modtrace analyze stores it)"
     info["rank_details"] = [
         {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5],
-         "reconnects": r[6], "dropped_events": r[7], "dropped_steps": r[8], "fork_calls": r[9]}
+         "reconnects": r[6], "dropped_events": r[7], "dropped_steps": r[8], "fork_calls": r[9],
+         "recorded_steps": r[10]}
         for r in rank_rows
     ]
     return _masked(info)
@@ -297,3 +310,19 @@ def read_thread_names(store: Store, run_id: int) -> dict[tuple[int, int], str | 
             select(threads.c.rank, threads.c.thread_id, threads.c.name).where(threads.c.run_id == run_id)
         ).all()
     return {(int(r), int(t)): n for r, t, n in rows}
+
+
+def recorded_steps(store: Store, run_id: int, rank: int | None = None) -> str | None:
+    """The steps the run (or its ``rank``) recorded under its schedule, as ranges ('' when none);
+    None when it has no schedule (every step recorded)."""
+    q = select(run_ranks.c.recorded_steps).where(run_ranks.c.run_id == run_id,
+                                                 run_ranks.c.recorded_steps.is_not(None))
+    if rank is not None:
+        q = q.where(run_ranks.c.rank == rank)
+    with store.engine.connect() as conn:
+        found = [r[0] for r in conn.execute(q)]
+    if not found:
+        return None
+    from modtrace.step_ranges import parse_ranges, ranges
+
+    return ranges(set().union(*(parse_ranges(t) for t in found))) or ""

@@ -33,7 +33,7 @@ from modtrace.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -63,6 +63,7 @@ runs = Table(
     Column("tags", Text, nullable=False, server_default="{}", comment="User tags as a JSON object of strings."),
     Column("error", Text, nullable=True, comment="Summary of the exception or signal that ended a failed or interrupted run."),
     Column("step_on", String(16), nullable=False, server_default="optimizer", comment="What starts a step, as asked of the recorder: auto (optimizer steps when the run made any, else root calls) | optimizer (optimizer steps and Recorder.step()) | root (each root call, see root_calls) | manual (Recorder.step() only)."),
+    Column("schedule", Text, nullable=True, comment="The recording schedule, as `modtrace record --schedule` takes it (e.g. 'skip_first=10,wait=5,warmup=1,active=20,repeat=3'); NULL when every step was recorded."),
     CheckConstraint(f"status IN ({_RUN_STATUSES})", name="ck_runs_status"),
     UniqueConstraint("name", name="uq_runs_name"),
     comment="One row per recorded run (one training or inference job, possibly many ranks).",
@@ -85,6 +86,7 @@ run_ranks = Table(
     Column("dropped_events", BigInteger, nullable=False, server_default="0", comment="Events not stored because the database stayed unreachable while more than the recorder's memory bound waited (whole steps are dropped)."),
     Column("dropped_steps", Text, nullable=True, comment="The steps whose events were dropped, as ranges (e.g. '31-35,40'); NULL when none."),
     Column("fork_calls", BigInteger, nullable=False, server_default="0", comment="Module calls made in child processes forked during the recording (e.g. DataLoader workers); not recorded."),
+    Column("recorded_steps", Text, nullable=True, comment="The steps this rank recorded under the run's schedule, as ranges (e.g. '10-29,35-54'); NULL when the run has no schedule (every step recorded)."),
     PrimaryKeyConstraint("run_id", "rank", name="pk_run_ranks"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_run_ranks_run"),
     CheckConstraint(f"status IN ({_RUN_STATUSES})", name="ck_run_ranks_status"),

@@ -5,8 +5,8 @@ transaction per flush, lookup rows (modules, threads, devices) first, so
 ``event_log`` never shows an event whose names are missing.
 
 Events go as multi-row ``INSERT ... VALUES (...), (...), ...`` statements of
-``ROWS_PER_STATEMENT`` rows, executed with ``executemany`` over the batch's
-tuples flattened: the same values bound, but the per-statement work of the
+``ROWS_PER_STATEMENT`` rows, executed with the driver's ``executemany`` over
+the batch's tuples flattened: the same values bound, but the per-statement work of the
 driver and the database (step, reset, program start) is paid once per 64
 rows instead of once per row.  The writer keeps one connection for its whole
 life; opening one per flush cost a connect and, on SQLite, a checkpoint of
@@ -20,6 +20,7 @@ from itertools import chain
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 
 from modtrace.contracts import (
     DEVICE_EVENT_ROW,
@@ -136,20 +137,10 @@ class RankWriter:
 
     def forget(self) -> None:
         """In a process forked from the writer's: drop the connection without
-        closing it (closing would end the parent's session), the way
-        SQLAlchemy documents for connections carried across a fork."""
+        closing it (closing would end the parent's session)."""
         conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            fairy: Any = conn.connection
-            _forked_away.append(fairy.dbapi_connection)  # never finalised by this process
-            if fairy._connection_record is not None:
-                fairy._connection_record.dbapi_connection = None
-            fairy.dbapi_connection = None
-        except Exception:  # an invalidated connection holds nothing
-            pass
-        _forked_away.append(conn)
+        if conn is not None:
+            forget_connection(conn)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -163,8 +154,21 @@ class RankWriter:
         k = ROWS_PER_STATEMENT
         full = len(rows) // k * k
         if full:
-            flat = chain.from_iterable
-            conn.exec_driver_sql(self._sql["events_multi"], [tuple(flat(rows[i:i + k])) for i in range(0, full, k)])
+            # The driver's own cursor, in the transaction SQLAlchemy began: the
+            # statements' values as one flat stream cut into k-row tuples by
+            # zip, in C (no slice, no tuple built per row in Python, nothing
+            # SQLAlchemy would redo per statement).
+            flat = chain.from_iterable(rows if full == len(rows) else rows[:full])
+            cursor = conn.connection.cursor()
+            values: Any = zip(*[flat] * (k * len(EVENT_COLUMNS)), strict=True)  # the drivers take any iterable
+            dbapi_error = conn.dialect.loaded_dbapi.Error
+            try:
+                cursor.executemany(self._sql["events_multi"], values)
+            except dbapi_error as exc:  # as SQLAlchemy would have raised it
+                raise DBAPIError.instance(self._sql["events_multi"], None, exc, dbapi_error,
+                                          dialect=conn.dialect) from exc
+            finally:
+                cursor.close()
         if full < len(rows):
             self._many(conn, "events", rows[full:])
 
@@ -174,3 +178,18 @@ class RankWriter:
         if not isinstance(rows, list):
             rows = list(rows)
         conn.exec_driver_sql(self._sql[table], rows)
+
+
+def forget_connection(conn: Connection) -> None:
+    """In a process forked from the one that opened ``conn``: drop it without
+    closing it (closing would end the parent's session), the way SQLAlchemy
+    documents for connections carried across a fork."""
+    try:
+        fairy: Any = conn.connection
+        _forked_away.append(fairy.dbapi_connection)  # never finalised by this process
+        if fairy._connection_record is not None:
+            fairy._connection_record.dbapi_connection = None
+        fairy.dbapi_connection = None
+    except Exception:  # an invalidated connection holds nothing
+        pass
+    _forked_away.append(conn)

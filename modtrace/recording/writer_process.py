@@ -1,13 +1,14 @@
-"""One rank's batches written by a separate process.
+"""One rank's batches written by a separate process: the program's side.
 
 A recording's hot path only appends tuples; writing them (binding every
 value, the database's own work) costs about 1.5 us per event of CPU.  Done
 by a thread of the recorded program, that work holds the interpreter lock
 while the program runs: a flush after every step then slowed a CPU-bound
 step by more than the write itself, and the time landed in whichever module
-was running.  A writer process has its own interpreter: the program packs
-each batch (a pickle, about 0.15 us per event) and writes the bytes to a
-pipe, between steps; the rest runs beside it.
+was running.  A writer process (``modtrace.recording.writer_child``) has its
+own interpreter: the program packs each batch (a pickle without memo, about
+0.2-0.3 us per event, ``writer_frames``) and writes the bytes to a pipe,
+between steps; the rest runs beside it.
 
 ``WriterProcess`` is the program's side.  Batches go as frames (``pack``)
 either without waiting (``send_nowait``: only when the pipe has room, so the
@@ -15,33 +16,24 @@ caller never blocks) or waiting for room (``send``); the child answers each
 batch, in order, once it is committed (``ok``) or refused (``error``; after
 one, it writes nothing more and answers ``skipped``).  ``replies`` collects
 the answers that have arrived, waiting for them or not; before waiting it
-tells the child not to hold batches back (``now``, see ``main``).
-
-The child (``main``, run as ``python -c``) opens the store, says ``ready``
-and writes each batch with a ``ResumingWriter`` (a transient fault is
-retried there, beside the program, until the recorder's deadline).  Frames on its stdin/stdout
-pipes are an 8-byte little-endian length and a pickle.  It ignores SIGINT
-and SIGTERM (the program decides when recording ends) and exits when told to
-or when its stdin closes -- the program died: what it had been sent is
-written first.
+tells the child not to hold batches back (``now``).  ``close`` waits until
+the child has committed everything (``closed``), not for it to exit: asked
+to (``analyze_after``), the child then analyses the rank while the program
+goes on, and ``wait_analyzed`` waits for that.  The database's address goes
+through the pipe, not argv: a URL may carry a password.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
-import random
-import select
-import signal
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from modtrace.errors import one_line
+from modtrace.recording.writer_frames import Inbox, frame, pack_batch
 from modtrace.store.engine import Store
 
 try:
@@ -51,12 +43,10 @@ except ImportError:  # not POSIX: pipes keep their size and send_nowait always d
     fcntl = None  # type: ignore[assignment]
     termios = None  # type: ignore[assignment]
 
-_HEADER = struct.Struct("<Q")
-_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from modtrace.store.writer_process import main; main()"
+_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from modtrace.recording.writer_child import main; main()"
 _F_SETPIPE_SZ = 1031  # Linux
 _F_GETPIPE_SZ = 1032
 PIPE_BYTES = 1 << 20  # room for a few steps' batches, so handing one over never waits
-_MAX_DITHER_S = 0.5  # a batch waits at most this long before it is written
 
 
 class WriterProcessError(Exception):
@@ -81,7 +71,10 @@ class WriterProcess:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._out = self.proc.stdin.fileno()
         self._in = self.proc.stdout.fileno()
-        self._inbox = _Inbox(self._in)
+        self._inbox = Inbox(self._in)
+        self._closed = False  # the child said everything is committed
+        self._analysis: tuple[bool, str | None] | None = None  # its answer on the analysis asked for
+        self._analyzing = False
         self._pipe_bytes = 0
         if fcntl is not None:
             try:
@@ -92,9 +85,8 @@ class WriterProcess:
                 self._pipe_bytes = fcntl.fcntl(self._out, _F_GETPIPE_SZ)
             except OSError:
                 self._pipe_bytes = 0
-        # The database's address goes through the pipe, not argv: a URL may carry a password.
         try:
-            self._write_all(_frame(("open", target, run_id, rank, retry_s)))
+            self._write_all(frame(("open", target, run_id, rank, retry_s)))
         except OSError:
             self._dead = True
 
@@ -139,8 +131,7 @@ class WriterProcess:
         device_rows: Sequence[tuple[Any, ...]] = (),
     ) -> bytes:
         """A batch as a frame (the program's only per-event cost)."""
-        return _frame(("write", list(events), list(modules), list(threads), list(devices), progress, list(roots),
-                       list(device_rows)))
+        return pack_batch(events, modules, threads, devices, progress, roots, device_rows)
 
     def send_nowait(self, frame: bytes) -> bool:
         """Hand a frame over if the pipe has room for all of it now; False
@@ -174,7 +165,7 @@ class WriterProcess:
         got: list[tuple[Any, ...]] = []
         if count and not self._dead:
             try:  # the child may be holding a batch back (see main): not now
-                self._write_all(_frame(("now",)))
+                self._write_all(frame(("now",)))
             except OSError:
                 self._gone()
         while True:
@@ -185,9 +176,24 @@ class WriterProcess:
                 return got
             got.append(reply)
 
+    def analyze_after(self, complete: bool, run_name: str) -> bool:
+        """Ask the child to analyse the rank once it has committed the last
+        batch (see ``close``); False when it cannot (not ready, or gone)."""
+        if not self.is_ready:
+            return False
+        try:
+            self._write_all(frame(("analyze", complete, run_name)))
+        except OSError:
+            self._gone()
+            return False
+        self._analyzing = True
+        return True
+
     def close(self, timeout: float = 30.0) -> None:
-        """Tell the child to finish and wait for it.  A child still starting
-        was never sent a batch: it is killed rather than waited for."""
+        """Tell the child to finish and wait until it has committed every
+        batch (its ``closed``); a child asked to analyse goes on with that
+        (``wait_analyzed``), one that was not is waited for (it exits at once).  A child still
+        starting was never sent a batch: it is killed rather than waited for."""
         if self.proc.returncode is not None:
             return
         try:
@@ -197,12 +203,55 @@ class WriterProcess:
         if starting:
             self._dead = True
             self.proc.kill()
-        elif not self._dead:
+            self._stop(timeout)
+            return
+        if not self._dead:
             try:
-                self._write_all(_frame(("close",)))
+                self._write_all(frame(("close",)))
             except OSError:
                 pass
-        self._stop(timeout)
+        while not self._closed and not self._dead:
+            reply = self._next(timeout)
+            if reply is None:
+                break
+            self._note(reply)
+        if not self._analyzing or self._dead:
+            self._analyzing = False
+            self._dead = True
+            self._stop(timeout)  # everything is committed; it exits at once
+
+    def wait_analyzed(self, timeout: float | None = None) -> tuple[bool, str | None] | None:
+        """After ``close``: wait up to ``timeout`` seconds (None: for ever) for
+        the analysis asked for; (stored, why not), or None on timeout."""
+        while self._analyzing and self._analysis is None and not self._dead:
+            reply = self._next(timeout)
+            if reply is None:
+                if not self._dead:
+                    return None
+                break
+            self._note(reply)
+        if self._analysis is None and self._analyzing:
+            self._analysis = (False, f"the writer process exited (status {self.proc.poll()}) before the analysis")
+        if self._analyzing:
+            self._analyzing = False
+            self._release()
+        return self._analysis
+
+    def _note(self, reply: tuple[Any, ...]) -> None:
+        if reply[0] == "closed":
+            self._closed = True
+        elif reply[0] == "analyzed":
+            self._analysis = (bool(reply[1]), reply[2])
+
+    def _release(self) -> None:
+        """Close the pipes; the child exits on its own (reaped by the subprocess module later)."""
+        self._dead = True
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
 
     def forget(self) -> None:
         """In a process forked from the program: close this process's copies
@@ -255,119 +304,3 @@ class WriterProcess:
 
 
 _FIONREAD = struct.Struct("i")
-
-
-def _frame(message: tuple[Any, ...]) -> bytes:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
-
-
-def _send(stream: IO[bytes], message: tuple[Any, ...]) -> None:
-    stream.write(_frame(message))
-    stream.flush()
-
-
-class _Inbox:
-    """Frames arriving on a pipe (the child's stdin, the program's end of the
-    child's stdout): whole frames, with or without waiting."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buf = bytearray()
-        self.closed = False
-
-    def has_frame(self) -> bool:
-        if len(self.buf) < _HEADER.size:
-            return False
-        size: int = _HEADER.unpack_from(self.buf)[0]
-        return len(self.buf) >= _HEADER.size + size
-
-    def wait(self, timeout: float | None) -> bool:
-        """Wait until a whole frame (or the end) is here; False on timeout."""
-        while not self.has_frame() and not self.closed:
-            if timeout is not None and not select.select([self.fd], [], [], timeout)[0]:
-                return False
-            try:
-                chunk = os.read(self.fd, 1 << 20)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.closed = True
-            self.buf += chunk
-        return True
-
-    def next(self) -> tuple[Any, ...] | None:
-        self.wait(None)
-        if not self.has_frame():
-            return None
-        size = _HEADER.unpack_from(self.buf)[0]
-        message: tuple[Any, ...] = pickle.loads(bytes(self.buf[_HEADER.size:_HEADER.size + size]))
-        del self.buf[:_HEADER.size + size]
-        return message
-
-
-def main() -> None:
-    """The child: open the store, then write batches until told to stop or stdin closes.
-
-    Batches handed over at step boundaries arrive once a step; written at
-    once, this process's work (on a core that may share caches or a physical
-    core with the program's) would always overlap the same first modules of
-    the next step and bias their times.  So each batch waits a random part of
-    the typical interval between batches before it is written: the overlap
-    falls on every part of the step alike.  Any further message (the next
-    batch, the program flushing and waiting) ends the wait at once."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    inbox, out = _Inbox(sys.stdin.fileno()), sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing but frames on the protocol pipe
-    first = inbox.next()
-    if first is None or first[0] != "open":
-        return
-    _, target, run_id, rank, retry_s = first
-    try:
-        from modtrace.store.engine import open_store
-        from modtrace.store.retry import ResumingWriter
-
-        store = open_store(target, create=False, check=False)
-        writer = ResumingWriter(store, run_id, rank, retry_s)
-    except Exception as exc:  # the program writes in-process instead
-        _send(out, ("error", one_line(exc)))
-        return
-    _send(out, ("ready",))
-    rng = random.Random()
-    interval = 0.0  # typical time between batches (moving average), seconds
-    last_arrival = 0.0
-    failed = False
-    try:
-        while True:
-            message = inbox.next()
-            if message is None or message[0] == "close":
-                break
-            if message[0] == "now":  # the program waits: nothing to delay
-                continue
-            now = time.monotonic()
-            if last_arrival:
-                gap = min(now - last_arrival, _MAX_DITHER_S)
-                interval = gap if not interval else 0.8 * interval + 0.2 * gap
-            last_arrival = now
-            if interval and not inbox.has_frame():
-                inbox.wait(rng.uniform(0.0, interval))
-            _, events, modules, threads, devices, progress, roots, device_rows = message
-            if failed:  # batches after a refused one would leave a gap
-                reply: tuple[Any, ...] = ("skipped",)
-            else:
-                try:
-                    writer.write(events, modules, threads, devices, progress, roots, device_rows=device_rows)
-                except Exception as exc:
-                    failed = True
-                    reply = ("error", one_line(exc))
-                else:
-                    reply = ("ok",)
-            try:
-                _send(out, reply)
-            except OSError:  # the program is gone; keep writing what arrives until stdin closes
-                pass
-    finally:
-        writer.close()
-        store.dispose()
-

@@ -1,0 +1,97 @@
+"""The recorder's settings and small helpers: batch sizes and intervals, the
+writer choices, the run's default name and rank, a batch of taken events."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from modtrace.naming import default_run_name, shared_run_name
+from modtrace.step_ranges import ranges
+
+DEFAULT_FLUSH_EVERY = 20_000
+FLUSH_INTERVAL_S = 1.0
+POLL_S = 0.1
+# With a writer process, smaller batches go as soon as this many events wait
+# (checked every POLL_S): handing one over costs the program only the
+# packing, and the final flush, which the program waits for, is then short.
+EAGER_BATCH = 4096
+# While the writer process starts (about 0.3 s), batches wait for it rather
+# than being written by the program for a while and then not: the program's
+# timing stays the same from the first step to the last.  Up to this long,
+# and up to flush_every events.
+WRITER_START_WAIT_S = 5.0
+WRITERS = ("auto", "process", "thread", "inline")
+# While the database is unreachable events wait in memory; beyond this many
+# (about 250 bytes each), whole steps are dropped at step boundaries and the
+# run says which (run_ranks.dropped_steps).
+MAX_BUFFERED_EVENTS = 1_000_000
+
+__all__ = ["ranges"]  # re-exported for the recorder's modules
+
+
+@dataclass
+class Batch:
+    """Events and names taken from the buffers, not yet written."""
+
+    events: list[tuple[Any, ...]]
+    modules: list[tuple[Any, ...]]
+    threads: list[tuple[Any, ...]]
+    devices: list[tuple[Any, ...]]
+    roots: list[tuple[Any, ...]]
+    progress: tuple[int, int]  # (event_count, step_count) once this batch is written
+    frame: bytes | None = None  # packed for the writer process
+    device_rows: list[tuple[Any, ...]] = field(default_factory=list)  # resolved device times (device_clock.DeviceRow)
+
+
+def dist_rank_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # pragma: no cover - a broken distributed setup still records rank 0
+        pass
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def recorder_run_name(world_size: int) -> str:
+    """The default name of a run recorded from Python: the program's name and
+    start time, or for ranks of one launch the name they all derive."""
+    stem = Path(sys.argv[0] or "python").stem or "python"
+    if world_size > 1:
+        shared = shared_run_name(stem, os.environ, os.getppid())
+        if shared is not None:
+            return shared
+    return default_run_name(stem, datetime.now())
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def drain(rows: list[Any]) -> list[Any]:
+    n = len(rows)
+    out = rows[:n]
+    del rows[:n]
+    return out
+
+
+def torch_version() -> str | None:
+    torch = sys.modules.get("torch")
+    return str(getattr(torch, "__version__", "")) or None
+
+
+def summary(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -1,0 +1,143 @@
+"""The writer process itself (``main``, run as ``python -c``): one rank's
+batches written beside the program, then, when asked, the rank analysed.
+
+It opens the store, says ``ready`` and writes each batch with a
+``ResumingWriter`` (a transient fault is retried here, beside the program,
+until the recorder's deadline), answering each in order: ``ok``, ``error``
+(after which it writes nothing more and answers ``skipped``).  It ignores
+SIGINT and SIGTERM (the program decides when recording ends) and stops when
+told to (``close``) or when its stdin closes -- the program died: what it
+had been sent is written first.
+
+On ``close`` it answers ``closed`` once everything is committed: the
+program goes on from there.  When the program asked for it (``analyze``,
+before ``close``), it then analyses the rank (``modtrace.materialize``: the
+run's spans and nesting issues, stored) and answers ``analyzed``; the
+program may have exited by then, and a failure is reported on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from typing import Any, NoReturn
+
+from modtrace.errors import one_line
+from modtrace.recording.writer_frames import Inbox, send
+
+_MAX_DITHER_S = 0.5  # a batch waits at most this long before it is written
+
+
+def main() -> None:
+    """The child: open the store, then write batches until told to stop or stdin closes.
+
+    Batches handed over at step boundaries arrive once a step; written at
+    once, this process's work (on a core that may share caches or a physical
+    core with the program's) would always overlap the same first modules of
+    the next step and bias their times.  So each batch waits a random part of
+    the typical interval between batches before it is written: the overlap
+    falls on every part of the step alike.  Any further message (the next
+    batch, the program flushing and waiting) ends the wait at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    inbox, out = Inbox(sys.stdin.fileno()), sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but frames on the protocol pipe
+    first = inbox.next()
+    if first is None or first[0] != "open":
+        return
+    _, target, run_id, rank, retry_s = first
+    try:
+        from modtrace.store.engine import open_store
+        from modtrace.store.retry import ResumingWriter
+
+        store = open_store(target, create=False, check=False)
+        writer = ResumingWriter(store, run_id, rank, retry_s)
+    except Exception as exc:  # the program writes in-process instead
+        send(out, ("error", one_line(exc)))
+        return
+    send(out, ("ready",))
+    analysis: tuple[Any, ...] | None = None
+    try:
+        analysis = _write(inbox, out, writer)
+    finally:
+        writer.close()
+    if analysis is None:
+        store.dispose()
+        _reply(out, ("closed",))
+        _exit()
+    _reply(out, ("closed",))
+    try:
+        _reply(out, ("analyzed", *_analyze(store, run_id, rank, *analysis)))
+    finally:
+        store.dispose()
+    _exit()
+
+
+def _exit() -> NoReturn:
+    """Everything is committed and closed: exit without the interpreter's
+    teardown (tens of milliseconds the program would wait for)."""
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _write(inbox: Inbox, out: Any, writer: Any) -> tuple[Any, ...] | None:
+    """Write batches until ``close`` or the end of stdin; the analysis asked for, if any."""
+    rng = random.Random()
+    interval = 0.0  # typical time between batches (moving average), seconds
+    last_arrival = 0.0
+    failed = False
+    analysis: tuple[Any, ...] | None = None
+    while True:
+        message = inbox.next()
+        if message is None or message[0] == "close":
+            return analysis
+        if message[0] == "now":  # the program waits: nothing to delay
+            continue
+        if message[0] == "analyze":  # (complete, run name): after the last batch
+            analysis = message[1:] if not failed else None
+            continue
+        now = time.monotonic()
+        if last_arrival:
+            gap = min(now - last_arrival, _MAX_DITHER_S)
+            interval = gap if not interval else 0.8 * interval + 0.2 * gap
+        last_arrival = now
+        if interval and not inbox.has_frame():
+            inbox.wait(rng.uniform(0.0, interval))
+        _, events, modules, threads, devices, progress, roots, device_rows = message
+        if failed:  # batches after a refused one would leave a gap
+            reply: tuple[Any, ...] = ("skipped",)
+        else:
+            try:
+                writer.write(events, modules, threads, devices, progress, roots, device_rows=device_rows)
+            except Exception as exc:
+                failed = True
+                reply = ("error", one_line(exc))
+            else:
+                reply = ("ok",)
+        _reply(out, reply)
+
+
+def _analyze(store: Any, run_id: int, rank: int, complete: bool, run_name: str) -> tuple[bool, str | None]:
+    """Analyse and store the rank's spans and issues; (done, why not)."""
+    try:
+        from modtrace.materialize import materialize
+
+        materialize(store, run_id, rank=rank, complete=complete)
+    except ImportError:  # analysis layer not installed in this build
+        return False, "the analysis is not installed"
+    except Exception as exc:  # the events are safe; analysis can be rerun with `modtrace analyze`
+        why = one_line(exc)
+        print(f"modtrace: warning: analysing run {run_name!r} failed: {why}; "
+              f"rerun `modtrace analyze {run_name}`", file=sys.stderr)
+        return False, why
+    return True, None
+
+
+def _reply(out: Any, message: tuple[Any, ...]) -> None:
+    try:
+        send(out, message)
+    except OSError:  # the program is gone; keep going until stdin closes
+        pass

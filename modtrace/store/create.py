@@ -1,0 +1,123 @@
+"""The views of the schema at head, and a new database created at head in one transaction.
+
+A new database needs no history: ``create_at_head`` builds the tables and
+indexes from ``schema.metadata`` and the views below, and stamps the
+Alembic version table at ``HEAD``, all in one transaction (Alembic's
+upgrade through every revision took 100-200 ms and a commit per step).
+The migrations keep their own copies of each view as it was released;
+tests/test_migrations.py proves a database created here equals one upgraded
+through every migration.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from modtrace.store.schema import HEAD, VERSION_TABLE, metadata
+
+EVENT_LOG = """
+CREATE VIEW event_log AS
+SELECT
+    e.run_id,
+    e.seq,
+    e.ts_ns,
+    CASE e.kind WHEN 0 THEN 'enter' WHEN 1 THEN 'exit' END AS kind,
+    m.fqn,
+    m.module_type,
+    CASE e.phase WHEN 0 THEN 'forward' WHEN 1 THEN 'backward' WHEN 2 THEN 'recompute' END AS phase,
+    e.call_id,
+    e.step,
+    e.rank,
+    e.thread_id,
+    d.name AS device,
+    e.stream,
+    CASE e.status WHEN 0 THEN 'ok' WHEN 1 THEN 'error' WHEN 2 THEN 'early_stop'
+        WHEN 3 THEN 'closed_at_end_of_backward' WHEN 4 THEN 'no_enter' END AS status,
+    e.graph_task,
+    e.tie,
+    e.module_id,
+    r.wall_anchor_ns + e.ts_ns AS wall_ns,
+    de.device_ts_ns,
+    de.mem_bytes
+FROM events e
+JOIN modules m ON m.run_id = e.run_id AND m.rank = e.rank AND m.module_id = e.module_id
+JOIN run_ranks r ON r.run_id = e.run_id AND r.rank = e.rank
+LEFT JOIN devices d ON d.run_id = e.run_id AND d.rank = e.rank AND d.device_id = e.device_id
+LEFT JOIN device_events de ON de.run_id = e.run_id AND de.rank = e.rank AND de.seq = e.seq
+"""
+
+SPANS = """
+CREATE VIEW spans AS
+SELECT
+    s.run_id,
+    s.rank,
+    s.span_id,
+    s.span_id - s.parent_gap AS parent_span_id,
+    s.depth,
+    m.fqn,
+    m.module_type,
+    CASE s.phase WHEN 0 THEN 'forward' WHEN 1 THEN 'backward' WHEN 2 THEN 'recompute' END AS phase,
+    s.call_id,
+    s.step,
+    s.thread_id,
+    s.start_ns,
+    s.start_ns + s.duration_ns AS end_ns,
+    s.duration_ns,
+    s.self_ns,
+    d.name AS device,
+    s.stream,
+    CASE WHEN s.status IS NULL THEN 'unclosed' WHEN s.status = 0 THEN 'ok' WHEN s.status = 1 THEN 'error'
+        WHEN s.status = 2 THEN 'early_stop' WHEN s.status = 3 THEN 'closed_at_end_of_backward'
+        WHEN s.status = 4 THEN 'no_enter' END AS status,
+    s.graph_task,
+    s.span_id + s.exit_gap AS exit_seq,
+    s.module_id,
+    sd.device_start_ns,
+    sd.device_end_ns,
+    sd.device_duration_ns,
+    sd.device_self_ns,
+    sd.mem_delta_bytes,
+    sd.mem_max_bytes
+FROM span_rows s
+JOIN modules m ON m.run_id = s.run_id AND m.rank = s.rank AND m.module_id = s.module_id
+LEFT JOIN devices d ON d.run_id = s.run_id AND d.rank = s.rank AND d.device_id = s.device_id
+LEFT JOIN span_device_rows sd ON sd.run_id = s.run_id AND sd.rank = s.rank AND sd.span_id = s.span_id
+"""
+
+VIEWS: tuple[str, ...] = (EVENT_LOG, SPANS)
+
+
+def head_ddl(conn: Connection) -> list[str]:
+    """Every statement that builds the head schema on ``conn``'s dialect, in order."""
+    dialect = conn.dialect
+    out: list[str] = []
+    for table in metadata.sorted_tables:
+        out.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            out.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    out.extend(v.strip() for v in VIEWS)
+    out.append(f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32) NOT NULL, "
+               f"CONSTRAINT {VERSION_TABLE}_pkc PRIMARY KEY (version_num))")
+    out.append(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('{HEAD}')")
+    return out
+
+
+def create_at_head(conn: Connection) -> None:
+    """Build the head schema on an empty SQLite database in one transaction (``conn`` is not in one)."""
+    statements = head_ddl(conn)
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    old = raw.isolation_level
+    raw.isolation_level = None  # the driver would commit before each CREATE: BEGIN here, COMMIT once
+    try:
+        raw.execute("BEGIN IMMEDIATE")
+        try:
+            for sql in statements:
+                raw.execute(sql)
+        except BaseException:
+            raw.execute("ROLLBACK")
+            raise
+        raw.execute("COMMIT")
+    finally:
+        raw.isolation_level = old
