@@ -349,3 +349,22 @@ def _record_url(db: str, run: str) -> None:
     net = DeviceNet(device)
     with modtrace.Recorder(db=db, run=run, device_clock=device, clock=FakeClock(), writer="thread") as rec:
         train(rec, net, device, STEPS, BEHIND)
+
+
+def test_a_schedule_keeps_device_times_to_the_recorded_steps(db_path: Path) -> None:
+    """Warm-up steps run the hooks but their events are dropped and their seqs used again:
+    they get no timing event, so every stored device time belongs to a recorded event."""
+    device = FakeDeviceClock()
+    net = DeviceNet(device)
+    with modtrace.Recorder(db=str(db_path), run="sched", device_clock=device, clock=FakeClock(), writer="thread",
+                           schedule="wait=1,warmup=1,active=2") as rec:
+        train(rec, net, device, 6, BEHIND)
+    events = _rows(db_path, "SELECT seq, step, device_ts_ns FROM event_log ORDER BY seq")
+    assert {step for _, step, _ in events} == {2, 3}
+    assert [seq for seq, _, _ in events] == list(range(len(events)))
+    assert all(ts is not None for *_, ts in events)
+    assert _rows(db_path, "SELECT count(*) FROM device_events")[0][0] == len(events)
+    device_ts = [ts for *_, ts in events]
+    assert device_ts == sorted(device_ts)  # one stream, in order: no warm-up time mixed in
+    fwd = _by(_spans(db_path, "sched"), "forward", "device_duration_ns")
+    assert fwd["DeviceNet"] == {sum(FORWARD_NS.values())} and fwd["DeviceNet.b"] == {FORWARD_NS["b"]}
