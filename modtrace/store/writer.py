@@ -60,7 +60,9 @@ class RankWriter:
         self._sql = {
             "events": _insert_sql("events", EVENT_COLUMNS, run_id, rank, style),
             "events_multi": _insert_sql("events", EVENT_COLUMNS, run_id, rank, style, ROWS_PER_STATEMENT),
-            "modules": _insert_sql("modules", MODULE_COLUMNS, run_id, rank, style),
+            # a module row comes again once the module is seen running compiled: keep the last
+            "modules": _insert_sql("modules", MODULE_COLUMNS, run_id, rank, style)
+            + " ON CONFLICT (run_id, rank, module_id) DO UPDATE SET compiled = excluded.compiled",
             "threads": _insert_sql("threads", THREAD_COLUMNS, run_id, rank, style),
             "devices": _insert_sql("devices", DEVICE_COLUMNS, run_id, rank, style),
             "root_calls": _insert_sql("root_calls", ROOT_COLUMNS, run_id, rank, style),
