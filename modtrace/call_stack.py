@@ -1,4 +1,5 @@
-"""A module call's record, and each thread's stack of open calls.
+"""A module call's record, each thread's stack of open calls, and closing
+the calls a forward left open when it raised.
 
 ``Call`` is what the tracker's hooks share about one module call: open on its
 thread's stack during the forward (or recompute), then, when it built
@@ -6,13 +7,21 @@ autograd graph, the backward bookkeeping that node hooks refer to.  It is the
 only object made per call (beside the node hook of the call's output node and
 the event tuples), so it carries every field the backward needs instead of
 hanging more objects off it.
+
+``ForwardUnwind`` (a mixin of the tracker) closes calls whose forward raised
+(status ``error``, or ``early_stop`` for checkpoint recomputation stopping
+itself) and those an exception no hook saw left open.
 """
 
 from __future__ import annotations
 
+import itertools
+import sys
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from modtrace.codes import Kind, Phase, Status
@@ -28,13 +37,22 @@ _OK = int(Status.OK)
 _ERROR = int(Status.ERROR)
 _EARLY_STOP = int(Status.EARLY_STOP)
 _CLOSED_AT_END = int(Status.CLOSED_AT_END_OF_BACKWARD)
+_UNLINKED = int(Status.UNLINKED)
+
+# While dynamo traces a module our hooks must do nothing.  It cannot be
+# tracing before torch._dynamo is imported, which spares the call in eager code.
+_DYNAMO = "torch._dynamo"
+_sys_modules = sys.modules
+_compiling = torch.compiler.is_compiling
 
 
 class Call:
     """One module call (see the module docstring)."""
 
+    ran_eager: bool
+
     __slots__ = ("module", "module_id", "depth", "parent", "call_id", "device_id", "phase", "task",
-                 "exit_nodes", "bw_task", "exits_seen", "n_exit", "closed", "failed", "__weakref__")
+                 "exit_nodes", "bw_task", "exits_seen", "n_exit", "closed", "failed", "ran_eager", "__weakref__")
 
     def __init__(self, module: nn.Module, info: ModuleInfo, parent: Call | None, call_id: int,
                  device_id: int | None, phase: int, task: int | None) -> None:
@@ -54,6 +72,7 @@ class Call:
         self.n_exit = 0  # input nodes whose gradient must be ready before the exit
         self.closed = True
         self.failed = False  # the forward raised: the backward of calls inside it never runs
+        # ran_eager, set only on a torch.compile wrapper's call: its module ran eagerly inside it
 
     def descends_from(self, other: Call) -> bool:
         parent = self.parent
@@ -80,3 +99,81 @@ class ThreadState:
         self.tid = tid
         self.stack: list[Call] = []
         self.main = threading.current_thread() is threading.main_thread()
+
+
+class ForwardUnwind:
+    """Closing forward calls that raised or were left open (a mixin of ``Tracker``)."""
+
+    _append: Callable[[tuple[Any, ...]], Any]
+    _seq: itertools.count[int]
+    _clock: Callable[[], int]
+    t0: int
+    step: int
+    _cuda_devices: set[int]
+    _failures: int
+    _local: threading.local
+
+    if TYPE_CHECKING:
+        def _stream(self, device_id: int | None) -> int | None: ...
+
+    def _forward_failed(self, mod: nn.Module) -> None:
+        """The post-hook of a forward that raised: close the call with status
+        error (early_stop for checkpoint recomputation stopping itself)."""
+        found = self._pop_call(mod)
+        if found is None:
+            return
+        st, frame = found
+        exc_type = sys.exc_info()[0]
+        early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
+        status = _EARLY_STOP if early else _ERROR
+        if status == _ERROR and frame.phase in (_FORWARD, _SILENT):
+            # The backward hooks of calls made inside the failed one must never fire.
+            frame.failed = True
+            self._failures += 1
+        self._exit_forward(st, frame, status)
+        frame.module = None
+        frame.exit_nodes = None
+
+    def _pop_call(self, mod: nn.Module) -> tuple[ThreadState, Call] | None:
+        """``mod``'s open call, taken off this thread's stack; None when it has
+        none here (or while dynamo traces)."""
+        if _DYNAMO in _sys_modules and _compiling():
+            return None
+        st: ThreadState | None = getattr(self._local, "st", None)
+        if st is None or not st.stack:
+            return None
+        popped = st.stack.pop()
+        frame = popped if popped.module is mod else self._unwind(st, popped, mod)
+        return None if frame is None else (st, frame)
+
+    def _unwind(self, st: ThreadState, frame: Call, mod: nn.Module) -> Call | None:
+        """``frame`` (just popped) is not ``mod``'s: a forward was interrupted by
+        something no hook saw (KeyboardInterrupt caught by the program).  Close
+        what was left open above ``mod``'s call and return that call; None
+        (and the stack as it was) when ``mod`` has no open call here."""
+        stack = st.stack
+        if not any(f.module is mod for f in stack):
+            stack.append(frame)
+            return None
+        while frame.module is not mod:
+            self._exit_forward(st, frame, _ERROR)
+            frame = stack.pop()
+        return frame
+
+    def _exit_forward(self, st: ThreadState, frame: Call, status: int) -> None:
+        if frame.phase == _SILENT:
+            return
+        stream = self._stream(frame.device_id) if self._cuda_devices else None
+        self._append((next(self._seq), self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
+                      self.step, st.tid, frame.device_id, stream, status, frame.task, 0))
+
+    def close_open_forward(self, status: int = _ERROR) -> int:
+        """Close this thread's forward calls left open (an exception no hook saw)."""
+        st = getattr(self._local, "st", None)
+        if st is None:
+            return 0
+        n = 0
+        while st.stack:
+            self._exit_forward(st, st.stack.pop(), status)
+            n += 1
+        return n
