@@ -177,6 +177,7 @@ def diff_data(diff: Any, base_info: Mapping[str, Any] | None) -> dict[str, Any]:
 _INFO_KEYS = (
     "id", "name", "status", "started_at", "ended_at", "duration_s", "command", "hostname", "world_size",
     "ranks", "steps", "events", "modules", "python_version", "torch_version", "modtrace_version", "git_commit", "tags",
+    "compiled_modules",
 )
 
 
