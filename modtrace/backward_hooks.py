@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -41,18 +41,32 @@ from modtrace.call_stack import _BACKWARD, _CLOSED_AT_END, _ENTER, _EXIT, _OK, C
 _graph_task_id = torch._C._current_graph_task_id
 
 
+Entries = Call | list[Call] | None  # one call (the usual case: no list kept per node), several, or none
+
+
+def joined(entries: Entries, call: Call) -> Call | list[Call]:
+    """``entries`` with ``call`` added last."""
+    if entries is None:
+        return call
+    if type(entries) is list:
+        entries.append(call)
+        return entries
+    return [entries, call]  # type: ignore[list-item]
+
+
 class NodeHook:
     """One autograd node's pre-hook: the calls whose backward it exits
-    (``exits``, in the order their forwards returned) and enters (``enters``).
-    It is the hook itself (no closure per node): calling it dispatches them."""
+    (``exits``, in the order their forwards returned) and enters (``enters``),
+    each ``Entries``.  It is the hook itself (no closure per node): calling it
+    dispatches them."""
 
     __slots__ = ("tracker", "leaf", "exits", "enters")
 
     def __init__(self, tracker: BackwardHooks, leaf: bool) -> None:
         self.tracker = tracker
         self.leaf = leaf  # an AccumulateGrad node: it outlives the graph
-        self.exits: list[Call] = []
-        self.enters: list[Call] = []
+        self.exits: Entries = None
+        self.enters: Entries = None
 
     def __call__(self, grad_outputs: Any) -> None:
         # Runs for every hooked node in every backward: the events are
@@ -60,10 +74,12 @@ class NodeHook:
         tr = self.tracker
         if not tr._active:
             return None
-        exits, enters = self.exits, self.enters
+        exit_entries, enter_entries = self.exits, self.enters
         if self.leaf:
             # AccumulateGrad nodes outlive the graph: take their entries once.
-            self.exits, self.enters = [], []
+            self.exits = self.enters = None
+        exits: Sequence[Call] = () if exit_entries is None else exit_entries if type(exit_entries) is list else (exit_entries,)  # type: ignore[assignment]
+        enters: Sequence[Call] = () if enter_entries is None else enter_entries if type(enter_entries) is list else (enter_entries,)  # type: ignore[assignment]
         task = _graph_task_id()
         open_calls = tr._bw.get(task)
         if open_calls is None:
@@ -155,7 +171,8 @@ class BackwardHooks:
             if node is None or id(node) in seen:
                 continue
             seen.add(id(node))
-            self._hook(node, t).exits.append(frame)
+            hook = self._hook(node, t)
+            hook.exits = joined(hook.exits, frame)
         frame.n_exit = len(seen)
 
     def _hook(self, node: Any, t: torch.Tensor) -> NodeHook:

@@ -48,7 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
-from modtrace.backward_hooks import BackwardHooks, _leaf_node
+from modtrace.backward_hooks import BackwardHooks, _leaf_node, joined
 from modtrace.call_stack import (
     _DYNAMO,
     _ENTER,
@@ -351,7 +351,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
                     hook = node.metadata.get(key)
                     if hook is None:
                         hook = self._new_hook(node, t, leaf)
-                    hook.exits.append(frame)
+                    exits = hook.exits
+                    hook.exits = frame if exits is None else joined(exits, frame)
                     frame.n_exit = 1
             else:
                 self._exit_entries(frame, exit_nodes)
@@ -361,7 +362,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
                 hook = node.metadata.get(key)  # type: ignore[attr-defined]
                 if hook is None:
                     hook = self._new_hook(node, output, False)
-                hook.enters.append(frame)
+                enters = hook.enters
+                hook.enters = frame if enters is None else joined(enters, frame)
         else:
             outs = _grad_tensors(output)
             if outs is not None:
@@ -371,7 +373,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
                     if node is None or id(node) in seen_out:
                         continue
                     seen_out.add(id(node))
-                    self._hook(node, t).enters.append(frame)
+                    hook = self._hook(node, t)
+                    hook.enters = joined(hook.enters, frame)
 
 
 def _as_list(inputs: Any) -> list[torch.Tensor]:

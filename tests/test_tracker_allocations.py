@@ -4,10 +4,11 @@ Every object the hooks make and keep until the backward counts towards the
 collector's young-generation passes, and the ones alive when a pass runs are
 promoted, bringing on full passes over every object of the program.  So the
 hooks keep, per module call, only what the backward needs: the call's record,
-the hook of its output node (two lists, and the node's metadata dict that
-holds it) and the call's two forward rows (in the sink).  Before, each call
-also left a (call id, parent) pair and each node an entries tuple, a
-``functools.partial`` and a bound method.
+the hook of its output node (and the node's metadata dict that holds it) and
+the call's two forward rows (in the sink).  Before, each call also left a
+(call id, parent) pair and each node an entries tuple, a ``functools.partial``
+and a bound method, and each node hook two lists (a hook holds one call as it
+is, without a list).
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def test_a_forward_keeps_a_call_and_one_node_hook_per_module_call_for_the_backwa
     assert traced.get(Call.__name__) == CALLS
     # one hook per node made by a call (ReLU's output is the next Linear's input)
     assert traced.get(NodeHook.__name__) == 2 * BLOCKS
-    # no closure, bound method or pair per call or node
+    # no closure, bound method, pair or list per call or node
     assert "partial" not in traced and "method" not in traced
+    assert traced.get("list", 0) <= 1, sorted(traced.items())
     extra = sum(traced.values()) - sum(bare.values())
     # per call: a Call and its 2 forward rows; per node: the node's Python object and
-    # hooks dict (any node pre-hook has them), a NodeHook, its 2 lists, the node's metadata dict
-    assert extra <= CALLS * (1 + 2) + 2 * BLOCKS * (2 + 1 + 2 + 1) + 4, sorted(traced.items())
+    # hooks dict (any node pre-hook has them), a NodeHook, the node's metadata dict
+    assert extra <= CALLS * (1 + 2) + 2 * BLOCKS * (2 + 1 + 1) + 4, sorted(traced.items())
