@@ -18,7 +18,8 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,6 +39,7 @@ _ERROR = int(Status.ERROR)
 _EARLY_STOP = int(Status.EARLY_STOP)
 _CLOSED_AT_END = int(Status.CLOSED_AT_END_OF_BACKWARD)
 _UNLINKED = int(Status.UNLINKED)
+_graph_task_id = torch._C._current_graph_task_id
 
 # While dynamo traces a module our hooks must do nothing.  It cannot be
 # tracing before torch._dynamo is imported, which spares the call in eager code.
@@ -46,8 +48,112 @@ _sys_modules = sys.modules
 _compiling = torch.compiler.is_compiling
 
 
-class Call:
-    """One module call (see the module docstring)."""
+def joined(entries: Entries, call: Call) -> Call | list[Call]:
+    """``entries`` with ``call`` added last."""
+    if entries is None:
+        return call
+    if type(entries) is list:
+        entries.append(call)
+        return entries
+    return [entries, call]  # type: ignore[list-item]
+
+
+class NodeHook:
+    """One autograd node's pre-hook: the calls whose backward it exits
+    (``exits``, in the order their forwards returned) and enters (``enters``),
+    each ``Entries``.  It is the hook itself (no closure per node): calling it
+    dispatches them."""
+
+    __slots__ = ("tracker", "leaf", "exits", "enters")
+    own = False  # True for a Call (the hook of its own output node), whose ``enters`` leave itself out
+
+    def __init__(self, tracker: Any, leaf: bool) -> None:
+        self.tracker = tracker
+        self.leaf = leaf  # an AccumulateGrad node: it outlives the graph
+        self.exits: Entries = None
+        self.enters: Entries = None
+
+    def __call__(self, grad_outputs: Any) -> None:
+        # Runs for every hooked node in every backward: the events are
+        # appended inline, with no per-event method call.
+        tr = self.tracker
+        if not tr._active:
+            return None
+        exit_entries, enter_entries = self.exits, self.enters
+        if self.leaf:
+            # AccumulateGrad nodes outlive the graph: take their entries once.
+            self.exits = self.enters = None
+        exits: Sequence[Call] = () if exit_entries is None else exit_entries if type(exit_entries) is list else (exit_entries,)  # type: ignore[assignment]
+        enters: Sequence[Call]
+        if self.own:  # a call hooking its output node: it enters first, then the calls in ``enters``
+            me: Call = self  # type: ignore[assignment]
+            enters = (me,) if enter_entries is None else [me, *enter_entries] if type(enter_entries) is list else (me, enter_entries)  # type: ignore[assignment]
+        else:
+            enters = () if enter_entries is None else enter_entries if type(enter_entries) is list else (enter_entries,)  # type: ignore[assignment]
+        task = _graph_task_id()
+        open_calls = tr._bw.get(task)
+        if open_calls is None:
+            open_calls = tr._bw[task] = []
+            torch.autograd.Variable._execution_engine.queue_callback(partial(tr._end_of_task, task))
+        try:
+            tid = tr._local.st.tid
+        except AttributeError:
+            tid = tr._thread().tid
+        append, seq, clock, t0, step = tr._append, tr._seq, tr._clock, tr.t0, tr.step
+        cuda = tr._cuda_devices
+        failures = tr._failures
+        group: int | None = None
+        for call in exits:
+            if failures and call.cancelled():
+                continue
+            if call.bw_task != task:
+                if call in enters:  # output is its input (an identity): enter, then exit
+                    group = tr._bw_enter(call, task, open_calls, tid, group)
+                else:
+                    continue  # its outputs never got a gradient: it had no backward
+            if call.closed:
+                continue
+            seen = call.exits_seen + 1
+            if seen < call.n_exit:
+                call.exits_seen = seen
+                continue
+            call.closed = True
+            while open_calls:
+                top = open_calls.pop()
+                top.closed = True  # a descendant nothing closed is done too, innermost first
+                append((next(seq), clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
+                        top.device_id, tr._stream(top.device_id) if cuda else None, _OK, task,
+                        1 if group == -1 else 0))
+                group = -1
+                if top is call:
+                    break
+        for call in reversed(enters):
+            if call.bw_task == task or (failures and call.cancelled()):
+                continue
+            if open_calls:
+                top = open_calls[-1]
+                if top is not call.parent and not call.descends_from(top):
+                    group = tr._bw_enter(call, task, open_calls, tid, group)
+                    continue
+            call.bw_task = task
+            call.exits_seen = 0
+            call.closed = False
+            open_calls.append(call)
+            depth = call.depth
+            append((next(seq), clock() - t0, _ENTER, call.module_id, _BACKWARD, call.call_id, step, tid,
+                    call.device_id, tr._stream(call.device_id) if cuda else None, _OK, task,
+                    1 if group is not None and depth >= group else 0))
+            group = depth
+        return None
+
+
+class Call(NodeHook):
+    """One module call (see the module docstring).  It is also the node hook
+    of its output node (``NodeHook``'s fields are set when it becomes one), so
+    that node needs no object of its own.  It enters that node's dispatch first
+    without being in its own ``enters``: no reference cycle keeps it alive."""
+
+    own = True
 
     ran_eager: bool
 
@@ -90,6 +196,9 @@ class Call:
                 return True
             parent = parent.parent
         return False
+
+
+Entries = Call | list[Call] | None  # one call (the usual case: no list kept per node), several, or none
 
 
 class ThreadState:

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -197,3 +198,18 @@ def iter_tensors(obj: Any, tensor_type: type) -> Iterable[Any]:
             continue
         seen.add(id(item))
         todo.extend(reversed(list(values)))
+
+
+def as_list(inputs: Any) -> list[Any]:
+    """``inputs`` (None, one tensor or a list of them) as a list."""
+    if inputs is None:
+        return []
+    return list(inputs) if type(inputs) is list else [inputs]
+
+
+def grad_tensors(obj: Any) -> list[Any] | None:
+    """Tensors needing grad in a (possibly nested) output or kwargs structure."""
+    if isinstance(obj, torch.Tensor):
+        return [obj] if obj.requires_grad else None
+    found = [t for t in iter_tensors(obj, torch.Tensor) if t.requires_grad]
+    return found or None

@@ -13,20 +13,21 @@ How each phase is seen:
   registered with ``always_call=True`` closes it (status ``error`` when the
   forward raised, ``early_stop`` when checkpoint recomputation stopped
   itself).
-* backward (``modtrace.backward_hooks``): the post-hook hangs the call on
-  the autograd nodes of its inputs and outputs; one pre-hook per node writes
-  the backward enter and exit rows.
+* backward (``modtrace.backward_hooks``, ``call_stack.NodeHook``): the
+  post-hook hangs the call on the autograd nodes of its inputs and outputs;
+  one pre-hook per node writes the backward enter and exit rows.
 * recompute (``modtrace.recompute_links``): forward hooks firing inside a
   backward graph task are activation-checkpoint recomputation, linked to the
   original forward call's id.
 
 The hooks run for every module call of the program, so they are written for
 it: attributes read once into locals, no per-call helper where an inline line
-does, and as few objects per call as the bookkeeping allows (a ``Call``, the
-node hook of its output node, the event tuples): every other object made per
-call is work for Python's garbage collector, whose young-generation passes
-(and the full passes that objects living until the backward bring on) cost a
-program as much as the hooks themselves.
+does, and as few objects per call as the bookkeeping allows (a ``Call``, which
+is also the hook of its output node, and the event tuples): every other
+object made per call and kept until the backward is work for Python's
+garbage collector, whose young-generation passes (and the full passes that
+objects living until the backward bring on) cost a program more than the
+hooks themselves.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
-from modtrace.backward_hooks import BackwardHooks, _leaf_node, joined
+from modtrace.backward_hooks import BackwardHooks, _leaf_node
 from modtrace.call_stack import (
     _DYNAMO,
     _ENTER,
@@ -63,9 +64,10 @@ from modtrace.call_stack import (
     ThreadState,
     _compiling,
     _sys_modules,
+    joined,
 )
 from modtrace.input_kind import input_kind
-from modtrace.module_names import ModuleInfo, ModuleNames, iter_tensors
+from modtrace.module_names import ModuleInfo, ModuleNames, as_list, grad_tensors
 from modtrace.recompute_links import RecomputeLinks
 
 Event = tuple[Any, ...]
@@ -337,9 +339,9 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
         # entry, the node producing each input needing grad an exit entry.
         key = self._meta_key
         if kwargs:
-            extra = _grad_tensors(kwargs)
+            extra = grad_tensors(kwargs)
             if extra:
-                exit_nodes = _as_list(exit_nodes) + extra
+                exit_nodes = as_list(exit_nodes) + extra
         if exit_nodes is not None:
             if type(exit_nodes) is not list:
                 t = exit_nodes
@@ -359,13 +361,18 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
         if isinstance(output, _Tensor):
             node = output.grad_fn
             if node is not None:
-                hook = node.metadata.get(key)  # type: ignore[attr-defined]
+                meta: dict[str, Any] = node.metadata  # type: ignore[assignment]
+                hook = meta.get(key)
                 if hook is None:
-                    hook = self._new_hook(node, output, False)
-                enters = hook.enters
-                hook.enters = frame if enters is None else joined(enters, frame)
+                    # The call is the hook of its output node: no object of the node's own.
+                    frame.tracker, frame.leaf, frame.exits, frame.enters = self, False, None, None
+                    meta[key] = frame
+                    node.register_prehook(frame)
+                else:
+                    enters = hook.enters
+                    hook.enters = frame if enters is None else joined(enters, frame)
         else:
-            outs = _grad_tensors(output)
+            outs = grad_tensors(output)
             if outs is not None:
                 seen_out: set[int] = set()
                 for t in outs:
@@ -376,16 +383,3 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
                     hook = self._hook(node, t)
                     hook.enters = joined(hook.enters, frame)
 
-
-def _as_list(inputs: Any) -> list[torch.Tensor]:
-    if inputs is None:
-        return []
-    return list(inputs) if type(inputs) is list else [inputs]
-
-
-def _grad_tensors(obj: Any) -> list[torch.Tensor] | None:
-    """Tensors needing grad in a (possibly nested) output or kwargs structure."""
-    if isinstance(obj, _Tensor):
-        return [obj] if obj.requires_grad else None
-    found = [t for t in iter_tensors(obj, _Tensor) if t.requires_grad]
-    return found or None
