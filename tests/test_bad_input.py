@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness import tmpfs
 
 from modtrace.store.schema import HEAD
 
@@ -232,17 +233,8 @@ def test_older_schema_revision_asks_for_db_upgrade(run_cli, work: Path, dbdir: P
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory on a filesystem mounted read-only (root ignores file modes; a read-only mount it cannot)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"cannot mount a tmpfs: {proc.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_read_only_database_is_refused_by_record_and_still_readable(run_cli, work: Path, read_only_dir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -415,17 +407,8 @@ def test_usage_errors_leave_an_existing_database_unchanged(run_cli, work: Path, 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB filesystem (tmpfs), to fill up."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"cannot mount a tmpfs: {proc.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "small", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 FILLER = textwrap.dedent(

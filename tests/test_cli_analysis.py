@@ -12,6 +12,7 @@ import pytest
 import torch
 from analysis_streams import ENTER, EXIT, ev, model, to_rows
 from golden import GOLDEN, check_golden
+from models import Block, Net
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -22,31 +23,9 @@ from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(4, 4)
-        self.fc2 = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList([Block() for _ in range(2)])
-        self.head = nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, block in enumerate(self.blocks):
-            x = checkpoint(block, x, use_reentrant=False) if i == 1 else block(x)
-        return self.head(x)
-
-
 def record_net(db: str, run: str = "net", steps: int = 2, **kw: Any) -> None:
     torch.manual_seed(0)
-    net = Net()
+    net = Net(blocks=2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     clock = itertools.count(0, 10)
     with modtrace.Recorder(db=db, run=run, clock=lambda: next(clock), **kw):

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import torch
+from harness import counted_calls
 from torch import nn
 
 from modtrace import Recorder
@@ -34,21 +35,6 @@ PG_URL = os.environ.get("MODTRACE_TEST_PG_URL")
 
 def model() -> nn.Module:
     return nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(40)])
-
-
-@contextmanager
-def counted_calls() -> Iterator[list[int]]:
-    """The program's own count of module calls (forward), by a global hook of ours."""
-    count = [0]
-
-    def hook(module: nn.Module, args: Any, out: Any) -> None:
-        count[0] += 1
-
-    handle = nn.modules.module.register_module_forward_hook(hook)
-    try:
-        yield count
-    finally:
-        handle.remove()
 
 
 def run_steps(rec: Recorder, net: nn.Module, until: threading.Event | None, min_steps: int) -> int:

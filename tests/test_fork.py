@@ -8,30 +8,15 @@ from __future__ import annotations
 import atexit
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 import torch
+from harness import counted_calls
 from torch import nn
 
 from modtrace import Recorder
-
-
-@contextmanager
-def counted_calls() -> Iterator[list[int]]:
-    count = [0]
-
-    def hook(module: nn.Module, args: Any, out: Any) -> None:
-        count[0] += 1
-
-    handle = nn.modules.module.register_module_forward_hook(hook)
-    try:
-        yield count
-    finally:
-        handle.remove()
 
 
 def stored(url: str, run_id: int) -> tuple[int, int, int, str]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from harness import tmpfs
 from torch import nn
 
 import modtrace
@@ -18,17 +17,8 @@ import modtrace
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB filesystem (tmpfs), to fill up."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"cannot mount a tmpfs for the disk-full test: {proc.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "small", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.parametrize("writer", ["process", "thread"])

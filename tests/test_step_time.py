@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.checkpoint import checkpoint
+from models import Net
 
 import modtrace
 from modtrace.analysis.step_time import step_table
@@ -21,33 +20,11 @@ from modtrace.analysis.step_time import step_table
 STEPS = 4
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(4, 4)
-        self.fc2 = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList([Block() for _ in range(3)])
-        self.head = nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, block in enumerate(self.blocks):
-            x = checkpoint(block, x, use_reentrant=False) if i == 1 else block(x)
-        return self.head(x)
-
-
 @pytest.fixture
 def recorded(db_path: Path) -> Any:
     """A checkpointed model trained for a few steps (forward, backward with recompute, optimizer)."""
     torch.manual_seed(0)
-    net = Net()
+    net = Net(blocks=3)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     clock = itertools.count(0, 7)
     with modtrace.Recorder(db=str(db_path), run="net", clock=lambda: next(clock), handle_sigterm=False):
