@@ -79,7 +79,8 @@ class RankWriter:
         roots: Sequence[tuple[Any, ...]] = (),
         reconnects: int = 0,
     ) -> None:
-        """Write one batch in one transaction; ``progress`` is (event_count, step_count),
+        """Write one batch in one transaction (a module row may leave out its last
+        value, ``compiled``: 0); ``progress`` is (event_count, step_count),
         ``roots`` the batch's root calls (``ROOT_COLUMNS``), ``reconnects`` is
         added to the rank's count.
 
@@ -90,7 +91,7 @@ class RankWriter:
             conn = self._conn = self.store.engine.connect()
         try:
             with conn.begin():
-                self._many(conn, "modules", modules)
+                self._many(conn, "modules", [m if len(m) == len(MODULE_COLUMNS) else (*m, 0) for m in modules])
                 self._many(conn, "threads", threads)
                 self._many(conn, "devices", devices)
                 self._events(conn, events)
