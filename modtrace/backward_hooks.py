@@ -3,8 +3,10 @@ into enter and exit rows.
 
 For every call that built autograd graph, the node producing each output
 gets an *enter* entry and the node producing each input gets an *exit*
-entry.  One pre-hook per node (a ``NodeHook``, kept in the node's metadata so
-later calls find it) dispatches all entries of that node at once, exits first
+entry.  One pre-hook per node (``call_stack.NodeHook``: the call that made
+the node, or a ``NodeHook`` of its own for a node no call made, kept in the
+node's metadata so later calls find it) dispatches all entries of that node
+at once, exits first
 (innermost first), then enters (outermost first), so the ties that torch's
 per-module hooks produce (a parent and its child sharing a tensor) come out
 already nested.  Backward nesting follows the call tree recorded in forward:
@@ -30,97 +32,22 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from modtrace.call_stack import _BACKWARD, _CLOSED_AT_END, _ENTER, _EXIT, _OK, Call, ThreadState
-
-_graph_task_id = torch._C._current_graph_task_id
-
-
-class NodeHook:
-    """One autograd node's pre-hook: the calls whose backward it exits
-    (``exits``, in the order their forwards returned) and enters (``enters``).
-    It is the hook itself (no closure per node): calling it dispatches them."""
-
-    __slots__ = ("tracker", "leaf", "exits", "enters")
-
-    def __init__(self, tracker: BackwardHooks, leaf: bool) -> None:
-        self.tracker = tracker
-        self.leaf = leaf  # an AccumulateGrad node: it outlives the graph
-        self.exits: list[Call] = []
-        self.enters: list[Call] = []
-
-    def __call__(self, grad_outputs: Any) -> None:
-        # Runs for every hooked node in every backward: the events are
-        # appended inline, with no per-event method call.
-        tr = self.tracker
-        if not tr._active:
-            return None
-        exits, enters = self.exits, self.enters
-        if self.leaf:
-            # AccumulateGrad nodes outlive the graph: take their entries once.
-            self.exits, self.enters = [], []
-        task = _graph_task_id()
-        open_calls = tr._bw.get(task)
-        if open_calls is None:
-            open_calls = tr._bw[task] = []
-            torch.autograd.Variable._execution_engine.queue_callback(partial(tr._end_of_task, task))
-        try:
-            tid = tr._local.st.tid
-        except AttributeError:
-            tid = tr._thread().tid
-        append, seq, clock, t0, step = tr._append, tr._seq, tr._clock, tr.t0, tr.step
-        cuda = tr._cuda_devices
-        failures = tr._failures
-        group: int | None = None
-        for call in exits:
-            if failures and call.cancelled():
-                continue
-            if call.bw_task != task:
-                if call in enters:  # output is its input (an identity): enter, then exit
-                    group = tr._bw_enter(call, task, open_calls, tid, group)
-                else:
-                    continue  # its outputs never got a gradient: it had no backward
-            if call.closed:
-                continue
-            seen = call.exits_seen + 1
-            if seen < call.n_exit:
-                call.exits_seen = seen
-                continue
-            call.closed = True
-            while open_calls:
-                top = open_calls.pop()
-                top.closed = True  # a descendant nothing closed is done too, innermost first
-                n = next(seq)
-                append((n, clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
-                        top.device_id, tr._stream(top.device_id, n) if cuda else None, _OK, task,
-                        1 if group == -1 else 0))
-                group = -1
-                if top is call:
-                    break
-        for call in reversed(enters):
-            if call.bw_task == task or (failures and call.cancelled()):
-                continue
-            if open_calls:
-                top = open_calls[-1]
-                if top is not call.parent and not call.descends_from(top):
-                    group = tr._bw_enter(call, task, open_calls, tid, group)
-                    continue
-            call.bw_task = task
-            call.exits_seen = 0
-            call.closed = False
-            open_calls.append(call)
-            depth = call.depth
-            n = next(seq)
-            append((n, clock() - t0, _ENTER, call.module_id, _BACKWARD, call.call_id, step, tid,
-                    call.device_id, tr._stream(call.device_id, n) if cuda else None, _OK, task,
-                    1 if group is not None and depth >= group else 0))
-            group = depth
-        return None
+from modtrace.call_stack import (
+    _BACKWARD,
+    _CLOSED_AT_END,
+    _ENTER,
+    _EXIT,
+    _OK,
+    Call,
+    NodeHook,
+    ThreadState,
+    joined,
+)
 
 
 class BackwardHooks:
@@ -157,7 +84,8 @@ class BackwardHooks:
             if node is None or id(node) in seen:
                 continue
             seen.add(id(node))
-            self._hook(node, t).exits.append(frame)
+            hook = self._hook(node, t)
+            hook.exits = joined(hook.exits, frame)
         frame.n_exit = len(seen)
 
     def _hook(self, node: Any, t: torch.Tensor) -> NodeHook:

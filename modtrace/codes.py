@@ -34,6 +34,7 @@ class Status(IntEnum):
     EARLY_STOP = 2  # checkpoint recompute stopped once it had what it needed
     CLOSED_AT_END_OF_BACKWARD = 3  # no hook signalled the exit; closed when the graph task ended
     NO_ENTER = 4  # an exit whose enter was never seen
+    UNLINKED = 5  # a recompute's enter: no forward call of its module to link to, so a call id of its own
 
 
 # What a reader puts in place of a kind, phase, status or tie code too big for

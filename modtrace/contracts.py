@@ -45,6 +45,10 @@ DUPLICATE_EXIT = "duplicate_exit"
 ERROR_EXIT = "error_exit"
 EARLY_STOP = "early_stop"
 CLOSED_AT_END_OF_BACKWARD = "closed_at_end_of_backward"
+# A recompute the tracker could not link to its forward call (status unlinked on its enter row).
+UNLINKED_RECOMPUTE = "unlinked_recompute"
+# A forward of a module that ran compiled (torch.compile), whose inner module calls are not recorded.
+COMPILED = "compiled"
 # Rows the analysis cannot use, found before pairing (analysis/validate.py).
 INVALID_ROW = "invalid_row"
 TIME_REVERSED = "time_reversed"
@@ -59,6 +63,8 @@ ISSUE_KINDS: dict[str, str] = {
     ERROR_EXIT: "info",
     EARLY_STOP: "info",
     CLOSED_AT_END_OF_BACKWARD: "info",
+    UNLINKED_RECOMPUTE: "warning",
+    COMPILED: "info",
     INVALID_ROW: "error",
     TIME_REVERSED: "warning",
     SEQ_GAP: "warning",
@@ -129,9 +135,11 @@ EVENT_ROW = Contract("event row", (
 EVENT_FRAME = EVENT_ROW.prefixed("event frame", *_RUN_RANK)
 
 # Lookup rows as the tracker collects them (the tables add run_id and rank),
-# and the per-rank lookup frames the analysis takes.
+# and the per-rank lookup frames the analysis takes.  A module row comes again,
+# with compiled = 1, once the module is seen running compiled (the store keeps the last).
 MODULE_ROW = Contract("module row", (
     ("module_id", "Int32"), ("fqn", "String"), ("module_type", "String"), ("parent_module_id", "Int32"),
+    ("compiled", "Int8"),
 ))
 THREAD_ROW = Contract("thread row", (("thread_id", "Int32"), ("ident", "Int64"), ("name", "String")))
 DEVICE_ROW = Contract("device row", (("device_id", "Int32"), ("name", "String")))

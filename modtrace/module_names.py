@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -53,8 +54,10 @@ def _is_compiled_wrapper(mod: nn.Module) -> bool:
 class ModuleNames:
     """Names modules by the rule above, and collects the new lookup rows.
 
-    ``new_modules`` holds (module_id, fqn, module_type, parent_module_id)
-    rows not yet handed to the store; ``fqns[module_id]`` is a module's name.
+    ``new_modules`` holds (module_id, fqn, module_type, parent_module_id,
+    compiled) rows not yet handed to the store (a module's row again, with
+    compiled = 1, once it is seen running compiled); ``fqns[module_id]`` is a
+    module's name; ``wrappers`` the ids of live torch.compile wrappers.
     """
 
     def __init__(self, lock: threading.Lock) -> None:
@@ -67,7 +70,17 @@ class ModuleNames:
         self._taken: dict[str, set[int]] = {}  # class name -> root numbers held by live roots
         self.fqns: list[str] = []
         self.depths: list[int] = []
-        self.new_modules: list[tuple[int, str, str, int | None]] = []
+        self.new_modules: list[tuple[int, str, str, int | None, int]] = []
+        self._rows: list[tuple[int, str, str, int | None, int]] = []  # module_id -> its row as last given
+        self.wrappers: set[int] = set()
+
+    def mark_compiled(self, module_id: int) -> None:
+        """The module ran compiled: its row again, with compiled = 1 (once)."""
+        with self._lock:
+            row = self._rows[module_id]
+            if not row[4]:
+                row = self._rows[module_id] = (*row[:4], 1)
+                self.new_modules.append(row)
 
     def get(self, mod: nn.Module) -> ModuleInfo | None:
         return self._mods.get(id(mod))
@@ -105,6 +118,7 @@ class ModuleNames:
     def _alias(self, wrapper: nn.Module, info: ModuleInfo) -> ModuleInfo:
         # torch.compile's OptimizedModule is the module it wraps: no extra level.
         self._remember(wrapper, info)
+        self.wrappers.add(id(wrapper))
         return info
 
     def _remember(self, mod: nn.Module, info: ModuleInfo) -> None:
@@ -114,6 +128,7 @@ class ModuleNames:
         def forget(_ref: object, key: int = key) -> None:
             self._mods.pop(key, None)
             self._refs.pop(key, None)
+            self.wrappers.discard(key)
 
         self._refs[key] = weakref.ref(mod, forget)
 
@@ -143,8 +158,12 @@ class ModuleNames:
                 self.fqns.append(fqn)
                 self.depths.append(info.depth)
                 self._by_fqn[fqn] = info
-                self.new_modules.append((module_id, fqn, type(sub).__name__, parent.module_id if parent is not None else None))
+                row = (module_id, fqn, type(sub).__name__, parent.module_id if parent is not None else None, 0)
+                self._rows.append(row)
+                self.new_modules.append(row)
             self._remember(sub, info)
+            if _is_compiled_wrapper(sub):
+                self.wrappers.add(id(sub))
             seen[fqn] = info
         return True
 
@@ -179,3 +198,18 @@ def iter_tensors(obj: Any, tensor_type: type) -> Iterable[Any]:
             continue
         seen.add(id(item))
         todo.extend(reversed(list(values)))
+
+
+def as_list(inputs: Any) -> list[Any]:
+    """``inputs`` (None, one tensor or a list of them) as a list."""
+    if inputs is None:
+        return []
+    return list(inputs) if type(inputs) is list else [inputs]
+
+
+def grad_tensors(obj: Any) -> list[Any] | None:
+    """Tensors needing grad in a (possibly nested) output or kwargs structure."""
+    if isinstance(obj, torch.Tensor):
+        return [obj] if obj.requires_grad else None
+    found = [t for t in iter_tensors(obj, torch.Tensor) if t.requires_grad]
+    return found or None

@@ -6,8 +6,9 @@ recomputed in this graph task, nested calls take the next unused call of that
 module made under the linked parent.  Forward calls are kept for this (in
 each module's ``ModuleInfo.recent`` and ``recent_parents``) while a root call
 made with or before them is alive (its autograd graph or its open forward
-keeps it) and until the next step; a recompute with no call to link to gets a
-call id of its own.
+keeps it) and until the next step.  A recompute with no call to link to (its
+forward ran before the recording started, or was not seen) gets a call id of
+its own, and its enter row the status ``unlinked`` that the analysis reports.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class RecomputeLinks:
     _recomputed: dict[int, set[int]]  # graph task -> forward call ids recomputed in it
 
     def _link_recompute(self, info: ModuleInfo, stack: list[Call], task: int) -> int:
+        """The forward call id a recompute of ``info``'s module takes; minus a
+        new call id when there is none to link to."""
         used = self._recomputed.get(task)
         if used is None:
             used = self._recomputed[task] = set()
@@ -51,7 +54,7 @@ class RecomputeLinks:
                     chosen = call_id
                     break
         if not chosen:
-            return next(self._call_ids)
+            return -next(self._call_ids)
         used.add(chosen)
         return chosen
 

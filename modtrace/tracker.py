@@ -13,20 +13,21 @@ How each phase is seen:
   registered with ``always_call=True`` closes it (status ``error`` when the
   forward raised, ``early_stop`` when checkpoint recomputation stopped
   itself).
-* backward (``modtrace.backward_hooks``): the post-hook hangs the call on
-  the autograd nodes of its inputs and outputs; one pre-hook per node writes
-  the backward enter and exit rows.
+* backward (``modtrace.backward_hooks``, ``call_stack.NodeHook``): the
+  post-hook hangs the call on the autograd nodes of its inputs and outputs;
+  one pre-hook per node writes the backward enter and exit rows.
 * recompute (``modtrace.recompute_links``): forward hooks firing inside a
   backward graph task are activation-checkpoint recomputation, linked to the
   original forward call's id.
 
 The hooks run for every module call of the program, so they are written for
 it: attributes read once into locals, no per-call helper where an inline line
-does, and as few objects per call as the bookkeeping allows (a ``Call``, the
-node hook of its output node, the event tuples): every other object made per
-call is work for Python's garbage collector, whose young-generation passes
-(and the full passes that objects living until the backward bring on) cost a
-program as much as the hooks themselves.
+does, and as few objects per call as the bookkeeping allows (a ``Call``, which
+is also the hook of its output node, and the event tuples): every other
+object made per call and kept until the backward is work for Python's
+garbage collector, whose young-generation passes (and the full passes that
+objects living until the backward bring on) cost a program more than the
+hooks themselves.
 """
 
 from __future__ import annotations
@@ -50,19 +51,23 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from modtrace.backward_hooks import BackwardHooks, _leaf_node
 from modtrace.call_stack import (
-    _EARLY_STOP,
+    _DYNAMO,
     _ENTER,
-    _ERROR,
     _EXIT,
     _FORWARD,
     _OK,
     _RECOMPUTE,
     _SILENT,
+    _UNLINKED,
     Call,
+    ForwardUnwind,
     ThreadState,
+    _compiling,
+    _sys_modules,
+    joined,
 )
 from modtrace.input_kind import input_kind
-from modtrace.module_names import ModuleInfo, ModuleNames, iter_tensors
+from modtrace.module_names import ModuleInfo, ModuleNames, as_list, grad_tensors
 from modtrace.recompute_links import RecomputeLinks
 
 if TYPE_CHECKING:
@@ -77,14 +82,7 @@ _Tensor = torch.Tensor
 _RAISED = object()  # marks the post-hook call torch makes when a forward raised
 
 
-# While dynamo traces a module our hooks must do nothing.  It cannot be
-# tracing before torch._dynamo is imported, which spares the call in eager code.
-_DYNAMO = "torch._dynamo"
-_sys_modules = sys.modules
-_compiling = torch.compiler.is_compiling
-
-
-class Tracker(BackwardHooks, RecomputeLinks):
+class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
     """Global hooks turning module calls into event tuples.
 
     ``append`` receives every event; ``clock`` returns nanoseconds (injected
@@ -117,6 +115,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
         self._known = self._names.by_id.get  # id(module) -> its info, if named
         self.fqns = self._names.fqns
         self.new_modules = self._names.new_modules
+        self._wrappers = self._names.wrappers  # ids of torch.compile wrappers (empty unless compile is used)
         # Forward calls that a checkpoint may recompute: every module's
         # ``recent`` entries in call order, and the root calls still alive
         # (open, or kept by their autograd graph) that keep them.
@@ -325,9 +324,11 @@ class Tracker(BackwardHooks, RecomputeLinks):
         if parent is not None and parent.module_id == info.module_id and getattr(parent.module, "_orig_mod", None) is mod:
             # torch.compile's wrapper running its module eagerly (compilation
             # disabled, or a graph break): the wrapper's call is this call.
+            parent.ran_eager = True
             stack.append(Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, None if task == -1 else task))
             return
         tid = st.tid
+        status = _OK
         if task == -1:
             phase = _FORWARD
             call_id = next(self._call_ids)
@@ -347,6 +348,8 @@ class Tracker(BackwardHooks, RecomputeLinks):
         else:
             phase = _RECOMPUTE
             call_id = self._link_recompute(info, stack, task)
+            if call_id < 0:  # no forward call to link to: a call id of its own, and the row says so
+                call_id, status = -call_id, _UNLINKED
             frame = Call(mod, info, parent, call_id, device_id, phase, task)
             task_col = task
         if grad_inputs is not None and _grad_enabled():
@@ -356,7 +359,7 @@ class Tracker(BackwardHooks, RecomputeLinks):
         if root:
             self._root(seq, call_id, mod, args)
         self._append((seq, self._clock() - self.t0, _ENTER, info.module_id, phase, call_id, self.step, tid,
-                      device_id, self._stream(device_id, seq) if self._cuda_devices else None, _OK, task_col, 0))
+                      device_id, self._stream(device_id, seq) if self._cuda_devices else None, status, task_col, 0))
 
     def _root(self, seq: int, call_id: int, mod: nn.Module, args: tuple[Any, ...]) -> None:
         """Note a root call (outermost on the main thread) and its input shape.
@@ -396,6 +399,9 @@ class Tracker(BackwardHooks, RecomputeLinks):
         self._append((seq, self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, device_id, self._stream(device_id, seq) if self._cuda_devices else None, _OK,
                       frame.task, 0))
+        if self._wrappers and id(mod) in self._wrappers and not hasattr(frame, "ran_eager"):
+            # torch.compile's wrapper ran its module compiled: no hook saw the calls inside
+            self._names.mark_compiled(frame.module_id)
         exit_nodes = frame.exit_nodes
         frame.exit_nodes = None
         if not _grad_enabled():
@@ -404,9 +410,9 @@ class Tracker(BackwardHooks, RecomputeLinks):
         # entry, the node producing each input needing grad an exit entry.
         key = self._meta_key
         if kwargs:
-            extra = _grad_tensors(kwargs)
+            extra = grad_tensors(kwargs)
             if extra:
-                exit_nodes = _as_list(exit_nodes) + extra
+                exit_nodes = as_list(exit_nodes) + extra
         if exit_nodes is not None:
             if type(exit_nodes) is not list:
                 t = exit_nodes
@@ -418,19 +424,26 @@ class Tracker(BackwardHooks, RecomputeLinks):
                     hook = node.metadata.get(key)
                     if hook is None:
                         hook = self._new_hook(node, t, leaf)
-                    hook.exits.append(frame)
+                    exits = hook.exits
+                    hook.exits = frame if exits is None else joined(exits, frame)
                     frame.n_exit = 1
             else:
                 self._exit_entries(frame, exit_nodes)
         if isinstance(output, _Tensor):
             node = output.grad_fn
             if node is not None:
-                hook = node.metadata.get(key)  # type: ignore[attr-defined]
+                meta: dict[str, Any] = node.metadata  # type: ignore[assignment]
+                hook = meta.get(key)
                 if hook is None:
-                    hook = self._new_hook(node, output, False)
-                hook.enters.append(frame)
+                    # The call is the hook of its output node: no object of the node's own.
+                    frame.tracker, frame.leaf, frame.exits, frame.enters = self, False, None, None
+                    meta[key] = frame
+                    node.register_prehook(frame)
+                else:
+                    enters = hook.enters
+                    hook.enters = frame if enters is None else joined(enters, frame)
         else:
-            outs = _grad_tensors(output)
+            outs = grad_tensors(output)
             if outs is not None:
                 seen_out: set[int] = set()
                 for t in outs:
@@ -438,83 +451,6 @@ class Tracker(BackwardHooks, RecomputeLinks):
                     if node is None or id(node) in seen_out:
                         continue
                     seen_out.add(id(node))
-                    self._hook(node, t).enters.append(frame)
+                    hook = self._hook(node, t)
+                    hook.enters = joined(hook.enters, frame)
 
-    def _forward_failed(self, mod: nn.Module) -> None:
-        """The post-hook of a forward that raised: close the call with status
-        error (early_stop for checkpoint recomputation stopping itself)."""
-        found = self._pop_call(mod)
-        if found is None:
-            return
-        st, frame = found
-        exc_type = sys.exc_info()[0]
-        early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
-        status = _EARLY_STOP if early else _ERROR
-        if status == _ERROR and frame.phase in (_FORWARD, _SILENT):
-            # The backward hooks of calls made inside the failed one must never fire.
-            frame.failed = True
-            self._failures += 1
-        self._exit_forward(st, frame, status)
-        frame.module = None
-        frame.exit_nodes = None
-
-    def _pop_call(self, mod: nn.Module) -> tuple[ThreadState, Call] | None:
-        """``mod``'s open call, taken off this thread's stack; None when it has
-        none here (or while dynamo traces)."""
-        if _DYNAMO in _sys_modules and _compiling():
-            return None
-        st: ThreadState | None = getattr(self._local, "st", None)
-        if st is None or not st.stack:
-            return None
-        popped = st.stack.pop()
-        frame = popped if popped.module is mod else self._unwind(st, popped, mod)
-        return None if frame is None else (st, frame)
-
-    def _unwind(self, st: ThreadState, frame: Call, mod: nn.Module) -> Call | None:
-        """``frame`` (just popped) is not ``mod``'s: a forward was interrupted by
-        something no hook saw (KeyboardInterrupt caught by the program).  Close
-        what was left open above ``mod``'s call and return that call; None
-        (and the stack as it was) when ``mod`` has no open call here."""
-        stack = st.stack
-        if not any(f.module is mod for f in stack):
-            stack.append(frame)
-            return None
-        while frame.module is not mod:
-            self._exit_forward(st, frame, _ERROR)
-            frame = stack.pop()
-        return frame
-
-    def _exit_forward(self, st: ThreadState, frame: Call, status: int) -> None:
-        if frame.phase == _SILENT:
-            return
-        seq = next(self._seq)
-        stream = self._stream(frame.device_id, seq) if self._cuda_devices else None
-        self._append((seq, self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
-                      self.step, st.tid, frame.device_id, stream, status, frame.task, 0))
-
-    def close_open_forward(self, status: int = _ERROR) -> int:
-        """Close this thread's forward calls left open (an exception no hook saw)."""
-        st = getattr(self._local, "st", None)
-        if st is None:
-            return 0
-        n = 0
-        while st.stack:
-            self._exit_forward(st, st.stack.pop(), status)
-            n += 1
-        return n
-
-
-
-
-def _as_list(inputs: Any) -> list[torch.Tensor]:
-    if inputs is None:
-        return []
-    return list(inputs) if type(inputs) is list else [inputs]
-
-
-def _grad_tensors(obj: Any) -> list[torch.Tensor] | None:
-    """Tensors needing grad in a (possibly nested) output or kwargs structure."""
-    if isinstance(obj, _Tensor):
-        return [obj] if obj.requires_grad else None
-    found = [t for t in iter_tensors(obj, _Tensor) if t.requires_grad]
-    return found or None

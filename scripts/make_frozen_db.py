@@ -30,13 +30,13 @@ from modtrace.store.writer import EVENT_COLUMNS, RankWriter
 
 FROZEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "frozen"
 
-# (module_id, fqn, module_type, parent_module_id)
+# (module_id, fqn, module_type, parent_module_id, compiled)
 MODULES = [
-    (0, "Net", "Net", None),
-    (1, "Net.encoder", "Sequential", 0),
-    (2, "Net.encoder.0", "Linear", 1),
-    (3, "Net.encoder.1", "ReLU", 1),
-    (4, "Net.head", "Linear", 0),
+    (0, "Net", "Net", None, 0),
+    (1, "Net.encoder", "Sequential", 0, 1),
+    (2, "Net.encoder.0", "Linear", 1, 0),
+    (3, "Net.encoder.1", "ReLU", 1, 0),
+    (4, "Net.head", "Linear", 0, 0),
 ]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modtrace.codes import Kind, Phase, Status
+from modtrace.contracts import MODULE_FRAME
 from modtrace.tracker import Tracker
 
 
@@ -87,7 +88,7 @@ def analysis_moves_rows(tracker: Tracker, rows: list[tuple[Any, ...]]) -> list[i
     )
     mods = pl.DataFrame(
         [(0, *m) for m in tracker.new_modules],
-        schema=["rank", "module_id", "fqn", "module_type", "parent_module_id"],
+        schema=list(MODULE_FRAME.names),
         orient="row",
     )
     out = normalize_events(ev, mods)

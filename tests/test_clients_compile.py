@@ -3,6 +3,7 @@ compiled as a whole, recorded with and without ``modtrace record --eager``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from torch import nn
 
 import modtrace
 from tests.clients import check_rows, query
+from tests.test_report import embedded
 
 
 class Block(nn.Module):
@@ -62,7 +64,12 @@ def test_regional_compilation_keeps_names_and_nesting(db_path: Path, run_cli) ->
     assert query(str(db_path), "SELECT phase, count(*) FROM spans WHERE fqn = 'Net.blocks.1' GROUP BY phase ORDER BY phase") == [
         ("backward", 3), ("forward", 3)]
     assert {f for (f,) in query(str(db_path), "SELECT fqn FROM modules")} == eager_names
-    check_rows(run_cli, str(db_path))
+    # the compiled block hides its two Linear calls: show and check say so
+    assert query(str(db_path), "SELECT fqn FROM modules WHERE compiled = 1") == [("Net.blocks.1",)]
+    assert json.loads(run_cli("show", "@", "--db", str(db_path), "--format", "json").out)["compiled_modules"] == [
+        "Net.blocks.1"]
+    compiled = [r for r in check_rows(run_cli, str(db_path)) if r["kind"] == "compiled"]
+    assert [(r["severity"], r["fqn"], r["phase"]) for r in compiled] == [("info", "Net.blocks.1", "forward")] * 3
 
 
 WHOLE = textwrap.dedent(
@@ -100,3 +107,21 @@ def test_whole_model_compilation_and_eager(tmp_path: Path, run_cli) -> None:  # 
     # --eager: every module
     assert query(dbs[True], spans) == [
         (f"Sequential{s}", p, 3) for s in ("", ".0", ".1", ".2") for p in ("backward", "forward")]
+
+    # where the user looks, the compiled run says its inner calls are missing and how to get them
+    show = run_cli("show", "@", "--db", dbs[False])
+    assert show.code == 0 and show.out.endswith(
+        "note: Sequential ran compiled (torch.compile): the module calls inside are not recorded;"
+        " `modtrace record --eager` records them\n"), show.out
+    check = run_cli("check", "@", "--db", dbs[False])
+    assert check.code == 0, check
+    [line] = [ln for ln in check.out.splitlines() if " compiled " in ln]
+    assert line.split()[:2] == ["info", "compiled"] and "Sequential forward" in line and "--eager" in line, line
+    report = tmp_path / "report.html"
+    assert run_cli("report", "@", "--db", dbs[False], "-o", str(report)).code == 0
+    data = embedded(report.read_text())
+    assert data["run"]["compiled_modules"] == ["Sequential"]
+    assert ("compiled", "Sequential") in {(r["kind"], r["fqn"]) for r in data["issues"]["rows"]}
+    # --eager: nothing is hidden, nothing is said
+    assert json.loads(run_cli("show", "@", "--db", dbs[True], "--format", "json").out)["compiled_modules"] == []
+    assert not [r for r in check_rows(run_cli, dbs[True]) if r["kind"] == "compiled"]

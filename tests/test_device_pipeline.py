@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from modtrace.analysis import analyze_events
 from modtrace.analysis.device import DEVICE_EVENT_SCHEMA, device_times
+from modtrace.contracts import MODULE_FRAME
 from modtrace.device_clock import DeviceRow
 from modtrace.tracker import Tracker
 from tests.device_clock import FakeDeviceClock
@@ -81,7 +82,7 @@ def test_spans_of_a_real_recording_get_the_device_clocks_times() -> None:
     assert sorted(r[0] for r in resolved) == [r[0] for r in rows]  # every event, once
     assert {r[9] for r in rows} == {device.stream(0).handle}  # the stream column is the clock's stream
     modules = pl.DataFrame([(0, *m) for m in tracker.new_modules],
-                           schema=["rank", "module_id", "fqn", "module_type", "parent_module_id"], orient="row")
+                           schema=list(MODULE_FRAME.names), orient="row")
     devices = pl.DataFrame([(0, *d) for d in tracker.new_devices], schema=["rank", "device_id", "name"], orient="row")
     spans = analyze_events(frame(rows), modules, devices).spans
     dev = pl.DataFrame([(1, 0, *r) for r in resolved], schema=DEVICE_EVENT_SCHEMA, orient="row")

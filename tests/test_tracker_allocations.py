@@ -4,10 +4,10 @@ Every object the hooks make and keep until the backward counts towards the
 collector's young-generation passes, and the ones alive when a pass runs are
 promoted, bringing on full passes over every object of the program.  So the
 hooks keep, per module call, only what the backward needs: the call's record,
-the hook of its output node (two lists, and the node's metadata dict that
-holds it) and the call's two forward rows (in the sink).  Before, each call
-also left a (call id, parent) pair and each node an entries tuple, a
-``functools.partial`` and a bound method.
+which is also the hook of its output node (held in the node's metadata dict),
+and the call's two forward rows (in the sink).  Before, each call also left a
+(call id, parent) pair and each node an entries tuple, a ``functools.partial``
+and a bound method, and each node a hook object of its own with two lists.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from modtrace.backward_hooks import NodeHook
-from modtrace.call_stack import Call
+from modtrace.call_stack import Call, NodeHook
 from modtrace.tracker import Tracker
 
 BLOCKS = 50
@@ -44,7 +43,7 @@ def _new_objects(run: Callable[[], Any]) -> tuple[dict[str, int], Any]:
     return counts, out
 
 
-def test_a_forward_keeps_a_call_and_one_node_hook_per_module_call_for_the_backward() -> None:
+def test_a_forward_keeps_one_call_per_module_call_that_is_also_its_output_nodes_hook() -> None:
     model = nn.Sequential(*[m for _ in range(BLOCKS) for m in (nn.Linear(8, 8), nn.ReLU())])
     x = torch.randn(2, 8)
     bare, _ = _new_objects(lambda: model(x).sum())
@@ -60,11 +59,12 @@ def test_a_forward_keeps_a_call_and_one_node_hook_per_module_call_for_the_backwa
         tracker.stop()
     assert len(rows) == 4 * CALLS  # every event written: enter and exit, forward and backward
     assert traced.get(Call.__name__) == CALLS
-    # one hook per node made by a call (ReLU's output is the next Linear's input)
-    assert traced.get(NodeHook.__name__) == 2 * BLOCKS
-    # no closure, bound method or pair per call or node
+    # every node made by a call (ReLU's output is the next Linear's input) has that call for its hook
+    assert traced.get(NodeHook.__name__, 0) == 0
+    # no closure, bound method, pair or list per call or node
     assert "partial" not in traced and "method" not in traced
+    assert traced.get("list", 0) <= 1, sorted(traced.items())
     extra = sum(traced.values()) - sum(bare.values())
     # per call: a Call and its 2 forward rows; per node: the node's Python object and
-    # hooks dict (any node pre-hook has them), a NodeHook, its 2 lists, the node's metadata dict
-    assert extra <= CALLS * (1 + 2) + 2 * BLOCKS * (2 + 1 + 2 + 1) + 4, sorted(traced.items())
+    # hooks dict (any node pre-hook has them) and its metadata dict
+    assert extra <= CALLS * (1 + 2) + 2 * BLOCKS * (2 + 1) + 4, sorted(traced.items())

@@ -21,7 +21,14 @@ Kinds (``modtrace.contracts.ISSUE_KINDS``, with their severity):
 - ``early_stop`` info: a checkpoint recompute stopped once it had what it
   needed;
 - ``closed_at_end_of_backward`` info: no hook signalled the backward exit
-  (the module's inputs need no grad); closed when the graph task ended.
+  (the module's inputs need no grad); closed when the graph task ended;
+- ``unlinked_recompute`` warning: a checkpoint recompute the recorder could
+  not link to its forward call (status ``unlinked`` on its enter row: the
+  forward ran before the recording started, or no hook saw it); its spans
+  have a call id of their own;
+- ``compiled`` info: a forward of a module that ran compiled (torch.compile,
+  ``modules.compiled``) and has submodules: the calls inside it are not
+  recorded (``modtrace record --eager`` records them).
 
 Rows analysis cannot use (``invalid_row``, ``time_reversed``, ``seq_gap``)
 are found before this step, by ``modtrace.analysis.validate``.
@@ -33,16 +40,18 @@ from __future__ import annotations
 
 import polars as pl
 
-from modtrace.analysis.events import EXIT, MODULE_SCHEMA, PHASE_ENUM, conform, decode
+from modtrace.analysis.events import ENTER, EXIT, MODULE_SCHEMA, PHASE_ENUM, conform, decode
 from modtrace.analysis.spans import Pairing
 from modtrace.codes import Status
 from modtrace.contracts import (
     CLOSED_AT_END_OF_BACKWARD,
+    COMPILED,
     EARLY_STOP,
     ERROR_EXIT,
     ISSUE_FRAME,
     ISSUE_KINDS,
     ISSUE_SUMMARY_FRAME,
+    UNLINKED_RECOMPUTE,
 )
 
 ISSUE_COLUMNS: tuple[str, ...] = ISSUE_FRAME.names
@@ -133,25 +142,7 @@ def collect_issues(
             )
         )
 
-    flagged = events.filter((pl.col("kind") == EXIT) & pl.col("status").is_in(list(_STATUS_KINDS)))
-    if flagged.height:
-        kind = pl.col("status").replace_strict(_STATUS_KINDS, return_dtype=pl.String)
-        where = pl.format("at seq {} (step {})", pl.col("seq"), pl.col("step"))
-        message = (
-            pl.when(pl.col("status") == Status.ERROR)
-            .then(pl.format("{} forward raised an exception; exit {}", pl.col("fqn"), where))
-            .when(pl.col("status") == Status.EARLY_STOP)
-            .then(pl.format("{} recompute stopped early {}: checkpoint had recomputed what backward needed", pl.col("fqn"), where))
-            .otherwise(pl.format("{} backward closed at the end of the backward pass {}: no gradient hook signalled its exit", pl.col("fqn"), where))
-        )
-        parts.append(
-            flagged.join(names, on=["rank", "module_id"], how="left")
-            .with_columns(pl.col("fqn").fill_null(pl.format("module {}", pl.col("module_id"))))
-            .select(
-                "rank", "seq", kind.alias("kind"), pl.lit("info").alias("severity"), "fqn", "phase",
-                "call_id", "step", "thread_id", message.alias("message"),
-            )
-        )
+    parts += _row_issues(events, modules, names)
     if not parts:
         return empty_issues()
     issues = pl.concat(parts, how="vertical_relaxed").with_columns(
@@ -159,6 +150,51 @@ def collect_issues(
         decode(pl.col("phase"), PHASE_ENUM).alias("phase"),
     )
     return issues.select(ISSUE_COLUMNS).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]
+
+
+def _row_issues(events: pl.DataFrame, modules: pl.DataFrame, names: pl.DataFrame) -> list[pl.DataFrame]:
+    """Issues one event row tells by itself: an exit's unusual status, an
+    unlinked recompute's enter, a forward enter of a compiled module that
+    hides its inner calls."""
+    mods = conform(modules, MODULE_SCHEMA)
+    owners = mods.select("rank", pl.col("parent_module_id").alias("module_id")).drop_nulls().unique()
+    hiding = mods.filter(pl.col("compiled") == 1).join(owners, on=["rank", "module_id"], how="semi")
+    is_enter = pl.col("kind") == ENTER
+    flagged = events.filter(
+        ((pl.col("kind") == EXIT) & pl.col("status").is_in(list(_STATUS_KINDS)))
+        | (is_enter & (pl.col("status") == Status.UNLINKED))
+    )
+    if hiding.height:
+        compiled = events.join(hiding.select("rank", "module_id"), on=["rank", "module_id"], how="semi").filter(
+            is_enter & (pl.col("phase") == 0))
+        flagged = pl.concat([flagged, compiled.with_columns(pl.lit(-1, dtype=flagged.schema["status"]).alias("status"))])
+    if not flagged.height:
+        return []
+    kinds = {**_STATUS_KINDS, int(Status.UNLINKED): UNLINKED_RECOMPUTE, -1: COMPILED}
+    kind = pl.col("status").replace_strict(kinds, return_dtype=pl.String)
+    where = pl.format("at seq {} (step {})", pl.col("seq"), pl.col("step"))
+    message = (
+        pl.when(pl.col("status") == -1)
+        .then(pl.format("{} forward {} ran compiled (torch.compile): the module calls inside it are not recorded;"
+                        " `modtrace record --eager` records them", pl.col("fqn"), where))
+        .when(pl.col("status") == Status.UNLINKED)
+        .then(pl.format("{} recompute {} could not be linked to its forward call (none was recorded: it ran before"
+                        " the recording started, or no hook saw it); its spans have a call id of their own",
+                        pl.col("fqn"), where))
+        .when(pl.col("status") == Status.ERROR)
+        .then(pl.format("{} forward raised an exception; exit {}", pl.col("fqn"), where))
+        .when(pl.col("status") == Status.EARLY_STOP)
+        .then(pl.format("{} recompute stopped early {}: checkpoint had recomputed what backward needed", pl.col("fqn"), where))
+        .otherwise(pl.format("{} backward closed at the end of the backward pass {}: no gradient hook signalled its exit", pl.col("fqn"), where))
+    )
+    return [
+        flagged.join(names, on=["rank", "module_id"], how="left")
+        .with_columns(pl.col("fqn").fill_null(pl.format("module {}", pl.col("module_id"))), kind.alias("kind"))
+        .select(
+            "rank", "seq", "kind", pl.col("kind").replace_strict(ISSUE_KINDS, return_dtype=pl.String).alias("severity"),
+            "fqn", "phase", "call_id", "step", "thread_id", message.alias("message"),
+        )
+    ]
 
 
 SUMMARY_COLUMNS: tuple[str, ...] = ISSUE_SUMMARY_FRAME.names

@@ -73,3 +73,6 @@ def show(run: str, db: str | None, fmt: str) -> None:
         return
     rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in info.items()]
     click.echo(get_renderer("rows", "table").render(Table(["field", "value"], rows)), nl=False)
+    if info.get("compiled_modules"):
+        click.echo(f"note: {', '.join(info['compiled_modules'])} ran compiled (torch.compile): the module calls inside"
+                   " are not recorded; `modtrace record --eager` records them")

@@ -178,6 +178,7 @@ _INFO_KEYS = (
     "id", "name", "status", "started_at", "ended_at", "duration_s", "command", "hostname", "world_size",
     "ranks", "steps", "events", "modules", "python_version", "torch_version", "modtrace_version", "git_commit", "tags",
     "clock",
+    "compiled_modules",
 )
 
 

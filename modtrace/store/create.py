@@ -33,7 +33,7 @@ SELECT
     d.name AS device,
     e.stream,
     CASE e.status WHEN 0 THEN 'ok' WHEN 1 THEN 'error' WHEN 2 THEN 'early_stop'
-        WHEN 3 THEN 'closed_at_end_of_backward' WHEN 4 THEN 'no_enter' END AS status,
+        WHEN 3 THEN 'closed_at_end_of_backward' WHEN 4 THEN 'no_enter' WHEN 5 THEN 'unlinked' END AS status,
     e.graph_task,
     e.tie,
     e.module_id,

@@ -231,7 +231,7 @@ def read_modules(store: Store, run_id: int, *, ranks: list[int] | None = None) -
     """The run's module frame (``MODULE_SCHEMA``)."""
     m = mark(store)
     sql = (
-        "SELECT rank, module_id, fqn, module_type, parent_module_id FROM modules "
+        "SELECT rank, module_id, fqn, module_type, parent_module_id, compiled FROM modules "
         f"WHERE run_id = {m}{_rank_filter(store, ranks)} ORDER BY rank, module_id"
     )
     return _read_table(store, sql, (run_id,), MODULE_SCHEMA)

@@ -253,6 +253,15 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
         n_modules = conn.execute(
             select(func.count(func.distinct(modules.c.fqn))).where(modules.c.run_id == run_id)
         ).scalar() or 0
+        child = modules.alias("child")
+        compiled = conn.execute(
+            select(modules.c.fqn).distinct()
+            .where(modules.c.run_id == run_id, modules.c.compiled == 1)
+            .where(select(child.c.module_id).where(
+                child.c.run_id == modules.c.run_id, child.c.rank == modules.c.rank,
+                child.c.parent_module_id == modules.c.module_id).exists())
+            .order_by(modules.c.fqn)
+        ).scalars().all()
     info["status"] = display_status(info["status"], [(r[1], r[2], r[3]) for r in rank_rows])
     info["tags"] = json.loads(info["tags"] or "{}")
     start, end = parse_iso(info["started_at"]), parse_iso(info["ended_at"])
@@ -261,6 +270,8 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
     info["steps"] = max((int(r[5]) for r in rank_rows), default=0)
     info["ranks"] = len(rank_rows)
     info["modules"] = int(n_modules)
+    # Modules that ran compiled (torch.compile) and have submodules: the calls inside them are not recorded.
+    info["compiled_modules"] = list(compiled)
     # Faults the recording got past, and what it could not record.
     info["reconnects"] = sum(int(r[6]) for r in rank_rows)
     info["dropped_events"] = sum(int(r[7]) for r in rank_rows)

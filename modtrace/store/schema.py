@@ -33,7 +33,7 @@ from modtrace.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -102,6 +102,7 @@ modules = Table(
     Column("fqn", Text, nullable=False, comment="Fully qualified name: root class name then attribute path, e.g. GPT.blocks.0.attn."),
     Column("module_type", String(200), nullable=False, comment="Class name of the module, e.g. Linear."),
     Column("parent_module_id", Integer, nullable=True, comment="module_id of the owning module; NULL for a root."),
+    Column("compiled", SmallInteger, nullable=False, server_default="0", comment="1 when the module was seen running compiled (torch.compile): the module calls inside it are not recorded; 0 otherwise."),
     PrimaryKeyConstraint("run_id", "rank", "module_id", name="pk_modules"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_modules_run"),
     comment="Every nn.Module a run saw, with its place in the module tree.",
@@ -147,7 +148,7 @@ events = Table(
     Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the hook ran on."),
     Column("device_id", Integer, nullable=True, comment="devices.device_id where the call computes; NULL when it has no tensor input, parameter or buffer."),
     Column("stream", BigInteger, nullable=True, comment="Current CUDA/accelerator stream handle on that device; NULL on CPU."),
-    Column("status", SmallInteger, nullable=False, server_default="0", comment="0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter (modtrace.codes.Status)."),
+    Column("status", SmallInteger, nullable=False, server_default="0", comment="0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter, 5 unlinked (modtrace.codes.Status)."),
     Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task id for backward and recompute events; NULL in forward."),
     Column("tie", SmallInteger, nullable=False, server_default="0", comment="1 when produced by the same autograd hook dispatch as the previous event of this thread (a tie to normalise), else 0."),
     PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_events"),
@@ -235,7 +236,7 @@ nesting_issues = Table(
     Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
     Column("rank", Integer, nullable=False, comment="Rank whose events show the issue."),
     Column("seq", BigInteger, nullable=False, comment="seq of the event the issue is about."),
-    Column("kind", String(32), nullable=False, comment="no_enter | unclosed | crossed | reentered | duplicate_enter | duplicate_exit | error_exit | early_stop | closed_at_end_of_backward | invalid_row | time_reversed | seq_gap."),
+    Column("kind", String(32), nullable=False, comment="no_enter | unclosed | crossed | reentered | duplicate_enter | duplicate_exit | error_exit | early_stop | closed_at_end_of_backward | unlinked_recompute | compiled | invalid_row | time_reversed | seq_gap."),
     Column("severity", String(8), nullable=False, comment="error | warning | info. A healthy record has no error or warning."),
     Column("fqn", Text, nullable=True, comment="Fully qualified name of the module of that event."),
     Column("phase", String(16), nullable=True, comment="forward | backward | recompute; NULL for an invalid_row whose phase code is unknown."),
@@ -257,7 +258,7 @@ PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
         "python_version", "torch_version", "modtrace_version", "tags", "step_on",
     ),
     "root_calls": ("run_id", "rank", "seq", "call_id", "kind"),
-    "modules": ("run_id", "module_id", "fqn", "module_type", "parent_module_id"),
+    "modules": ("run_id", "module_id", "fqn", "module_type", "parent_module_id", "compiled"),
     "event_log": (
         "run_id", "seq", "ts_ns", "kind", "fqn", "module_type", "phase", "call_id", "step",
         "rank", "thread_id", "device", "stream", "status", "device_ts_ns", "mem_bytes",

@@ -69,7 +69,9 @@ class RankWriter:
         self._sql = {
             "events": _insert_sql("events", EVENT_COLUMNS, run_id, rank, style),
             "events_multi": _insert_sql("events", EVENT_COLUMNS, run_id, rank, style, ROWS_PER_STATEMENT),
-            "modules": _insert_sql("modules", MODULE_COLUMNS, run_id, rank, style),
+            # a module row comes again once the module is seen running compiled: keep the last
+            "modules": _insert_sql("modules", MODULE_COLUMNS, run_id, rank, style)
+            + " ON CONFLICT (run_id, rank, module_id) DO UPDATE SET compiled = excluded.compiled",
             "threads": _insert_sql("threads", THREAD_COLUMNS, run_id, rank, style),
             "devices": _insert_sql("devices", DEVICE_COLUMNS, run_id, rank, style),
             "root_calls": _insert_sql("root_calls", ROOT_COLUMNS, run_id, rank, style),
@@ -88,7 +90,8 @@ class RankWriter:
         reconnects: int = 0,
         device_rows: Sequence[tuple[Any, ...]] = (),
     ) -> None:
-        """Write one batch in one transaction; ``progress`` is (event_count, step_count),
+        """Write one batch in one transaction (a module row may leave out its last
+        value, ``compiled``: 0); ``progress`` is (event_count, step_count),
         ``roots`` the batch's root calls (``ROOT_COLUMNS``), ``reconnects`` is
         added to the rank's count, ``device_rows`` the device times resolved
         since the last batch (``DEVICE_EVENT_COLUMNS``, of this or earlier batches' events).
@@ -100,7 +103,7 @@ class RankWriter:
             conn = self._conn = self.store.engine.connect()
         try:
             with conn.begin():
-                self._many(conn, "modules", modules)
+                self._many(conn, "modules", [m if len(m) == len(MODULE_COLUMNS) else (*m, 0) for m in modules])
                 self._many(conn, "threads", threads)
                 self._many(conn, "devices", devices)
                 self._events(conn, events)

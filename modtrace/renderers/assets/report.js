@@ -123,6 +123,12 @@
   cards.forEach(function (c) {
     summary.appendChild(el("div", { cls: "card " + c[2] }, [el("div", { cls: "v", text: c[1] }), el("div", { cls: "k", text: c[0] })]));
   });
+  if (run.compiled_modules && run.compiled_modules.length) {
+    // compiled modules hide their inner calls: say so above everything they would be missing from
+    summary.parentNode.insertBefore(el("p", { cls: "note", text: run.compiled_modules.join(", ") +
+      " ran compiled (torch.compile): the module calls inside are not recorded; `modtrace record --eager` records them" }),
+      summary.nextSibling);
+  }
 
   // -- flame chart ---------------------------------------------------------------
 
