@@ -119,7 +119,9 @@ def make(path: Path) -> None:
     store = open_store(str(path), create=True)
     try:
         # completed, two ranks
-        run_a, _ = create_run(store, "frozen-ddp", {**_meta("torchrun train.py"), "world_size": 2})
+        # recorded under a schedule (revision 0007): steps 0 and 1 of the first three
+        run_a, _ = create_run(store, "frozen-ddp", {**_meta("torchrun train.py"), "world_size": 2,
+                                                    "schedule": "skip_first=0,wait=0,warmup=0,active=2,repeat=1"})
         for rank in (0, 1):
             add_rank(store, run_a, rank, wall_anchor_ns=1_767_225_600_000_000_000 + rank)
             writer = RankWriter(store, run_a, rank)
@@ -129,7 +131,7 @@ def make(path: Path) -> None:
             writer.write(events, MODULES, [(0, 1000 + rank, "MainThread")], devices,
                          progress=(len(events), 2), roots=_roots(events),
                          device_rows=_device_rows(events) if rank == 1 else ())
-            finish_rank(store, run_a, rank, "completed")
+            finish_rank(store, run_a, rank, "completed", faults={"recorded_steps": "0-1", "step_count": 3})
         # spans and nesting issues of the completed run (revision 0002's tables)
         from modtrace.materialize import materialize
 
