@@ -66,12 +66,13 @@ from modtrace.call_stack import (
     _sys_modules,
     joined,
 )
+from modtrace.devices import DeviceLookup
 from modtrace.input_kind import input_kind
 from modtrace.module_names import ModuleInfo, ModuleNames, as_list, grad_tensors
 from modtrace.recompute_links import RecomputeLinks
 
 if TYPE_CHECKING:
-    from modtrace.device_clock import DeviceClock, DeviceTimer
+    from modtrace.device_clock import DeviceClock
 
 Event = tuple[Any, ...]
 Append = Callable[[Event], Any]
@@ -82,7 +83,7 @@ _Tensor = torch.Tensor
 _RAISED = object()  # marks the post-hook call torch makes when a forward raised
 
 
-class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
+class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
     """Global hooks turning module calls into event tuples.
 
     ``append`` receives every event; ``clock`` returns nanoseconds (injected
@@ -123,9 +124,6 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
         self._live_roots: weakref.WeakSet[Call] = weakref.WeakSet()
         self._pruned_step = 0
         self._failures = 0  # forwards that raised (their inner calls' backward is cancelled)
-        self._devices: dict[torch.device, int] = {}
-        self._cuda_devices: set[int] = set()
-        self._device_objs: list[torch.device] = []
         # backward: graph task -> open calls (a stack, innermost last)
         self._bw: dict[int, list[Call]] = {}
         self._recomputed: dict[int, set[int]] = {}
@@ -135,15 +133,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
         self.new_roots: list[tuple[int, int, str | None]] = []
         self.roots = 0
         self._note_roots = roots
-        # Device time (modtrace.device_clock), for an owner that polls and
-        # drains ``device_timer`` (the recorder): on with ``device_time``
-        # (None: when a clock is injected).  Calls on devices of the clock's
-        # type mark a timing event; the timer is made when the first is seen.
-        self.device_timer: DeviceTimer | None = None
-        self.device_marks = True  # False: no timing event (a warm-up step, whose seqs are used again)
-        self._device_time = device_clock is not None if device_time is None else device_time
-        self._device_clock = device_clock
-        self._timed_type = device_clock.device_type if device_clock is not None and self._device_time else "cuda"
+        self._init_devices(device_time, device_clock)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -235,56 +225,6 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind):
 
     def _info(self, mod: nn.Module, st: ThreadState) -> ModuleInfo:
         return self._names.info(mod, (frame.module for frame in reversed(st.stack)))
-
-    def _device(self, dev: torch.device) -> int:
-        device_id = self._devices.get(dev)
-        if device_id is None:
-            with self._lock:
-                device_id = self._devices.get(dev)
-                if device_id is None:
-                    device_id = len(self._devices)
-                    self._devices[dev] = device_id
-                    self._device_objs.append(dev)
-                    if dev.type == self._timed_type:
-                        self._cuda_devices.add(device_id)
-                        if self._device_time and self.device_timer is None:
-                            self._new_device_timer()
-                    self.new_devices.append((device_id, str(dev)))
-        return device_id
-
-    def _new_device_timer(self) -> None:
-        from modtrace.device_clock import CudaClock, DeviceTimer
-
-        try:
-            clock = self._device_clock if self._device_clock is not None else CudaClock()
-        except Exception as exc:  # never the program's error: record host time only
-            self._device_time = False
-            import warnings
-
-            warnings.warn(f"modtrace: no device time: {exc}", RuntimeWarning, stacklevel=2)
-            return
-        self.device_timer = DeviceTimer(clock, lambda: self._clock() - self.t0)
-
-    def _stream(self, device_id: int | None, seq: int) -> int | None:
-        """The current stream on a CUDA device (None elsewhere): a handle that
-        tells streams apart within the run.  With device time on, event
-        ``seq`` also gets its timing event on that stream: enters mark after
-        their host timestamp, exits after what the call launched."""
-        if device_id is None or device_id not in self._cuda_devices:
-            return None
-        timer = self.device_timer
-        if timer is None:
-            return int(torch.cuda.current_stream(self._device_objs[device_id]).cuda_stream)
-        index = self._device_objs[device_id].index or 0
-        stream, handle = timer.clock.current_stream(index)
-        if self.device_marks:
-            timer.mark(seq, index, stream, handle)
-        return handle
-
-    def _module_device(self, mod: nn.Module) -> torch.device | None:
-        for t in itertools.chain(mod.parameters(), mod.buffers()):
-            return t.device
-        return None
 
     # -- forward ---------------------------------------------------------------
 

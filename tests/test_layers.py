@@ -30,6 +30,7 @@ LAYERS: dict[str, str] = {
     "modtrace.module_tracker": "tracker",
     "modtrace.module_names": "tracker",
     "modtrace.call_stack": "tracker",
+    "modtrace.devices": "tracker",
     "modtrace.backward_hooks": "tracker",
     "modtrace.recompute_links": "tracker",
     "modtrace.store": "store",
