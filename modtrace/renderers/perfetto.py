@@ -100,8 +100,8 @@ def assign_lanes(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]
 
 
 def _us(ns: pl.Expr) -> pl.Expr:
-    """Non-negative integer nanoseconds -> exact decimal microseconds as text."""
-    return pl.format("{}.{}", ns // 1000, (ns % 1000).cast(pl.String).str.zfill(3))
+    """Non-negative integer nanoseconds -> exact decimal microseconds as text (``1234.567``)."""
+    return pl.concat_str((ns // 1000).cast(pl.String), pl.lit("."), (ns % 1000 + 1000).cast(pl.String).str.slice(1))
 
 
 def _json_text(col: str) -> pl.Expr:
@@ -140,9 +140,8 @@ def trace_frame(spans: pl.DataFrame, anchors: Mapping[int, int], origin_ns: int)
         )
         .sort("rank", "thread_id", "phase", "t0", pl.col("t1"), "depth", descending=[False, False, False, False, True, False])
     )
-    frame = frame.with_columns(
-        pl.struct("rank", "thread_id", "phase").rank("dense").cast(pl.Int64).alias("_track")
-    )
+    # sorted by track first: a track is a run of equal (rank, thread_id, phase)
+    frame = frame.with_columns(pl.struct("rank", "thread_id", "phase").rle_id().cast(pl.Int64).alias("_track"))
     dirty = _unnested_tracks(frame)
     lane = pl.Series("lane", [0] * frame.height, dtype=pl.Int32)
     if dirty:
@@ -239,6 +238,15 @@ class PerfettoRenderer(Renderer[Trace]):
                 out.write(",\n".join(lines))
                 sep = ",\n"
 
+        def emit_column(frame: pl.DataFrame) -> None:
+            """One event per row of ``frame``'s one text column, written by polars in one piece."""
+            nonlocal sep
+            if frame.height:
+                out.write(sep)
+                text = frame.write_csv(include_header=False, quote_style="never", line_terminator=",\n")
+                out.write(text[:-2])
+                sep = ",\n"
+
         emit(self._metadata(tracks, sorted(set(anchors) | set(trace["rank"].to_list()))))
 
         step_lines = steps.join(
@@ -255,14 +263,14 @@ class PerfettoRenderer(Renderer[Trace]):
                 pl.lit(', "spans": '), pl.col("spans").cast(pl.String),
                 pl.lit("}}"),
             ).alias("line")
-        )["line"]
-        emit(step_lines.to_list())
+        )
+        emit_column(step_lines)
 
+        trace = trace.join(tid_frame, on=["rank", "thread_id", "phase", "lane"], how="left", maintain_order="left")
         for start in range(0, trace.height, CHUNK_ROWS):
-            chunk = trace.slice(start, CHUNK_ROWS).join(
-                tid_frame, on=["rank", "thread_id", "phase", "lane"], how="left", maintain_order="left"
-            )
-            emit(chunk.select(self._span_line().alias("line"))["line"].to_list())
+            chunk = trace.slice(start, CHUNK_ROWS)
+            emit_column(chunk.with_columns(_json_text(c).alias(f"_{c}") for c in ("fqn", "module_type", "device"))
+                        .select(self._span_line().alias("line")))
             if self.progress is not None:
                 self.progress(chunk.height)
         out.write("\n]}\n")
@@ -272,19 +280,19 @@ class PerfettoRenderer(Renderer[Trace]):
         status = pl.when(pl.col("unclosed")).then(pl.lit("unclosed")).otherwise(pl.col("status").cast(pl.String))
         return pl.concat_str(
             pl.lit('{"ph": "X", "cat": "'), pl.col("phase"),
-            pl.lit('", "name": '), _json_text("fqn"),
+            pl.lit('", "name": '), pl.col("_fqn"),
             pl.lit(', "pid": '), (pl.col("rank") + 1).cast(pl.String),
             pl.lit(', "tid": '), pl.col("tid").cast(pl.String),
             pl.lit(', "ts": '), _us(pl.col("t0")),
             pl.lit(', "dur": '), _us(pl.col("t1") - pl.col("t0")),
-            pl.lit(', "args": {"fqn": '), _json_text("fqn"),
-            pl.lit(', "module_type": '), _json_text("module_type"),
+            pl.lit(', "args": {"fqn": '), pl.col("_fqn"),
+            pl.lit(', "module_type": '), pl.col("_module_type"),
             pl.lit(', "phase": "'), pl.col("phase"),
             pl.lit('", "call_id": '), _num("call_id"),
             pl.lit(', "step": '), _num("step"),
             pl.lit(', "rank": '), _num("rank"),
             pl.lit(', "thread_id": '), _num("thread_id"),
-            pl.lit(', "device": '), _json_text("device"),
+            pl.lit(', "device": '), pl.col("_device"),
             pl.lit(', "stream": '), _num("stream"),
             pl.lit(', "status": "'), status,
             pl.lit('", "graph_task": '), _num("graph_task"),
