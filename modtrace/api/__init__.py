@@ -254,6 +254,16 @@ class Database:
         when the run has device times)."""
         return self.analysis(run).spans
 
+    def spans_with(self, run: RunLike, columns: tuple[str, ...]) -> pl.DataFrame:
+        """The run's spans frame with at least ``columns`` filled, the others null when only those
+        were read (a cheaper read of a stored analysis); without the device columns."""
+        from modtrace.materialize import load_spans
+
+        ref = self.run(run)
+        if ref.id in self._analyses:
+            return self._analyses[ref.id].spans
+        return load_spans(self._store, ref.id, columns)
+
     def clock(self, run: RunLike, clock: str | None = None) -> str:
         """The clock RUN's times are read on: ``clock`` (host | device, checked: a usage error for
         device on a run without device times); None: device when the run has device times."""

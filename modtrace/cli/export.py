@@ -37,25 +37,38 @@ class RunData:
     thread_names: dict[tuple[int, int], str | None]
 
 
-def load_run(database: Database, ref: str, *, quiet: bool = False) -> RunData:
+def load_run(database: Database, ref: str, *, quiet: bool = False, trace: str | None = None) -> RunData:
     """Resolve RUN and read its metadata, spans, issues, clock anchors and thread names.
 
     A run that was never analysed (recorded with analysis off, or killed) is
-    analysed on the fly, without writing to the database.
+    analysed on the fly, without writing to the database.  For a trace on the
+    ``trace`` clock only the span columns a trace shows are read (with the
+    device columns on the device clock), and on the host clock no issues (an empty frame).
     """
     run = database.run(ref)
     info = database.details(run)
+
+    def read() -> tuple[pl.DataFrame, pl.DataFrame]:
+        if trace is None or trace == "device":
+            found = database.analysis(run)
+            return found.spans, found.issues
+        import polars as pl
+
+        from modtrace.renderers.perfetto import TRACE_SPAN_COLUMNS
+
+        return database.spans_with(run, TRACE_SPAN_COLUMNS), pl.DataFrame()
+
     with progress_spinner(f"reading run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
         stored = database.has_analysis(run)
         if stored:
-            found = database.analysis(run)
+            spans, issues = read()
     if not stored:
         if not quiet and info.get("events"):
             click.echo(f"modtrace: run {run.name!r} has no stored analysis; analysing its events now "
                        f"(`modtrace analyze {run.name}` stores it)", err=True)
         with progress_spinner(f"analysing run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
-            found = database.analysis(run)
-    return RunData(info=info, spans=found.spans, issues=found.issues, anchors=database.anchors(run),
+            spans, issues = read()
+    return RunData(info=info, spans=spans, issues=issues, anchors=database.anchors(run),
                    thread_names=database.thread_names(run))
 
 
@@ -213,7 +226,8 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, cl
 
     with modtrace.api.open(db) as database:
         chosen = database.clock(run, clock)
-        data = load_run(database, run, quiet=quiet)
+        data = load_run(database, run, quiet=quiet, trace=chosen) if fmt == "perfetto" else load_run(
+            database, run, quiet=quiet)
         if fmt == "perfetto":
             from modtrace.renderers import get_renderer
             from modtrace.renderers.perfetto import Trace

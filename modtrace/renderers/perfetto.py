@@ -36,6 +36,12 @@ from modtrace.contracts import PHASES
 from modtrace.renderers.base import Renderer
 
 CHUNK_ROWS = 50_000
+# The span columns a trace shows or places slices by (with the names that come from
+# module_id and device_id); a caller may read only these.
+TRACE_SPAN_COLUMNS: tuple[str, ...] = (
+    "rank", "span_id", "parent_span_id", "depth", "module_id", "phase", "call_id", "step", "thread_id",
+    "graph_task", "start_ns", "end_ns", "self_ns", "device_id", "stream", "status",
+)
 
 
 @dataclass(frozen=True)
