@@ -28,7 +28,7 @@ import io
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import polars as pl
 
@@ -242,6 +242,9 @@ class PerfettoRenderer(Renderer[Trace]):
         out.write(json.dumps(other, default=str))
         out.write(', "traceEvents": [\n')
         sep = ""
+        # a UTF-8 file's bytes, for polars to write into; else text through ``out``
+        utf8 = str(getattr(out, "encoding", None) or "").lower().replace("-", "") == "utf8"
+        raw: BinaryIO | None = getattr(out, "buffer", None) if utf8 else None
 
         def emit(lines: list[str]) -> None:
             nonlocal sep
@@ -255,8 +258,13 @@ class PerfettoRenderer(Renderer[Trace]):
             nonlocal sep
             if frame.height:
                 out.write(sep)
-                text = frame.write_csv(include_header=False, quote_style="never", line_terminator=",\n")
-                out.write(text[:-2])
+                head = frame.head(frame.height - 1)
+                if head.height and raw is not None:
+                    out.flush()  # polars writes the bytes straight into the file, after what is buffered
+                    head.write_csv(raw, include_header=False, quote_style="never", line_terminator=",\n")
+                elif head.height:
+                    out.write(head.write_csv(include_header=False, quote_style="never", line_terminator=",\n"))
+                out.write(frame[-1, 0])
                 sep = ",\n"
 
         emit(self._metadata(tracks, sorted(set(anchors) | set(trace["rank"].to_list()))))
