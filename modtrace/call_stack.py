@@ -163,7 +163,7 @@ class Call(NodeHook):
                  "exit_nodes", "bw_task", "exits_seen", "n_exit", "closed", "failed", "ran_eager", "__weakref__")
 
     def __init__(self, module: nn.Module, info: ModuleInfo, parent: Call | None, call_id: int,
-                 device_id: int | None, phase: int, task: int | None) -> None:
+                 device_id: int | None, phase: int, task: int | None, exit_nodes: Any = None) -> None:
         self.module: nn.Module | None = module  # dropped once the forward returns
         self.module_id = info.module_id
         self.depth = info.depth
@@ -174,12 +174,13 @@ class Call(NodeHook):
         self.phase = phase
         self.task = task  # graph task of a recompute, None in forward: the rows' task column
         # inputs needing grad, until the forward returns: one tensor, or a list of them
-        self.exit_nodes: Any = None
+        self.exit_nodes = exit_nodes
         self.bw_task = -1  # graph task in which the backward was entered
-        self.exits_seen = 0
-        self.n_exit = 0  # input nodes whose gradient must be ready before the exit
-        self.closed = True
         self.failed = False  # the forward raised: the backward of calls inside it never runs
+        # Set later, where they are first needed (one store fewer each per call):
+        # ``exits_seen`` and ``closed`` when the backward enters the call (read
+        # only once ``bw_task`` is that backward's), ``n_exit`` when the call is
+        # hung on its input nodes (read only for calls in a node's ``exits``).
         # ran_eager, set only on a torch.compile wrapper's call: its module ran eagerly inside it
 
     def descends_from(self, other: Call) -> bool:
