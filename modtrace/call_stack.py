@@ -45,7 +45,19 @@ _graph_task_id = torch._C._current_graph_task_id
 # tracing before torch._dynamo is imported, which spares the call in eager code.
 _DYNAMO = "torch._dynamo"
 _sys_modules = sys.modules
-_compiling = torch.compiler.is_compiling
+_compiler = torch.compiler
+
+
+def _compiling() -> bool:
+    """``torch.compiler.is_compiling()`` (the hooks inline it: one Python call
+    fewer per hook once torch._dynamo is imported).  Dynamo folds
+    ``is_dynamo_compiling()`` to True while it traces, as it does
+    ``is_compiling()``; in eager code ``is_compiling()`` is the flag that
+    torch.export and dynamo's compilation set."""
+    return _dynamo_compiling() or _compiler._is_compiling_flag
+
+
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def joined(entries: Entries, call: Call) -> Call | list[Call]:
@@ -158,6 +170,9 @@ class Call(NodeHook):
     own = True
 
     ran_eager: bool
+    exits_seen: int
+    closed: bool
+    n_exit: int
 
     __slots__ = ("module", "module_id", "depth", "parent", "call_id", "device_id", "phase", "task",
                  "exit_nodes", "bw_task", "exits_seen", "n_exit", "closed", "failed", "ran_eager", "__weakref__")
@@ -249,7 +264,7 @@ class ForwardUnwind:
     def _pop_call(self, mod: nn.Module) -> tuple[ThreadState, Call] | None:
         """``mod``'s open call, taken off this thread's stack; None when it has
         none here (or while dynamo traces)."""
-        if _DYNAMO in _sys_modules and _compiling():
+        if _DYNAMO in _sys_modules and (_dynamo_compiling() or _compiler._is_compiling_flag):
             return None
         st: ThreadState | None = getattr(self._local, "st", None)
         if st is None or not st.stack:

@@ -62,7 +62,8 @@ from modtrace.call_stack import (
     Call,
     ForwardUnwind,
     ThreadState,
-    _compiling,
+    _compiler,
+    _dynamo_compiling,
     _sys_modules,
     joined,
 )
@@ -229,7 +230,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
     # -- forward ---------------------------------------------------------------
 
     def _forward_pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
-        if _DYNAMO in _sys_modules and _compiling():
+        if _DYNAMO in _sys_modules and (_dynamo_compiling() or _compiler._is_compiling_flag):
             return
         try:
             st: ThreadState = self._local.st
@@ -317,7 +318,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         if output is _RAISED:
             self._forward_failed(mod)
             return
-        if _DYNAMO in _sys_modules and _compiling():
+        if _DYNAMO in _sys_modules and (_dynamo_compiling() or _compiler._is_compiling_flag):
             return
         try:
             st: ThreadState = self._local.st
