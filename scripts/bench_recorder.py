@@ -33,11 +33,14 @@ Side by side in one process, interleaved repeats, medians:
   objects Python's garbage collector tracks that one forward leaves alive
   until its backward, per module call, and the collections (all
   generations) that 100 steps bring on.
+* split: added time per module call of floor and tracker, forward and
+  backward apart (minimum over interleaved single steps, CPU time of this
+  process): where the tracker's cost above the floor is.
 * hand-over: packing a step's events for the writer process (pickle without
   memo, as now, vs with it, as before), on the tracker's own tuples.
 
 Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
-[--sections overhead,write_path,disk,fixed_costs,handover,schedule_off,gc]
+[--sections overhead,write_path,disk,fixed_costs,handover,schedule_off,gc,split]
 """
 
 from __future__ import annotations
@@ -522,7 +525,42 @@ def gc_costs(steps: int = 100) -> dict[str, Any]:
     return out
 
 
-SECTIONS = ("overhead", "write_path", "disk", "fixed_costs", "handover", "schedule_off", "gc")
+def forward_backward_split(repeats: int) -> dict[str, Any]:
+    """Added CPU microseconds per module call in forward and in backward, for
+    floor and tracker (minimum over interleaved single steps)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model()
+    x = torch.randn(4, 16)
+    calls = 1 + 2 * BLOCKS
+    names = ["bare", "floor", "tracker"]
+    fwd: dict[str, list[float]] = {n: [] for n in names}
+    bwd: dict[str, list[float]] = {n: [] for n in names}
+    rng = random.Random(0)
+    for _ in range(repeats):
+        for name in rng.sample(names, len(names)):
+            ctx: Any = {"bare": nullcontext, "floor": Floor, "tracker": TrackerAlone}[name]()
+            ctx.__enter__()
+            try:
+                run_steps(model, x, 1)
+                t0 = time.process_time()
+                loss = model(x).sum()
+                t1 = time.process_time()
+                loss.backward()
+                t2 = time.process_time()
+                model.zero_grad(set_to_none=True)
+            finally:
+                ctx.__exit__(None, None, None)
+            fwd[name].append(t1 - t0)
+            bwd[name].append(t2 - t1)
+    out: dict[str, Any] = {}
+    for name in ("floor", "tracker"):
+        out[name] = {"forward_added_us_per_call": round((min(fwd[name]) - min(fwd["bare"])) / calls * 1e6, 2),
+                     "backward_added_us_per_call": round((min(bwd[name]) - min(bwd["bare"])) / calls * 1e6, 2)}
+    return out
+
+
+SECTIONS = ("overhead", "write_path", "disk", "fixed_costs", "handover", "schedule_off", "gc", "split")
 
 
 def main() -> None:
@@ -545,6 +583,7 @@ def main() -> None:
         "handover": lambda: handover(args.repeats),
         "schedule_off": lambda: schedule_off(args.repeats, args.steps),
         "gc": lambda: gc_costs(),
+        "split": lambda: forward_backward_split(max(15, args.repeats * 3)),
     }
     summary: dict[str, Any] = {section: runs[section]() for section in SECTIONS if section in chosen}
     summary["torch"] = torch.__version__
