@@ -45,7 +45,19 @@ _graph_task_id = torch._C._current_graph_task_id
 # tracing before torch._dynamo is imported, which spares the call in eager code.
 _DYNAMO = "torch._dynamo"
 _sys_modules = sys.modules
-_compiling = torch.compiler.is_compiling
+_compiler = torch.compiler
+
+
+def _compiling() -> bool:
+    """``torch.compiler.is_compiling()`` (the hooks inline it: one Python call
+    fewer per hook once torch._dynamo is imported).  Dynamo folds
+    ``is_dynamo_compiling()`` to True while it traces, as it does
+    ``is_compiling()``; in eager code ``is_compiling()`` is the flag that
+    torch.export and dynamo's compilation set."""
+    return _dynamo_compiling() or _compiler._is_compiling_flag
+
+
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def joined(entries: Entries, call: Call) -> Call | list[Call]:
@@ -158,12 +170,15 @@ class Call(NodeHook):
     own = True
 
     ran_eager: bool
+    exits_seen: int
+    closed: bool
+    n_exit: int
 
     __slots__ = ("module", "module_id", "depth", "parent", "call_id", "device_id", "phase", "task",
                  "exit_nodes", "bw_task", "exits_seen", "n_exit", "closed", "failed", "ran_eager", "__weakref__")
 
     def __init__(self, module: nn.Module, info: ModuleInfo, parent: Call | None, call_id: int,
-                 device_id: int | None, phase: int, task: int | None) -> None:
+                 device_id: int | None, phase: int, task: int | None, exit_nodes: Any = None) -> None:
         self.module: nn.Module | None = module  # dropped once the forward returns
         self.module_id = info.module_id
         self.depth = info.depth
@@ -174,12 +189,13 @@ class Call(NodeHook):
         self.phase = phase
         self.task = task  # graph task of a recompute, None in forward: the rows' task column
         # inputs needing grad, until the forward returns: one tensor, or a list of them
-        self.exit_nodes: Any = None
+        self.exit_nodes = exit_nodes
         self.bw_task = -1  # graph task in which the backward was entered
-        self.exits_seen = 0
-        self.n_exit = 0  # input nodes whose gradient must be ready before the exit
-        self.closed = True
         self.failed = False  # the forward raised: the backward of calls inside it never runs
+        # Set later, where they are first needed (one store fewer each per call):
+        # ``exits_seen`` and ``closed`` when the backward enters the call (read
+        # only once ``bw_task`` is that backward's), ``n_exit`` when the call is
+        # hung on its input nodes (read only for calls in a node's ``exits``).
         # ran_eager, set only on a torch.compile wrapper's call: its module ran eagerly inside it
 
     def descends_from(self, other: Call) -> bool:
@@ -248,7 +264,7 @@ class ForwardUnwind:
     def _pop_call(self, mod: nn.Module) -> tuple[ThreadState, Call] | None:
         """``mod``'s open call, taken off this thread's stack; None when it has
         none here (or while dynamo traces)."""
-        if _DYNAMO in _sys_modules and _compiling():
+        if _DYNAMO in _sys_modules and (_dynamo_compiling() or _compiler._is_compiling_flag):
             return None
         st: ThreadState | None = getattr(self._local, "st", None)
         if st is None or not st.stack:

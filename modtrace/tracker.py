@@ -62,7 +62,8 @@ from modtrace.call_stack import (
     Call,
     ForwardUnwind,
     ThreadState,
-    _compiling,
+    _compiler,
+    _dynamo_compiling,
     _sys_modules,
     joined,
 )
@@ -229,7 +230,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
     # -- forward ---------------------------------------------------------------
 
     def _forward_pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
-        if _DYNAMO in _sys_modules and _compiling():
+        if _DYNAMO in _sys_modules and (_dynamo_compiling() or _compiler._is_compiling_flag):
             return
         try:
             st: ThreadState = self._local.st
@@ -269,6 +270,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             return
         tid = st.tid
         status = _OK
+        exit_nodes = grad_inputs if grad_inputs is not None and _grad_enabled() else None
         if task == -1:
             phase = _FORWARD
             call_id = next(self._call_ids)
@@ -276,12 +278,12 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
                 if self.step != self._pruned_step:
                     self._prune_recent()
                 info.recent_parents.append(0)
-                frame = Call(mod, info, None, call_id, device_id, phase, None)
+                frame = Call(mod, info, None, call_id, device_id, phase, None, exit_nodes)
                 self._live_roots.add(frame)
                 root = st.main and self._note_roots
             else:
                 info.recent_parents.append(parent.call_id)
-                frame = Call(mod, info, parent, call_id, device_id, phase, None)
+                frame = Call(mod, info, parent, call_id, device_id, phase, None, exit_nodes)
             info.recent.append(call_id)
             self._recent_order.append(info)
             task_col = None
@@ -290,10 +292,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             call_id = self._link_recompute(info, stack, task)
             if call_id < 0:  # no forward call to link to: a call id of its own, and the row says so
                 call_id, status = -call_id, _UNLINKED
-            frame = Call(mod, info, parent, call_id, device_id, phase, task)
+            frame = Call(mod, info, parent, call_id, device_id, phase, task, exit_nodes)
             task_col = task
-        if grad_inputs is not None and _grad_enabled():
-            frame.exit_nodes = grad_inputs
         stack.append(frame)
         seq = next(self._seq)
         if root:
@@ -318,7 +318,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         if output is _RAISED:
             self._forward_failed(mod)
             return
-        if _DYNAMO in _sys_modules and _compiling():
+        if _DYNAMO in _sys_modules and (_dynamo_compiling() or _compiler._is_compiling_flag):
             return
         try:
             st: ThreadState = self._local.st

@@ -29,16 +29,24 @@ Side by side in one process, interleaved repeats, medians:
 * schedule: ``modtrace_schedule_off`` in the overhead table is a Recorder
   whose schedule keeps every timed step off (no module hook installed);
   section ``schedule_off`` measures the same against bare steps, paired.
+* gc (deterministic, no clock): for floor, tracker and ModuleTracker, the
+  objects Python's garbage collector tracks that one forward leaves alive
+  until its backward, per module call, and the collections (all
+  generations) that 100 steps bring on.
+* split: added time per module call of floor and tracker, forward and
+  backward apart (minimum over interleaved single steps, CPU time of this
+  process): where the tracker's cost above the floor is.
 * hand-over: packing a step's events for the writer process (pickle without
   memo, as now, vs with it, as before), on the tracker's own tuples.
 
 Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
-[--sections overhead,write_path,disk,fixed_costs,handover,schedule_off]
+[--sections overhead,write_path,disk,fixed_costs,handover,schedule_off,gc,split]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -476,7 +484,83 @@ def handover(repeats: int) -> dict[str, Any]:
     }
 
 
-SECTIONS = ("overhead", "write_path", "disk", "fixed_costs", "handover", "schedule_off")
+def gc_costs(steps: int = 100) -> dict[str, Any]:
+    """Deterministic: GC-tracked objects a forward leaves alive until its
+    backward, per module call, and GC collections per 100 steps (no clock)."""
+    from torch.utils.module_tracker import ModuleTracker
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model()
+    x = torch.randn(4, 16)
+    calls = 1 + 2 * BLOCKS
+    out: dict[str, Any] = {}
+    for name in ("bare", "floor", "tracker", "module_tracker"):
+        ctx: Any = {"bare": nullcontext, "floor": Floor, "tracker": TrackerAlone, "module_tracker": ModuleTracker}[name]()
+        on_step = ctx.step if name == "tracker" else None
+        ctx.__enter__()
+        try:
+            run_steps(model, x, 2, on_step)
+            gc.collect()
+            gc.disable()
+            try:
+                n0 = len(gc.get_objects())
+                loss = model(x).sum()
+                n1 = len(gc.get_objects())
+                loss.backward()
+                del loss
+                model.zero_grad(set_to_none=True)
+                if on_step is not None:
+                    on_step()
+            finally:
+                gc.enable()
+            gc.collect()
+            c0 = sum(s["collections"] for s in gc.get_stats())
+            run_steps(model, x, steps, on_step)
+            c1 = sum(s["collections"] for s in gc.get_stats())
+        finally:
+            ctx.__exit__(None, None, None)
+        out[name] = {"tracked_objects_per_call": round((n1 - n0) / calls, 2),
+                     "gc_collections_per_100_steps": round((c1 - c0) * 100 / steps, 1)}
+    return out
+
+
+def forward_backward_split(repeats: int) -> dict[str, Any]:
+    """Added CPU microseconds per module call in forward and in backward, for
+    floor and tracker (minimum over interleaved single steps)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model()
+    x = torch.randn(4, 16)
+    calls = 1 + 2 * BLOCKS
+    names = ["bare", "floor", "tracker"]
+    fwd: dict[str, list[float]] = {n: [] for n in names}
+    bwd: dict[str, list[float]] = {n: [] for n in names}
+    rng = random.Random(0)
+    for _ in range(repeats):
+        for name in rng.sample(names, len(names)):
+            ctx: Any = {"bare": nullcontext, "floor": Floor, "tracker": TrackerAlone}[name]()
+            ctx.__enter__()
+            try:
+                run_steps(model, x, 1)
+                t0 = time.process_time()
+                loss = model(x).sum()
+                t1 = time.process_time()
+                loss.backward()
+                t2 = time.process_time()
+                model.zero_grad(set_to_none=True)
+            finally:
+                ctx.__exit__(None, None, None)
+            fwd[name].append(t1 - t0)
+            bwd[name].append(t2 - t1)
+    out: dict[str, Any] = {}
+    for name in ("floor", "tracker"):
+        out[name] = {"forward_added_us_per_call": round((min(fwd[name]) - min(fwd["bare"])) / calls * 1e6, 2),
+                     "backward_added_us_per_call": round((min(bwd[name]) - min(bwd["bare"])) / calls * 1e6, 2)}
+    return out
+
+
+SECTIONS = ("overhead", "write_path", "disk", "fixed_costs", "handover", "schedule_off", "gc", "split")
 
 
 def main() -> None:
@@ -498,6 +582,8 @@ def main() -> None:
         "fixed_costs": lambda: fixed_costs(max(3, args.repeats // 2)),
         "handover": lambda: handover(args.repeats),
         "schedule_off": lambda: schedule_off(args.repeats, args.steps),
+        "gc": lambda: gc_costs(),
+        "split": lambda: forward_backward_split(max(15, args.repeats * 3)),
     }
     summary: dict[str, Any] = {section: runs[section]() for section in SECTIONS if section in chosen}
     summary["torch"] = torch.__version__
