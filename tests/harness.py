@@ -4,6 +4,7 @@ calls, and small real filesystems to fill up or make read-only."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,3 +44,12 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    """``sql``'s rows from the SQLite file ``db`` (a plain sqlite3 connection, closed after)."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()

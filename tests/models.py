@@ -31,3 +31,17 @@ class Net(nn.Module):
         for i, block in enumerate(self.blocks):
             x = checkpoint(block, x, use_reentrant=False) if i == 1 else block(x)
         return self.head(x)
+
+
+def tiny_model_and_opt() -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Linear, ReLU, Linear (seeded) and its SGD optimizer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """One forward, backward and optimizer step (an optimizer step ends a recorded step)."""
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()

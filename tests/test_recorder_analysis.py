@@ -4,40 +4,19 @@ record`` returns after it, and ``show`` tells whether it is stored."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from torch import nn
+from harness import rows
+from models import tiny_model_and_opt, train_step
 
 import modtrace
 
 
-def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
-
-
-def model_and_opt() -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
-    return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-
-def train_step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    model(torch.ones(2, 4)).sum().backward()
-    opt.step()
-    opt.zero_grad()
-
-
 def test_the_analysis_is_done_after_the_context_by_the_writer_process_and_show_tells(db_path: Path,
                                                                                    run_cli: Any) -> None:
-    model, opt = model_and_opt()
+    model, opt = tiny_model_and_opt()
     with modtrace.Recorder(db=str(db_path), run="later", writer="process", handle_sigterm=False) as rec:
         train_step(model, opt)
         rec.flush()
@@ -54,7 +33,7 @@ def test_the_analysis_is_done_after_the_context_by_the_writer_process_and_show_t
 
 
 def test_the_analysis_is_done_in_process_when_the_program_writes(db_path: Path) -> None:
-    model, opt = model_and_opt()
+    model, opt = tiny_model_and_opt()
     with modtrace.Recorder(db=str(db_path), run="inline", writer="thread", handle_sigterm=False) as rec:
         train_step(model, opt)
     assert rec.analysis_stored is True  # nothing to wait for

@@ -5,7 +5,6 @@ run says which steps it recorded (runs, show), and the CLI takes
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,8 @@ import pytest
 import torch
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optimizer_hooks
+from harness import rows
+from models import tiny_model_and_opt, train_step
 from torch import nn
 
 import modtrace
@@ -22,32 +23,12 @@ from modtrace.errors import UsageError
 from modtrace.recording.schedule import StepAction
 
 
-def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
-
-
-def model_and_opt() -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
-    return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-
-def train_step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    model(torch.ones(2, 4)).sum().backward()
-    opt.step()
-    opt.zero_grad()
-
-
 def module_hook_count() -> int:
     return len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks)
 
 
 def test_only_active_steps_are_written_whole_with_their_numbers_and_no_seq_gap(db_path: Path) -> None:
-    model, opt = model_and_opt()
+    model, opt = tiny_model_and_opt()
     sched = modtrace.schedule(skip_first=1, wait=1, warmup=1, active=2, repeat=2)
     base = module_hook_count()
     hooks_by_step = []
@@ -74,7 +55,7 @@ def test_only_active_steps_are_written_whole_with_their_numbers_and_no_seq_gap(d
 
 
 def test_off_steps_keep_counting_steps_and_warmup_writes_nothing(db_path: Path) -> None:
-    model, opt = model_and_opt()
+    model, opt = tiny_model_and_opt()
     sched = modtrace.schedule(wait=2, warmup=2, active=1, repeat=1)
     with modtrace.Recorder(db=str(db_path), run="w", schedule=sched, handle_sigterm=False, analyze=False) as rec:
         for _ in range(8):
@@ -88,7 +69,7 @@ def test_off_steps_keep_counting_steps_and_warmup_writes_nothing(db_path: Path) 
 
 
 def test_a_schedule_that_never_reaches_an_active_step_records_no_event(db_path: Path) -> None:
-    model, opt = model_and_opt()
+    model, opt = tiny_model_and_opt()
     with modtrace.Recorder(db=str(db_path), run="none", schedule="skip_first=50,active=1", handle_sigterm=False) as _rec:
         for _ in range(3):
             train_step(model, opt)
@@ -116,7 +97,7 @@ def test_a_schedule_needs_counted_steps_not_root_calls(db_path: Path) -> None:
 
 
 def test_runs_and_show_say_which_steps_were_recorded(db_path: Path, run_cli: Any) -> None:
-    model, opt = model_and_opt()
+    model, opt = tiny_model_and_opt()
     with modtrace.Recorder(db=str(db_path), run="part", schedule="wait=1,active=2,repeat=2", handle_sigterm=False,
                            analyze=False):
         for _ in range(7):
@@ -166,7 +147,7 @@ def test_schedule_with_step_on_root_is_a_usage_error(tmp_path: Path, db_path: Pa
 
 
 def test_diff_of_two_schedules_without_a_common_step_says_so(db_path: Path, run_cli: Any) -> None:
-    model, opt = model_and_opt()
+    model, opt = tiny_model_and_opt()
     for name, sched in (("early", "active=3,repeat=1"), ("late", "skip_first=3,active=3,repeat=1"),
                         ("overlap", "skip_first=2,active=3,repeat=1")):
         with modtrace.Recorder(db=str(db_path), run=name, schedule=sched, handle_sigterm=False) as _rec:
