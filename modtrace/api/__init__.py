@@ -33,6 +33,15 @@ from modtrace.api._admin import (
     resolve_query,
     upgrade,
 )
+from modtrace.api._functions import (
+    diff_calls,
+    like_with_like,
+    like_with_like_calls,
+    no_common_step,
+    preload_diff,
+    preload_store,
+    step_table,
+)
 from modtrace.api._steps import Stepped
 from modtrace.contracts import PHASES
 from modtrace.errors import UsageError
@@ -78,60 +87,6 @@ class AnalyzeSummary:
 
 
 RunLike = str | int | Run
-
-
-def preload_store() -> None:
-    """Import the store's engine (before threads that would all import it at once)."""
-    import modtrace.store.engine  # noqa: F401
-
-
-def preload_diff() -> None:
-    """Import what a diff needs (while other threads read the runs)."""
-    from modtrace.api._diff import preload
-
-    preload()
-
-
-def diff_calls(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
-    """Compare two sides read by ``Database.diff_side`` (possibly from two databases, in two threads)."""
-    from modtrace.analysis.diff import diff_runs
-
-    return diff_runs(base, cand, options)
-
-
-def like_with_like(runs: Sequence[tuple[str, Stepped]], kind: str | None) -> tuple[list[pl.DataFrame], str | None]:
-    """The frames of ``Database.steps`` results to compare: the steps of ``kind`` in each (named) run;
-    None: the kind most steps share when they have more than one; ``all``: every step.  Also the kind
-    compared (None for all)."""
-    from modtrace.api._steps import like_with_like as pick
-
-    return pick(runs, kind)
-
-
-def like_with_like_calls(
-    base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, dict[str, Any]], kind: str | None
-) -> tuple[RunCalls, RunCalls]:
-    """Two ``Database.diff_side`` results kept to steps of one kind (as ``like_with_like``);
-    their descriptions get each run's step rule and kinds."""
-    from modtrace.api._diff import like_with_like as pick
-
-    return pick(base, cand, kind)
-
-
-def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
-    """For two ``Database.diff_side`` descriptions: one line when the runs' schedules recorded no
-    step in common, else None."""
-    from modtrace.api._diff import no_common_step as check
-
-    return check(base, cand)
-
-
-def step_table(spans: pl.DataFrame) -> pl.DataFrame:
-    """One row per (rank, step) of a spans frame: step time, its split by phase, wall time,
-    spans and unclosed spans (``modtrace.analysis.step_time``; docs/schema.md)."""
-    from modtrace.analysis.step_time import step_table as table
-
-    return table(spans)
 
 
 def open(db: str | None = None) -> Database:  # noqa: A001 -- modtrace.open(db), like sqlite3.connect
