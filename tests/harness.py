@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 from torch import nn
 
+from modtrace.store.engine import Store
+from modtrace.store.writer import RankWriter
+
 
 @contextmanager
 def counted_calls() -> Iterator[list[int]]:
@@ -53,3 +56,12 @@ def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
         return conn.execute(sql).fetchall()
     finally:
         conn.close()
+
+
+def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int, step_count: int) -> None:
+    """What the recorder's writer records with each batch: the rank's event and step counts."""
+    writer = RankWriter(store, run_id, rank)
+    try:
+        writer.write([], progress=(event_count, step_count))
+    finally:
+        writer.close()

@@ -10,24 +10,15 @@ import sys
 
 import pytest
 import sqlalchemy as sa
+from harness import update_rank_progress
 
-from modtrace.store.engine import Store, open_store
+from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.schema import run_ranks, runs
-from modtrace.store.writer import RankWriter
 
 COLUMNS = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks"]
 STARTED = "2026-01-01T00:00:00.000000Z"
 ENDED = "2026-01-01T00:01:05.500000Z"
-
-
-def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int, step_count: int) -> None:
-    """What the recorder's writer records with each batch: the rank's event and step counts."""
-    writer = RankWriter(store, run_id, rank)
-    try:
-        writer.write([], progress=(event_count, step_count))
-    finally:
-        writer.close()
 
 
 @pytest.fixture

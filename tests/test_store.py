@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from harness import update_rank_progress
 from sqlalchemy.exc import IntegrityError
 
 from modtrace.codes import Kind, Phase, Status
 from modtrace.errors import RunNotFound, StoreError, UsageError
-from modtrace.store.engine import DEFAULT_DB, Store, open_store, read_revision, resolve_db
+from modtrace.store.engine import DEFAULT_DB, open_store, read_revision, resolve_db
 from modtrace.store.runs import (
     RunNameTaken,
     add_rank,
@@ -30,15 +31,6 @@ from modtrace.store.runs import (
 )
 from modtrace.store.schema import HEAD, events, modules, runs
 from modtrace.store.writer import EVENT_COLUMNS, ROWS_PER_STATEMENT, RankWriter
-
-
-def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int, step_count: int) -> None:
-    """What the recorder's writer records with each batch: the rank's event and step counts."""
-    writer = RankWriter(store, run_id, rank)
-    try:
-        writer.write([], progress=(event_count, step_count))
-    finally:
-        writer.close()
 
 
 def _siblings(path: Path) -> list[str]:

@@ -256,13 +256,7 @@ class WriterProcess:
     def forget(self) -> None:
         """In a process forked from the program: close this process's copies
         of the pipes, sending nothing (they are the program's)."""
-        self._dead = True
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
+        self._release()
         self.proc.returncode = 0  # not this process's child: never wait for it
 
     # -- pipes -------------------------------------------------------------------
