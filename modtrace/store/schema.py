@@ -18,6 +18,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     Column,
+    Double,
     ForeignKeyConstraint,
     Integer,
     MetaData,
@@ -33,7 +34,7 @@ from modtrace.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -248,6 +249,33 @@ nesting_issues = Table(
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_nesting_issues_run"),
     CheckConstraint(f"severity IN ({', '.join(repr(s) for s in SEVERITIES)})", name="ck_nesting_issues_severity"),
     comment="Nesting problems found by modtrace analyze: events that do not form a proper hierarchy, and unusual closes.",
+)
+
+tree_nodes = Table(
+    "tree_nodes",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("clock", String(8), nullable=False, comment="host | device: the clock the node's times are on (device rows only for a run with device times)."),
+    Column("node", Integer, nullable=False, comment="Position of the node in the tree's pre-order, from 0: children follow their parent in order of first call."),
+    Column("node_id", BigInteger, nullable=False, comment="The node's call path (the (phase, fqn) of each span from a root down) hashed, as a signed 64-bit integer; shared by the node's rows on both clocks."),
+    Column("parent_node_id", BigInteger, nullable=True, comment="node_id of the parent node; NULL at a root."),
+    Column("level", Integer, nullable=False, comment="Depth of the node in the tree, 0 at a root."),
+    Column("fqn", Text, nullable=False, comment="Fully qualified name of the node's module (modules.fqn)."),
+    Column("module_type", String(200), nullable=False, comment="Class name of the node's module (modules.module_type)."),
+    Column("phase", String(16), nullable=False, comment="forward | backward | recompute."),
+    Column("calls", BigInteger, nullable=False, comment="Spans on this path, every rank and step."),
+    Column("steps", Integer, nullable=False, comment="(rank, step) pairs the node ran in."),
+    Column("inclusive_total_ns", BigInteger, nullable=False, comment="Summed duration_ns of the node's spans, in nanoseconds (spans never exited count 0)."),
+    Column("self_total_ns", BigInteger, nullable=False, comment="Summed self_ns of the node's spans, in nanoseconds."),
+    Column("inclusive_median_ns", Double, nullable=False, comment="Median over the node's (rank, step) pairs of its summed duration_ns in that step, in nanoseconds."),
+    Column("self_median_ns", Double, nullable=False, comment="Median over the node's (rank, step) pairs of its summed self_ns in that step, in nanoseconds."),
+    Column("percent", Double, nullable=True, comment="inclusive_total_ns as a percentage of the run's summed step time (modtrace.analysis.step_time); NULL when that is 0."),
+    Column("step_rule", String(16), nullable=False, comment="optimizer | manual | root: the step rule the steps followed (the run's own, resolved from runs.step_on)."),
+    PrimaryKeyConstraint("run_id", "clock", "node", name="pk_tree_nodes"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_tree_nodes_run"),
+    CheckConstraint("clock IN ('host', 'device')", name="ck_tree_nodes_clock"),
+    sqlite_with_rowid=False,
+    comment="The module call tree of a run as modtrace tree shows it by default (every rank, phase and step, the run's own step rule), written by modtrace analyze with the spans; modtrace tree reads it instead of the spans when its options allow.",
 )
 
 # Public relations engineers query, and the columns each must expose.  Tests
