@@ -184,6 +184,16 @@ ISSUE_SUMMARY_FRAME = Contract("issue summary frame", (
     ("phase", "Phase"), ("fqn", "String"), ("count", "UInt32"), ("message", "String"),
 ))
 
+# One node of the module call tree (``modtrace tree``; analysis.aggregate.module_tree): a call
+# path of (phase, fqn) from a root span down, node_id its hash, with the timings of its spans.
+# Stored in table tree_nodes with node_id and parent_node_id as signed Int64, phase as its name.
+TREE_NODE_FRAME = Contract("tree node frame", (
+    ("node_id", "UInt64"), ("parent_node_id", "UInt64"), ("level", "Int32"), ("fqn", "String"),
+    ("module_type", "String"), ("phase", "Phase"), ("calls", "UInt32"), ("steps", "UInt32"),
+    ("inclusive_total_ns", "Int64"), ("self_total_ns", "Int64"), ("inclusive_median_ns", "Float64"),
+    ("self_median_ns", "Float64"), ("percent", "Float64"),
+))
+
 # One root call (the outermost module call on the main thread) as the tracker notes it (table
 # root_calls adds run_id and rank): the seq of its enter event, its call id, its input kind
 # (modtrace.input_kind, null when it took no tensor); and the root calls frame the step analysis reads.
@@ -215,6 +225,6 @@ CLOCKS: tuple[str, ...] = ("host", "device")
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
-    SPAN_ROW, SPAN_STORED_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
+    SPAN_ROW, SPAN_STORED_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, TREE_NODE_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
     DEVICE_EVENT_ROW, DEVICE_EVENT_FRAME, SPAN_DEVICE_ROW,
 )

@@ -107,6 +107,16 @@ def load_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFr
                       read_devices(store, run_id))
 
 
+def _tree_spans(store: Store, run_id: int) -> pl.DataFrame:
+    """The run's stored spans as ``tree`` reads them: the columns ``module_tree`` needs, and
+    the device columns too when the run has device times."""
+    from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS
+    from modtrace.store.device_store import has_device_events
+
+    found = stored(store, run_id) if has_device_events(store, run_id) else None
+    return found.spans if found is not None else load_spans(store, run_id, TREE_SPAN_COLUMNS)
+
+
 def load_issues(store: Store, run_id: int) -> pl.DataFrame:
     """The run's nesting issues: the stored ones when it was analysed (no span is read), else computed."""
     from modtrace.store.analysis_store import has_analysis, read_issues
@@ -200,7 +210,8 @@ def materialize(
     Idempotent: the run's (rank's) stored rows are replaced in one transaction.
     Each rank is analysed in rounds of about ``round_rows`` events
     (``analysis.stream.analyze_rank``), whose results are those of the
-    one-piece analysis whatever the size.  The returned spans are named when
+    one-piece analysis whatever the size.  The run's default module call tree
+    is stored after them (``stored_tree.store_tree``).  The returned spans are named when
     every rank was one round; a run with a rank of several rounds comes back
     with its issues and an empty spans frame (its spans are in the store).
     """
@@ -211,6 +222,7 @@ def materialize(
     from modtrace.analysis.spans import empty_spans, name_spans
     from modtrace.store.analysis_store import write_analysis_rounds
     from modtrace.store.reader import read_devices, read_modules, read_ranks
+    from modtrace.stored_tree import store_tree
 
     ranks = read_ranks(store, run_id) if rank is None else [rank]
     found = _Found()
@@ -220,8 +232,12 @@ def materialize(
     some = [f for f in found.issues if f.height]
     issues = pl.concat(some).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind") if some else empty_issues()  # type: ignore[arg-type]
     if not found.spans:
+        if found.spans is None:  # a rank of several rounds: its spans are in the store only
+            store_tree(store, run_id, lambda: _tree_spans(store, run_id), rank=rank)
         return Analysis(empty_spans(), issues)
     selected = None if rank is None else [rank]
     rows = pl.concat(found.spans, rechunk=True)
     spans = name_spans(rows, read_modules(store, run_id, ranks=selected), read_devices(store, run_id, ranks=selected))
-    return _with_device_times(store, run_id, selected, Analysis(spans.sort("rank", "span_id"), issues))
+    result = _with_device_times(store, run_id, selected, Analysis(spans.sort("rank", "span_id"), issues))
+    store_tree(store, run_id, result.spans, rank=rank)
+    return result

@@ -37,6 +37,7 @@ LAYERS: dict[str, str] = {
     "modtrace.analysis": "analysis",
     "modtrace.renderers": "renderers",
     "modtrace.materialize": "join",
+    "modtrace.stored_tree": "join",  # the default module call tree, stored with the spans and read by tree
     "modtrace.api": "api",
     "modtrace.forking": "recorder",
     "modtrace.naming": "recorder",

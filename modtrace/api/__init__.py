@@ -299,17 +299,26 @@ class Database:
         Steps follow ``step_on`` (see ``steps``); ``step_kind`` keeps the steps
         of one kind (``-``: steps without a root call; None or ``all``: every
         step).  ``phase`` (forward | backward | recompute), ``step`` and
-        ``rank`` select spans; ``max_depth`` and ``min_percent`` hide nodes."""
+        ``rank`` select spans; ``max_depth`` and ``min_percent`` hide nodes.
+        The whole run's tree (no ``step``, ``rank`` or ``step_kind``) is read
+        from the stored one when the run has it (``modtrace.stored_tree``)."""
         import polars as pl
 
         from modtrace.analysis.aggregate import filter_tree, module_tree
         from modtrace.api._steps import of_kind
+        from modtrace.stored_tree import read_tree
 
         ref = self.run(run)
         if phase is not None and phase not in PHASES:
             raise UsageError(f"phase {phase!r}: one of {', '.join(PHASES)}")
+        chosen = self.clock(ref, clock)
+        whole = step is None and rank is None and step_kind in (None, "all")
+        nodes = read_tree(self._store, ref.id, chosen, step_on) if whole else None
+        if nodes is not None:
+            return filter_tree(nodes, phases=None if phase is None else {phase}, max_depth=max_depth,
+                               min_percent=min_percent)
         # host time: only the span columns the tree reads; device time: the spans with their device columns
-        on_host = self.clock(ref, clock) == "host"
+        on_host = chosen == "host"
         stepped = self.steps(ref, self._tree_spans(ref) if on_host else self.spans_on(ref, clock)[0], step_on=step_on)
         spans = stepped.frame if step_kind in (None, "all") else of_kind(ref.name, stepped, step_kind)
         if rank is not None:

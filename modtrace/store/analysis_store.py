@@ -107,6 +107,7 @@ def write_analysis_rounds(
     with store.engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
         conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
+        conn.exec_driver_sql(f"DELETE FROM tree_nodes WHERE run_id = {int(run_id)}")  # the whole run's tree (store.tree_store)
         for spans, issues, clear in parts:
             if clear is not None:
                 for table in ("span_rows", "nesting_issues"):

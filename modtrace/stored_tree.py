@@ -1,0 +1,121 @@
+"""The module call tree kept with a run's analysis: computed where spans are written, read by ``tree``.
+
+``modtrace tree`` with its default options (every rank, phase and step,
+steps under the run's own rule) is ``analysis.aggregate.module_tree`` of all
+of a run's spans: half a million spans read and grouped for a few thousand
+nodes.  ``store_tree`` computes those nodes once, when the spans are
+written (``materialize``), on the host clock and, for a run with device
+times, on the device clock, and ``store.tree_store`` keeps them;
+``read_tree`` gives them back as the nodes frame ``module_tree`` returns,
+for ``tree`` to filter (``--phase``, ``--max-depth``, ``--min-percent``
+apply to the whole tree's nodes).  Options that select spans (``--step``,
+``--rank``, ``--step-kind``, another step rule) read the spans as before.
+
+Like ``materialize`` this joins the store and the analysis; the API decides
+when a stored tree answers (``Database.tree``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from modtrace.store.engine import Store
+
+
+def _node_rows(nodes: pl.DataFrame) -> list[tuple[Any, ...]]:
+    """A nodes frame -> rows as ``tree_nodes`` keeps them (node ids signed, phase by name)."""
+    import polars as pl
+
+    from modtrace.store.tree_store import NODE_COLUMNS
+
+    return nodes.select(NODE_COLUMNS).with_columns(
+        pl.col("node_id", "parent_node_id").reinterpret(signed=True), pl.col("phase").cast(pl.String)
+    ).rows()
+
+
+def _with_own_steps(store: Store, run_id: int, spans: pl.DataFrame) -> tuple[str, pl.DataFrame] | None:
+    """(the run's own step rule, ``spans`` with their steps under it), as ``tree`` assigns them
+    without ``--step-on``; None when that rule cannot be applied (``tree`` then reports why)."""
+    import polars as pl
+
+    from modtrace.analysis.steps import ROOT_SCHEMA, assign_steps
+    from modtrace.step_rules import StepRuleError, resolve_rule
+    from modtrace.store.roots import read_step_basis
+
+    basis = read_step_basis(store, run_id)
+    try:
+        rule = resolve_rule(None, basis.step_on, basis.made_steps)
+    except StepRuleError:
+        return None
+    roots = pl.DataFrame(basis.roots, schema=ROOT_SCHEMA, orient="row")
+    if rule == "root" and roots.height == 0:
+        return None
+    return rule, assign_steps(spans, roots, rule)
+
+
+def store_tree(
+    store: Store, run_id: int, spans: pl.DataFrame | Callable[[], pl.DataFrame], *, rank: int | None = None,
+) -> bool:
+    """Compute and store the run's default tree, from ``spans`` (all of the run's spans, named,
+    with their device columns when it has device times; or a function that reads them).
+
+    ``rank``: the spans are that rank's only (the recorder analyses each rank as it ends); the
+    tree is then stored only for a run of one rank, and a run of several keeps none (``tree``
+    reads its spans, until ``modtrace analyze`` stores the whole run's).  Whether it was stored.
+    """
+    from modtrace.analysis.aggregate import module_tree
+    from modtrace.analysis.device import has_device_time, on_clock
+    from modtrace.store.device_store import has_device_events
+    from modtrace.store.tree_store import single_rank_run, write_tree_nodes
+
+    if rank is not None and not single_rank_run(store, run_id, rank):
+        return False
+    if callable(spans):
+        spans = spans()
+    if spans.height == 0:
+        return False
+    stepped = _with_own_steps(store, run_id, spans)
+    if stepped is None:
+        return False
+    rule, frame = stepped
+    trees = {"host": _node_rows(module_tree(frame))}
+    if has_device_time(frame) and has_device_events(store, run_id):
+        trees["device"] = _node_rows(module_tree(on_clock(frame, "device")))
+    return write_tree_nodes(store, run_id, rule, trees, only_rank=rank)
+
+
+def read_tree(store: Store, run_id: int, clock: str, step_on: str | None) -> pl.DataFrame | None:
+    """The run's stored tree on ``clock`` as ``module_tree``'s nodes frame (``TREE_NODE_FRAME``),
+    when one is stored and its steps follow the rule ``step_on`` resolves to (None: the run's
+    own); else None."""
+    from modtrace.step_rules import StepRuleError, resolve_rule
+    from modtrace.store.tree_store import read_recorded_rule, read_tree_nodes
+
+    found = read_tree_nodes(store, run_id, clock)
+    if found is None:
+        return None
+    rule, rows = found
+    if step_on is not None:
+        try:
+            if resolve_rule(step_on, *read_recorded_rule(store, run_id)) != rule:
+                return None
+        except StepRuleError:
+            return None  # the spans' path says why, as it always has
+    return nodes_frame(rows)
+
+
+def nodes_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
+    """Stored node rows -> the nodes frame (``TREE_NODE_FRAME``)."""
+    import polars as pl
+
+    from modtrace.contracts import TREE_NODE_FRAME
+    from modtrace.store.tree_store import NODE_COLUMNS
+
+    schema = TREE_NODE_FRAME.polars()
+    stored = {**schema, "node_id": pl.Int64(), "parent_node_id": pl.Int64(), "phase": pl.String()}
+    frame = pl.DataFrame(rows, schema={c: stored[c] for c in NODE_COLUMNS}, orient="row")
+    return frame.with_columns(pl.col("node_id", "parent_node_id").reinterpret(signed=False)).cast(schema)  # type: ignore[arg-type]
