@@ -6,8 +6,8 @@ of a run's spans: half a million spans read and grouped for a few thousand
 nodes.  ``store_tree`` computes those nodes once, when the spans are
 written (``materialize``), on the host clock and, for a run with device
 times, on the device clock, and ``store.tree_store`` keeps them;
-``read_tree`` gives them back as the nodes frame ``module_tree`` returns,
-for ``tree`` to filter (``--phase``, ``--max-depth``, ``--min-percent``
+``read_tree_rows`` gives them back as node rows (``nodes_frame``: as the
+nodes frame ``module_tree`` returns), for ``tree`` to filter (``--phase``, ``--max-depth``, ``--min-percent``
 apply to the whole tree's nodes).  Options that select spans (``--step``,
 ``--rank``, ``--step-kind``, another step rule) read the spans as before.
 
@@ -20,6 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from modtrace.store.tree_store import NODE_COLUMNS
+from modtrace.tree_nodes import Node
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -29,8 +32,6 @@ if TYPE_CHECKING:
 def _node_rows(nodes: pl.DataFrame) -> list[tuple[Any, ...]]:
     """A nodes frame -> rows as ``tree_nodes`` keeps them (node ids signed, phase by name)."""
     import polars as pl
-
-    from modtrace.store.tree_store import NODE_COLUMNS
 
     return nodes.select(NODE_COLUMNS).with_columns(
         pl.col("node_id", "parent_node_id").reinterpret(signed=True), pl.col("phase").cast(pl.String)
@@ -88,10 +89,18 @@ def store_tree(
     return write_tree_nodes(store, run_id, rule, trees, only_rank=rank)
 
 
-def read_tree(store: Store, run_id: int, clock: str, step_on: str | None) -> pl.DataFrame | None:
-    """The run's stored tree on ``clock`` as ``module_tree``'s nodes frame (``TREE_NODE_FRAME``),
-    when one is stored and its steps follow the rule ``step_on`` resolves to (None: the run's
-    own); else None."""
+def _node(row: tuple[Any, ...]) -> Node:
+    node = dict(zip(NODE_COLUMNS, row, strict=True))
+    for key in ("node_id", "parent_node_id"):  # stored signed, as the 64-bit hash reads unsigned
+        if node[key] is not None and node[key] < 0:
+            node[key] += 1 << 64
+    return node
+
+
+def read_tree_rows(store: Store, run_id: int, clock: str, step_on: str | None) -> list[Node] | None:
+    """The run's stored tree on ``clock`` as node rows (dicts of ``TREE_NODE_FRAME``'s columns, in
+    pre-order), when one is stored and its steps follow the rule ``step_on`` resolves to (None:
+    the run's own); else None.  No polars: ``tree`` shows them as they are."""
     from modtrace.step_rules import StepRuleError, resolve_rule
     from modtrace.store.tree_store import read_recorded_rule, read_tree_nodes
 
@@ -105,17 +114,13 @@ def read_tree(store: Store, run_id: int, clock: str, step_on: str | None) -> pl.
                 return None
         except StepRuleError:
             return None  # the spans' path says why, as it always has
-    return nodes_frame(rows)
+    return [_node(row) for row in rows]
 
 
-def nodes_frame(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
-    """Stored node rows -> the nodes frame (``TREE_NODE_FRAME``)."""
+def nodes_frame(rows: list[Node]) -> pl.DataFrame:
+    """Node rows -> the nodes frame ``module_tree`` returns (``TREE_NODE_FRAME``)."""
     import polars as pl
 
     from modtrace.contracts import TREE_NODE_FRAME
-    from modtrace.store.tree_store import NODE_COLUMNS
 
-    schema = TREE_NODE_FRAME.polars()
-    stored = {**schema, "node_id": pl.Int64(), "parent_node_id": pl.Int64(), "phase": pl.String()}
-    frame = pl.DataFrame(rows, schema={c: stored[c] for c in NODE_COLUMNS}, orient="row")
-    return frame.with_columns(pl.col("node_id", "parent_node_id").reinterpret(signed=False)).cast(schema)  # type: ignore[arg-type]
+    return pl.DataFrame(rows, schema=TREE_NODE_FRAME.polars(), orient="row")

@@ -23,6 +23,7 @@ LAYERS: dict[str, str] = {
     "modtrace.errors": "base",
     "modtrace.masking": "base",  # secrets masked in run rows: the recorder writes, the store shows
     "modtrace.step_rules": "base",
+    "modtrace.tree_nodes": "base",  # the tree's node filters, pure Python: tree from a stored tree imports no polars
     "modtrace.step_ranges": "base",  # step numbers as ranges: written by the recorder, read by the API  # pure rules over code names, shared by recorder, analysis, renderers, CLI
     "modtrace.tracker": "tracker",
     "modtrace.device_clock": "tracker",

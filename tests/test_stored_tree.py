@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pytest
 import sqlalchemy as sa
 import torch
 from device_recording import DeviceNet, train

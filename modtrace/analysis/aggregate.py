@@ -10,6 +10,8 @@ from __future__ import annotations
 import polars as pl
 
 from modtrace.analysis.step_time import total_step_time
+from modtrace.contracts import TREE_NODE_FRAME
+from modtrace.tree_nodes import shown_nodes
 
 SAMPLE_COLUMNS: tuple[str, ...] = ("rank", "step", "fqn", "module_type", "phase", "calls", "inclusive_ns", "self_ns")
 
@@ -20,10 +22,7 @@ TREE_SPAN_COLUMNS: tuple[str, ...] = (
     "start_ns", "end_ns", "duration_ns", "self_ns",
 )
 
-NODE_COLUMNS: tuple[str, ...] = (
-    "node_id", "parent_node_id", "level", "fqn", "module_type", "phase", "calls", "steps",
-    "inclusive_total_ns", "self_total_ns", "inclusive_median_ns", "self_median_ns", "percent",
-)
+NODE_COLUMNS: tuple[str, ...] = TREE_NODE_FRAME.names
 
 
 def step_samples(spans: pl.DataFrame) -> pl.DataFrame:
@@ -146,35 +145,13 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
 
 def filter_tree(nodes: pl.DataFrame, *, phases: set[str] | None = None, max_depth: int | None = None,
                 min_percent: float | None = None) -> pl.DataFrame:
-    """Nodes (``module_tree``) -> the nodes to show, re-parented and re-levelled.
-
-    A node of another phase is hidden and its shown descendants move up to
-    its nearest shown ancestor; nodes deeper than ``max_depth`` (0 = roots
-    only) or below ``min_percent`` are dropped with their subtrees.
-    """
-    keep_phase = [phases is None or str(p) in phases for p in nodes["phase"].to_list()]
-    parents = dict(zip(nodes["node_id"].to_list(), nodes["parent_node_id"].to_list(), strict=True))
-    percent = dict(zip(nodes["node_id"].to_list(), nodes["percent"].to_list(), strict=True))
-    shown: dict[int, tuple[int | None, int]] = {}  # node -> (shown parent, level)
-    dropped: set[int] = set()
-    rows = []
-    for node, keep in zip(nodes["node_id"].to_list(), keep_phase, strict=True):
-        parent = parents[node]
-        if parent in dropped:
-            dropped.add(node)
-            continue
-        while parent is not None and parent not in shown:
-            parent = parents.get(parent)
-        level = 0 if parent is None else shown[parent][1] + 1
-        pct = percent[node]
-        too_small = min_percent is not None and (pct is None or pct < min_percent)
-        too_deep = max_depth is not None and level > max_depth
-        if keep and (too_small or too_deep):
-            dropped.add(node)
-            continue
-        if keep:
-            shown[node] = (parent, level)
-            rows.append((node, parent, level))
+    """Nodes (``module_tree``) -> the nodes to show, re-parented and re-levelled (``tree_nodes.shown_nodes``:
+    another phase's nodes hidden, their shown descendants moved up; nodes deeper than ``max_depth``
+    or below ``min_percent`` dropped with their subtrees)."""
+    rows = shown_nodes(
+        zip(*(nodes[c].to_list() for c in ("node_id", "parent_node_id", "phase", "percent")), strict=True),
+        phases=phases, max_depth=max_depth, min_percent=min_percent,
+    )
     layout = pl.DataFrame(
         rows, schema={"node_id": pl.UInt64, "parent_node_id": pl.UInt64, "level": pl.Int32}, orient="row"
     ).with_row_index("_pos")

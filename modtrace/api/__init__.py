@@ -43,8 +43,6 @@ from modtrace.api._functions import (
     step_table,
 )
 from modtrace.api._steps import Stepped
-from modtrace.contracts import PHASES
-from modtrace.errors import UsageError
 
 if TYPE_CHECKING:
     import polars as pl
@@ -294,53 +292,40 @@ class Database:
         step_kind: str | None = None, clock: str | None = None,
     ) -> pl.DataFrame:
         """The module call tree with per-step median and total times and % of step, on ``clock``
-        (see ``clock``: by default device time when the run has it).
+        (see ``clock``: by default device time when the run has it), as a nodes frame
+        (``contracts.TREE_NODE_FRAME``) in pre-order.
 
         Steps follow ``step_on`` (see ``steps``); ``step_kind`` keeps the steps
         of one kind (``-``: steps without a root call; None or ``all``: every
         step).  ``phase`` (forward | backward | recompute), ``step`` and
         ``rank`` select spans; ``max_depth`` and ``min_percent`` hide nodes.
         The whole run's tree (no ``step``, ``rank`` or ``step_kind``) is read
-        from the stored one when the run has it (``modtrace.stored_tree``)."""
-        import polars as pl
+        from the stored one when the run has it (``api._tree``)."""
+        from modtrace.api._tree import TreeOptions, nodes_from_spans, stored_nodes
+        from modtrace.stored_tree import nodes_frame
 
-        from modtrace.analysis.aggregate import filter_tree, module_tree
-        from modtrace.api._steps import of_kind
-        from modtrace.stored_tree import read_tree
-
+        opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind)
+        opts.check()
         ref = self.run(run)
-        if phase is not None and phase not in PHASES:
-            raise UsageError(f"phase {phase!r}: one of {', '.join(PHASES)}")
         chosen = self.clock(ref, clock)
-        whole = step is None and rank is None and step_kind in (None, "all")
-        nodes = read_tree(self._store, ref.id, chosen, step_on) if whole else None
-        if nodes is not None:
-            return filter_tree(nodes, phases=None if phase is None else {phase}, max_depth=max_depth,
-                               min_percent=min_percent)
-        # host time: only the span columns the tree reads; device time: the spans with their device columns
-        on_host = chosen == "host"
-        stepped = self.steps(ref, self._tree_spans(ref) if on_host else self.spans_on(ref, clock)[0], step_on=step_on)
-        spans = stepped.frame if step_kind in (None, "all") else of_kind(ref.name, stepped, step_kind)
-        if rank is not None:
-            if rank not in set(spans["rank"].unique().to_list()):
-                raise UsageError(f"run {ref.name} has no spans on rank {rank}")
-            spans = spans.filter(pl.col("rank") == rank)
-        if step is not None:
-            spans = spans.filter(pl.col("step") == step)
-            if spans.height == 0:
-                raise UsageError(f"run {ref.name} has no spans in step {step}")
-        return filter_tree(
-            module_tree(spans), phases=None if phase is None else {phase}, max_depth=max_depth, min_percent=min_percent
-        )
+        stored = stored_nodes(self, ref, chosen, opts)
+        return nodes_frame(stored) if stored is not None else nodes_from_spans(self, ref, chosen, opts)
 
-    def _tree_spans(self, ref: Run) -> pl.DataFrame:
-        """The spans ``tree`` needs: those held, else only the columns it reads."""
-        from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS
-        from modtrace.materialize import load_spans
+    def tree_rows(
+        self, run: RunLike, *, phase: str | None = None, step: int | None = None, rank: int | None = None,
+        max_depth: int | None = None, min_percent: float | None = None, step_on: str | None = None,
+        step_kind: str | None = None, clock: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """``tree`` as plain dicts, one per node in pre-order (what the tree renderers take); a
+        stored tree is read and filtered without polars."""
+        from modtrace.api._tree import TreeOptions, nodes_from_spans, stored_nodes
 
-        if ref.id in self._analyses:
-            return self._analyses[ref.id].spans
-        return load_spans(self._store, ref.id, TREE_SPAN_COLUMNS)
+        opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind)
+        opts.check()
+        ref = self.run(run)
+        chosen = self.clock(ref, clock)
+        stored = stored_nodes(self, ref, chosen, opts)
+        return stored if stored is not None else nodes_from_spans(self, ref, chosen, opts).to_dicts()
 
     def diff(
         self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,

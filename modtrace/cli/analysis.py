@@ -89,13 +89,12 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     step = _step_arg(step_opt)
     with modtrace.api.open(db) as database:
         ref = database.run(run)
-        nodes = database.tree(ref, phase=None if phase == "all" else phase, step=step, rank=rank,
-                              max_depth=max_depth, min_percent=min_percent, step_on=step_on, step_kind=step_kind,
-                              clock=clock)
-    if fmt == "table" and nodes.height == 0:
+        rows: list[dict[str, Any]] = database.tree_rows(
+            ref, phase=None if phase == "all" else phase, step=step, rank=rank, max_depth=max_depth,
+            min_percent=min_percent, step_on=step_on, step_kind=step_kind, clock=clock)
+    if fmt == "table" and not rows:
         click.echo(f"run {ref.name}: no module calls to show")
         return
-    rows: list[dict[str, Any]] = nodes.to_dicts()
     click.echo(get_renderer("tree", fmt).render(TreeView(rows)), nl=False)
 
 

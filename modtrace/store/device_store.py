@@ -10,12 +10,15 @@ device times, so a CPU run stores nothing more.
 
 from __future__ import annotations
 
-import polars as pl
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from modtrace.contracts import DEVICE_EVENT_FRAME, DEVICE_SPAN_COLUMNS, SPAN_DEVICE_ROW
-from modtrace.store.engine import Store
-from modtrace.store.reader import driver_cursor, mark
+from modtrace.store.base import Store
+from modtrace.store.cursor import driver_cursor, mark
+
+if TYPE_CHECKING:
+    import polars as pl
+    from sqlalchemy import Connection
 
 SPAN_DEVICE_COLUMNS = SPAN_DEVICE_ROW.names
 _BATCH_ROWS = 50_000
@@ -38,6 +41,8 @@ def has_device_events(store: Store, run_id: int) -> bool:
 
 def read_device_events(store: Store, run_id: int, *, ranks: list[int] | None = None) -> pl.DataFrame:
     """The run's device events (``DEVICE_EVENT_FRAME``), by rank and seq."""
+    import polars as pl
+
     schema = DEVICE_EVENT_FRAME.polars()
     sql = (f"SELECT run_id, rank, seq, device_ts_ns, mem_bytes FROM device_events WHERE {_where(store, ranks)} "
            "ORDER BY rank, seq")
@@ -53,6 +58,8 @@ def replace_span_device_rows(conn: Connection, store: Store, run_id: int, rank: 
                              spans: list[pl.DataFrame]) -> None:
     """In the caller's transaction: the run's (rank's) span device rows replaced
     by those of ``spans`` that have any device column set."""
+    import polars as pl
+
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     conn.exec_driver_sql(f"DELETE FROM span_device_rows WHERE {where}")
     marks = ", ".join(mark(store) for _ in SPAN_DEVICE_COLUMNS)
@@ -74,6 +81,8 @@ def write_span_device_rows(store: Store, run_id: int, rank: int, spans: pl.DataF
 
 def read_span_device_rows(store: Store, run_id: int) -> pl.DataFrame:
     """The run's stored span device rows (``SPAN_DEVICE_ROW``), by rank and span_id."""
+    import polars as pl
+
     schema = SPAN_DEVICE_ROW.polars()
     sql = f"SELECT {', '.join(SPAN_DEVICE_COLUMNS)} FROM span_device_rows WHERE run_id = {mark(store)} ORDER BY rank, span_id"
     with driver_cursor(store, "modtrace_span_device") as cur:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import polars as pl
 
 from modtrace.codes import OUT_OF_RANGE_CODE
 from modtrace.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME
+from modtrace.store.cursor import driver_cursor, mark
 from modtrace.store.engine import Store
 
 CHUNK_ROWS = 200_000
@@ -31,32 +31,6 @@ DEVICE_SCHEMA = DEVICE_FRAME.polars()
 # Columns fetched per event; run_id and rank are constant per query and added after.
 _FETCHED = [c for c in EVENT_SCHEMA if c not in ("run_id", "rank")]
 _FETCHED_SCHEMA = {c: EVENT_SCHEMA[c] for c in _FETCHED}
-
-
-@contextmanager
-def driver_cursor(store: Store, name: str | None = None) -> Iterator[Any]:
-    """A DBAPI cursor of the store's driver, rolled back after; with ``name``,
-    server-side on PostgreSQL so rows stream in chunks."""
-    raw = store.engine.raw_connection()
-    try:
-        driver = raw.driver_connection
-        assert driver is not None
-        if name is not None and store.dialect == "postgresql":
-            cur = driver.cursor(name=name)
-        else:
-            cur = driver.cursor()
-        try:
-            yield cur
-        finally:
-            cur.close()
-            raw.rollback()
-    finally:
-        raw.close()
-
-
-def mark(store: Store) -> str:
-    """The driver's bound-parameter mark."""
-    return "?" if store.engine.dialect.paramstyle == "qmark" else "%s"
 
 
 def copy_csv(store: Store, select: str) -> bytes:

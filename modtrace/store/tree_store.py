@@ -13,14 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from modtrace.store.engine import Store
-from modtrace.store.reader import driver_cursor, mark
+from modtrace.contracts import TREE_NODE_FRAME
+from modtrace.store.base import Store
+from modtrace.store.cursor import driver_cursor, mark
 
 # The columns of a node as written and read, in table order after (run_id, clock, node).
-NODE_COLUMNS: tuple[str, ...] = (
-    "node_id", "parent_node_id", "level", "fqn", "module_type", "phase", "calls", "steps",
-    "inclusive_total_ns", "self_total_ns", "inclusive_median_ns", "self_median_ns", "percent",
-)
+NODE_COLUMNS: tuple[str, ...] = TREE_NODE_FRAME.names
 
 
 def _single_rank(conn: Any, run_id: int, rank: int) -> bool:

@@ -1,0 +1,87 @@
+"""``Database.tree`` and ``tree_rows``: a run's module call tree, from its stored tree when
+that answers the options, else from its spans.
+
+A stored tree (``modtrace.stored_tree``) is the whole run's, on one clock, its
+steps under the run's own rule: it answers any ``--phase``, ``--max-depth``
+and ``--min-percent`` (they filter nodes, ``tree_nodes.filter_nodes``) and a
+``--step-on`` that resolves to that rule; ``--step``, ``--rank`` and
+``--step-kind`` select spans, so they read the spans (as does a run without
+a stored tree: analysed by an older modtrace, or rank by rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from modtrace.contracts import PHASES
+from modtrace.errors import UsageError
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from modtrace.api import Database, Run
+
+
+@dataclass(frozen=True)
+class TreeOptions:
+    """What ``tree`` was asked for (``Database.tree``'s keywords)."""
+
+    phase: str | None = None
+    step: int | None = None
+    rank: int | None = None
+    max_depth: int | None = None
+    min_percent: float | None = None
+    step_on: str | None = None
+    step_kind: str | None = None
+
+    def check(self) -> None:
+        if self.phase is not None and self.phase not in PHASES:
+            raise UsageError(f"phase {self.phase!r}: one of {', '.join(PHASES)}")
+
+    @property
+    def whole_run(self) -> bool:
+        """Whether every span counts (no step, rank or step kind selected)."""
+        return self.step is None and self.rank is None and self.step_kind in (None, "all")
+
+    @property
+    def phases(self) -> set[str] | None:
+        return None if self.phase is None else {self.phase}
+
+
+def stored_nodes(db: Database, ref: Run, clock: str, opts: TreeOptions) -> list[dict[str, Any]] | None:
+    """The nodes to show from the run's stored tree on ``clock``; None when it cannot answer ``opts``."""
+    from modtrace.stored_tree import read_tree_rows
+    from modtrace.tree_nodes import filter_nodes
+
+    nodes = read_tree_rows(db._store, ref.id, clock, opts.step_on) if opts.whole_run else None
+    if nodes is None:
+        return None
+    return filter_nodes(nodes, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
+
+
+def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> pl.DataFrame:
+    """The nodes frame to show, from the run's spans (held, stored or computed) on ``clock``."""
+    import polars as pl
+
+    from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS, filter_tree, module_tree
+    from modtrace.api._steps import of_kind
+    from modtrace.materialize import load_spans
+
+    if clock != "host":  # device time: the spans with their device columns
+        frame = db.spans_on(ref, clock)[0]
+    elif ref.id in db._analyses:  # host time: the spans held, else only the columns the tree reads
+        frame = db._analyses[ref.id].spans
+    else:
+        frame = load_spans(db._store, ref.id, TREE_SPAN_COLUMNS)
+    stepped = db.steps(ref, frame, step_on=opts.step_on)
+    spans = stepped.frame if opts.step_kind in (None, "all") else of_kind(ref.name, stepped, opts.step_kind)
+    if opts.rank is not None:
+        if opts.rank not in set(spans["rank"].unique().to_list()):
+            raise UsageError(f"run {ref.name} has no spans on rank {opts.rank}")
+        spans = spans.filter(pl.col("rank") == opts.rank)
+    if opts.step is not None:
+        spans = spans.filter(pl.col("step") == opts.step)
+        if spans.height == 0:
+            raise UsageError(f"run {ref.name} has no spans in step {opts.step}")
+    return filter_tree(module_tree(spans), phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)

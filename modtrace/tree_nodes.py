@@ -1,0 +1,61 @@
+"""The module call tree's nodes as plain rows, and the filters ``tree`` applies to them.
+
+A node (``contracts.TREE_NODE_FRAME``) is a call path with its timings, in
+tree pre-order with its ``level`` and ``parent_node_id``;
+``analysis.aggregate.module_tree`` builds them from spans, ``store.tree_store``
+keeps a run's default tree.  Which nodes ``--phase``, ``--max-depth`` and
+``--min-percent`` leave, and where the shown ones hang, is decided here once,
+for the nodes frame (``analysis.aggregate.filter_tree``) and for plain rows
+(``filter_nodes``: a tree read from the store is shown without polars).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+Node = dict[str, Any]
+
+
+def shown_nodes(
+    nodes: Iterable[tuple[int, int | None, Any, float | None]], *, phases: set[str] | None = None,
+    max_depth: int | None = None, min_percent: float | None = None,
+) -> list[tuple[int, int | None, int]]:
+    """(node_id, parent_node_id, phase, percent) of each node, in pre-order -> (node_id, shown
+    parent, level) of the nodes to show, in pre-order.
+
+    A node of another phase is hidden and its shown descendants move up to
+    its nearest shown ancestor; nodes deeper than ``max_depth`` (0 = roots
+    only) or below ``min_percent`` are dropped with their subtrees.
+    """
+    listed = list(nodes)
+    parents = {node: parent for node, parent, _, _ in listed}
+    shown: dict[int, tuple[int | None, int]] = {}  # node -> (shown parent, level)
+    dropped: set[int] = set()
+    rows = []
+    for node, parent, phase, pct in listed:
+        keep = phases is None or str(phase) in phases
+        if parent in dropped:
+            dropped.add(node)
+            continue
+        while parent is not None and parent not in shown:
+            parent = parents.get(parent)
+        level = 0 if parent is None else shown[parent][1] + 1
+        too_small = min_percent is not None and (pct is None or pct < min_percent)
+        too_deep = max_depth is not None and level > max_depth
+        if keep and (too_small or too_deep):
+            dropped.add(node)
+            continue
+        if keep:
+            shown[node] = (parent, level)
+            rows.append((node, parent, level))
+    return rows
+
+
+def filter_nodes(nodes: Sequence[Mapping[str, Any]], *, phases: set[str] | None = None, max_depth: int | None = None,
+                 min_percent: float | None = None) -> list[Node]:
+    """Node rows (dicts, pre-order) -> the rows to show (``shown_nodes``), re-parented and re-levelled."""
+    by_id = {n["node_id"]: n for n in nodes}
+    shown = shown_nodes(((n["node_id"], n["parent_node_id"], n["phase"], n["percent"]) for n in nodes),
+                        phases=phases, max_depth=max_depth, min_percent=min_percent)
+    return [{**by_id[node], "parent_node_id": parent, "level": level} for node, parent, level in shown]
