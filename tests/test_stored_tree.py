@@ -190,3 +190,24 @@ def test_module_tree_returns_the_tree_node_frame(db_path: Path) -> None:
         store.dispose()
     assert dict(nodes.schema) == TREE_NODE_FRAME.polars()
     assert nodes.height == 19 and nodes.filter(pl.col("level") == 0).height == 2  # forward, backward
+
+
+def _imports(*args: str) -> set[str]:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "modtrace", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
+def test_tree_from_a_stored_tree_imports_no_polars(db_path: Path) -> None:
+    _train(str(db_path), "net")
+    heavy = ("polars", "torch", "alembic", "sqlalchemy.orm")
+    for opts in (["--phase", "forward"], ["--format", "json", "--max-depth", "1"]):
+        names = _imports("tree", "net", "--db", str(db_path), *opts)
+        assert "modtrace.stored_tree" in names
+        assert sorted(n for n in names if any(n == h or n.startswith(h + ".") for h in heavy)) == [], opts
+    assert "polars" in _imports("tree", "net", "--db", str(db_path), "--step", "0")  # from the spans
