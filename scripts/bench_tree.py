@@ -1,0 +1,106 @@
+"""``modtrace tree`` of an analysed run: from its stored tree vs from its spans, side by side.
+
+The same database and run, each ``modtrace tree`` a fresh interpreter as a
+user runs it; between the two kinds of call the run's stored tree
+(``tree_nodes``) is set aside and put back, so the spans' path is what a run
+analysed before the stored tree existed gets.  Repeats are interleaved and
+the figures are medians: under load compare the ratio, not the times.  Both
+outputs are checked equal.  The last line is a JSON summary.
+
+    python scripts/bench_tree.py --db DB [--db URL]... [--run bench] [--repeats 7] [-- TREE OPTIONS]
+
+Make a 1M-event analysed run with scripts/bench_analysis.py's recording:
+``python -c 'import sys; sys.path.insert(0, "scripts"); import bench_analysis as b; b._write_recording("e2e.db", 1_000_000)'``
+then ``modtrace analyze bench --db e2e.db``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+
+def _engine(db: str) -> sa.Engine:
+    return sa.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=NullPool)
+
+
+def _tree(db: str, run: str, options: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "modtrace", "tree", run, "--db", db, *options],
+                          capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"modtrace tree failed ({done.returncode}): {done.stderr[-2000:]}")
+    return wall, done.stdout
+
+
+def _set_aside(engine: sa.Engine, run_id: int) -> list[tuple[Any, ...]]:
+    with engine.begin() as conn:
+        rows = [tuple(r) for r in conn.exec_driver_sql(f"SELECT * FROM tree_nodes WHERE run_id = {run_id}")]
+        conn.exec_driver_sql(f"DELETE FROM tree_nodes WHERE run_id = {run_id}")
+    return rows
+
+
+def _put_back(engine: sa.Engine, rows: list[tuple[Any, ...]]) -> None:
+    mark = "?" if engine.dialect.paramstyle == "qmark" else "%s"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"INSERT INTO tree_nodes VALUES ({', '.join(mark for _ in rows[0])})", rows)
+
+
+def measure(db: str, run: str, repeats: int, options: list[str]) -> dict[str, Any]:
+    engine = _engine(db)
+    try:
+        with engine.connect() as conn:
+            run_id = conn.exec_driver_sql(f"SELECT id FROM runs WHERE name = '{run}'").scalar()
+            nodes = conn.exec_driver_sql(f"SELECT count(*) FROM tree_nodes WHERE run_id = {run_id}").scalar()
+            spans = conn.exec_driver_sql(f"SELECT count(*) FROM span_rows WHERE run_id = {run_id}").scalar()
+        if not nodes:
+            raise SystemExit(f"run {run!r} in {db} has no stored tree: run `modtrace analyze {run}` first")
+        stored: list[float] = []
+        from_spans: list[float] = []
+        for _ in range(repeats):
+            wall, out_stored = _tree(db, run, options)
+            stored.append(wall)
+            kept = _set_aside(engine, int(run_id))
+            try:
+                wall, out_spans = _tree(db, run, options)
+            finally:
+                _put_back(engine, kept)
+            from_spans.append(wall)
+            if out_stored != out_spans:
+                raise SystemExit("the stored tree's output differs from the spans'")
+    finally:
+        engine.dispose()
+    a, b = statistics.median(stored), statistics.median(from_spans)
+    return {"dialect": engine.dialect.name, "spans": spans, "nodes": nodes, "stored_median_s": a,
+            "spans_median_s": b, "speedup": b / a, "stored_runs_s": stored, "spans_runs_s": from_spans}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", action="append", required=True, help="a file or URL (repeatable)")
+    parser.add_argument("--run", default="bench")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("options", nargs="*", help="tree options (after --)")
+    args = parser.parse_args()
+    summary: dict[str, Any] = {"benchmark": "tree", "options": args.options, "load_average_start": os.getloadavg()}
+    results = [measure(db, args.run, args.repeats, args.options) for db in args.db]
+    for r in results:
+        print(f"{r['dialect']:<11} {r['spans']:>9,} spans -> {r['nodes']:,} nodes: tree from the stored tree "
+              f"{r['stored_median_s']:.3f}s, from the spans {r['spans_median_s']:.3f}s ({r['speedup']:.1f}x)")
+    summary["results"] = results
+    summary["load_average_end"] = os.getloadavg()
+    print(json.dumps(summary, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
