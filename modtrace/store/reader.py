@@ -19,7 +19,10 @@ import polars as pl
 
 from modtrace.codes import OUT_OF_RANGE_CODE
 from modtrace.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME
-from modtrace.store.cursor import driver_cursor, mark
+
+# Defined in store.cursor (no polars there); re-exported, as the other readers import them from here.
+from modtrace.store.cursor import driver_cursor as driver_cursor
+from modtrace.store.cursor import mark as mark
 from modtrace.store.engine import Store
 
 CHUNK_ROWS = 200_000
