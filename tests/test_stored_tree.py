@@ -32,7 +32,7 @@ STORED = [
     [], ["--phase", "forward"], ["--phase", "backward"], ["--phase", "recompute"], ["--max-depth", "0"],
     ["--max-depth", "1"], ["--min-percent", "5"], ["--format", "json"], ["--step-kind", "all"],
     ["--format", "json", "--phase", "backward", "--max-depth", "2", "--min-percent", "1"],
-    ["--step-on", "optimizer"], ["--clock", "host"],
+    ["--step-on", "optimizer"], ["--step-on", "auto"], ["--clock", "host"],
 ]
 # ...and options that read the spans.
 FROM_SPANS = [["--step", "1"], ["--rank", "0"], ["--step-on", "root"], ["--step-on", "manual"],
@@ -174,11 +174,14 @@ def test_a_database_from_before_the_stored_tree_upgrades_and_tree_works_before_a
     shutil.copyfile(FROZEN / "0008.db", db)
     assert run_cli("db", "upgrade", "--db", str(db)).code == 0
     assert _nodes(str(db)) == []
-    before = _trees(run_cli, str(db), "frozen-ddp", STORED)  # from its spans
-    assert all(code == 0 for code, _, _ in before) and "forward" in before[0][1]
-    assert run_cli("analyze", "frozen-ddp", "--db", str(db)).code == 0
-    assert _nodes(str(db))
-    assert _trees(run_cli, str(db), "frozen-ddp", STORED) == before
+    runs = ("frozen-ddp", "frozen-crashed")  # two ranks with device times; one rank that crashed
+    before = {run: _trees(run_cli, str(db), run, STORED) for run in runs}  # from their spans
+    assert all(code == 0 for run in runs for code, _, _ in before[run]) and "forward" in before[runs[0]][0][1]
+    for run in runs:
+        assert run_cli("analyze", run, "--db", str(db)).code == 0
+    assert [(name, clock) for name, clock, _ in _nodes(str(db))] == [
+        (runs[1], "host"), (runs[0], "device"), (runs[0], "host")]
+    assert {run: _trees(run_cli, str(db), run, STORED) for run in runs} == before
 
 
 def test_module_tree_returns_the_tree_node_frame(db_path: Path) -> None:
