@@ -7,12 +7,13 @@ nodes.  ``store_tree`` computes those nodes once, when the spans are
 written (``materialize``), on the host clock and, for a run with device
 times, on the device clock, and ``store.tree_store`` keeps them;
 ``read_tree_rows`` gives them back as node rows (``nodes_frame``: as the
-nodes frame ``module_tree`` returns), for ``tree`` to filter (``--phase``, ``--max-depth``, ``--min-percent``
-apply to the whole tree's nodes).  Options that select spans (``--step``,
-``--rank``, ``--step-kind``, another step rule) read the spans as before.
+nodes frame ``module_tree`` returns), for ``tree`` to filter (``--phase``,
+``--max-depth`` and ``--min-percent`` apply to the whole tree's nodes).
+Options that select spans (``--step``, ``--rank``, ``--step-kind``, another
+step rule) read the spans as before.
 
 Like ``materialize`` this joins the store and the analysis; the API decides
-when a stored tree answers (``Database.tree``).
+when a stored tree answers (``api._tree``).
 """
 
 from __future__ import annotations
