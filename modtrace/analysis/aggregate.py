@@ -48,7 +48,8 @@ def step_samples(spans: pl.DataFrame) -> pl.DataFrame:
 
 
 def assign_nodes(spans: pl.DataFrame) -> pl.DataFrame:
-    """Spans frame -> (rank, span_id, node_id, parent_node_id): the call-path node of each span.
+    """Spans frame -> (rank, span_id, node_id, parent_node_id): the call-path node of each span,
+    in the spans' row order.
 
     A node is a path of (phase, fqn) from a root span down; spans with the
     same path, in any step or rank, share a node.  node_id is a hash of the
@@ -57,10 +58,11 @@ def assign_nodes(spans: pl.DataFrame) -> pl.DataFrame:
     base = spans.select(
         "rank", "span_id", "parent_span_id", "depth",
         pl.struct(pl.col("phase").cast(pl.String), pl.col("fqn").cast(pl.String)).hash().alias("_own"),
-    )
+    ).with_row_index("_row")
     max_depth = int(base.select(pl.col("depth").max().fill_null(0)).item())
     known = base.filter(pl.col("depth") == 0).select(
-        "rank", "span_id", pl.col("_own").alias("node_id"), pl.lit(None, dtype=pl.UInt64).alias("parent_node_id")
+        "_row", "rank", "span_id", pl.col("_own").alias("node_id"),
+        pl.lit(None, dtype=pl.UInt64).alias("parent_node_id"),
     )
     levels = [known]
     for d in range(1, max_depth + 1):
@@ -70,6 +72,7 @@ def assign_nodes(spans: pl.DataFrame) -> pl.DataFrame:
             how="left",
         )
         known = level.select(
+            "_row",
             "rank",
             "span_id",
             pl.when(pl.col("parent_node_id").is_null())
@@ -79,7 +82,8 @@ def assign_nodes(spans: pl.DataFrame) -> pl.DataFrame:
             "parent_node_id",
         )
         levels.append(known)
-    return pl.concat(levels)
+    # Back in row order by a sort of the row numbers: cheaper than joining the nodes to the spans.
+    return pl.concat(levels).sort("_row").drop("_row")
 
 
 def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
@@ -95,11 +99,12 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
     """
     if spans.height == 0:
         return pl.DataFrame(schema={c: pl.Int64 for c in NODE_COLUMNS})
-    nodes = assign_nodes(spans)
-    tagged = spans.select(
-        "rank", "span_id", "step", "duration_ns", "self_ns", pl.col("fqn").cast(pl.String),
-        pl.col("module_type").cast(pl.String), "phase", "start_ns",
-    ).join(nodes, on=["rank", "span_id"], how="left")
+    nodes = assign_nodes(spans).select("node_id", "parent_node_id")
+    # names stay categorical until there is one row per node
+    tagged = pl.concat(
+        [spans.select("rank", "span_id", "step", "duration_ns", "self_ns", "fqn", "module_type", "phase"), nodes],
+        how="horizontal",
+    )
     per_step = tagged.group_by("node_id", "rank", "step").agg(
         pl.col("duration_ns").sum().alias("_inc"), pl.col("self_ns").sum().alias("_self")
     )
@@ -122,6 +127,7 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
             pl.col("rank").min().alias("_rank"),
             pl.col("span_id").filter(pl.col("rank") == pl.col("rank").min()).min().alias("_first"),
         )
+        .with_columns(pl.col("fqn", "module_type").cast(pl.String))
         .join(medians, on="node_id")
         .with_columns(
             (pl.col("inclusive_total_ns") * 100.0 / step_total if step_total else pl.lit(None, dtype=pl.Float64))
