@@ -7,7 +7,7 @@ analysed before the stored tree existed gets.  Repeats are interleaved and
 the figures are medians: under load compare the ratio, not the times.  Both
 outputs are checked equal.  The last line is a JSON summary.
 
-    python scripts/bench_tree.py --db DB [--db URL]... [--run bench] [--repeats 7] [-- TREE OPTIONS]
+    python scripts/bench_tree.py --db DB [--db URL]... [--run bench] [--repeats 7] [--pause 1] [-- TREE OPTIONS]
 
 Make a 1M-event analysed run with scripts/bench_analysis.py's recording:
 ``python -c 'import sys; sys.path.insert(0, "scripts"); import bench_analysis as b; b._write_recording("e2e.db", 1_000_000)'``
@@ -56,7 +56,7 @@ def _put_back(engine: sa.Engine, rows: list[tuple[Any, ...]]) -> None:
         conn.exec_driver_sql(f"INSERT INTO tree_nodes VALUES ({', '.join(mark for _ in rows[0])})", rows)
 
 
-def measure(db: str, run: str, repeats: int, options: list[str]) -> dict[str, Any]:
+def measure(db: str, run: str, repeats: int, options: list[str], pause: float) -> dict[str, Any]:
     engine = _engine(db)
     try:
         with engine.connect() as conn:
@@ -68,10 +68,12 @@ def measure(db: str, run: str, repeats: int, options: list[str]) -> dict[str, An
         stored: list[float] = []
         from_spans: list[float] = []
         for _ in range(repeats):
+            time.sleep(pause)  # the previous call's work on the server (a COPY of the spans) winds down
             wall, out_stored = _tree(db, run, options)
             stored.append(wall)
             kept = _set_aside(engine, int(run_id))
             try:
+                time.sleep(pause)
                 wall, out_spans = _tree(db, run, options)
             finally:
                 _put_back(engine, kept)
@@ -90,10 +92,11 @@ def main() -> None:
     parser.add_argument("--db", action="append", required=True, help="a file or URL (repeatable)")
     parser.add_argument("--run", default="bench")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--pause", type=float, default=1.0, help="seconds between two calls")
     parser.add_argument("options", nargs="*", help="tree options (after --)")
     args = parser.parse_args()
     summary: dict[str, Any] = {"benchmark": "tree", "options": args.options, "load_average_start": os.getloadavg()}
-    results = [measure(db, args.run, args.repeats, args.options) for db in args.db]
+    results = [measure(db, args.run, args.repeats, args.options, args.pause) for db in args.db]
     for r in results:
         print(f"{r['dialect']:<11} {r['spans']:>9,} spans -> {r['nodes']:,} nodes: tree from the stored tree "
               f"{r['stored_median_s']:.3f}s, from the spans {r['spans_median_s']:.3f}s ({r['speedup']:.1f}x)")
