@@ -11,17 +11,20 @@ a few thousand rows, and reading it should not wait for a dataframe library.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modtrace.contracts import TREE_NODE_FRAME
 from modtrace.store.base import Store
 from modtrace.store.cursor import driver_cursor, mark
 
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
 # The columns of a node as written and read, in table order after (run_id, clock, node).
 NODE_COLUMNS: tuple[str, ...] = TREE_NODE_FRAME.names
 
 
-def _single_rank(conn: Any, run_id: int, rank: int) -> bool:
+def _single_rank(conn: Connection, run_id: int, rank: int) -> bool:
     one = conn.exec_driver_sql(f"SELECT world_size FROM runs WHERE id = {int(run_id)}").scalar()
     other = conn.exec_driver_sql(
         f"SELECT 1 FROM span_rows WHERE run_id = {int(run_id)} AND rank <> {int(rank)} LIMIT 1").first()
