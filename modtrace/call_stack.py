@@ -218,6 +218,7 @@ class Call(NodeHook):
     without being in its own ``enters``: no reference cycle keeps it alive."""
 
     own = True
+    leaf = False  # never an AccumulateGrad node's hook (read-only: shadows NodeHook's slot)
 
     ran_eager: bool
     exits_seen: int
