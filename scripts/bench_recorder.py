@@ -436,6 +436,7 @@ def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
     x = torch.randn(4, 16)
     calls = 1 + 2 * BLOCKS
     diffs: list[float] = []
+    cpu_diffs: list[float] = []
     with tempfile.TemporaryDirectory() as d:
         rec = modtrace.Recorder(db=str(Path(d) / "off.db"), run="off", analyze=False, writer="thread",
                                 schedule=modtrace.schedule(skip_first=10**9, active=1))
@@ -443,11 +444,15 @@ def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
             run_steps(model, x, 2, rec.step)
             for r in range(repeats * 6):
                 times = {}
+                cpu = {}
                 for which in (("bare", "off") if r % 2 == 0 else ("off", "bare")):
+                    c0 = time.process_time()
                     t0 = time.perf_counter()
                     run_steps(model, x, steps, rec.step if which == "off" else None)
                     times[which] = (time.perf_counter() - t0) / steps
+                    cpu[which] = (time.process_time() - c0) / steps
                 diffs.append(times["off"] - times["bare"])
+                cpu_diffs.append(cpu["off"] - cpu["bare"])
             # What an off step adds, taken apart: the module hooks installed (none), and the
             # step boundary itself (rec.step(), once a step), spread over the step's calls.
             import torch.nn.modules.module as module_hooks
@@ -460,6 +465,8 @@ def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
             step_s = (time.perf_counter() - t0) / n
         assert rec.events_recorded == 0
     return {"added_us_per_module_call_median": round(statistics.median(diffs) / calls * 1e6, 3),
+            # the same pairs in this process's CPU time (what other processes on the machine do not move)
+            "added_cpu_us_per_module_call_median": round(statistics.median(cpu_diffs) / calls * 1e6, 3),
             "module_hooks_installed_in_off_steps": hooks,
             "step_boundary_us": round(step_s * 1e6, 3),
             "step_boundary_us_per_module_call": round(step_s / calls * 1e6, 4),
