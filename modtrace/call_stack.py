@@ -92,13 +92,63 @@ class NodeHook:
         if not tr._active:
             return None
         exit_entries, enter_entries = self.exits, self.enters
+        if enter_entries is None and self.own and type(exit_entries) is not list and exit_entries is not self \
+                and not tr._failures:
+            # The usual node: made by one call (this one), the input of at
+            # most one other call, no other call's output: that call's exit,
+            # then this call's enter, without the general case's sequences.
+            me: Call = self  # type: ignore[assignment]
+            task = _graph_task_id()
+            open_calls = tr._bw.get(task)
+            if open_calls is None:
+                open_calls = tr._bw[task] = []
+                torch.autograd.Variable._execution_engine.queue_callback(partial(tr._end_of_task, task))
+            try:
+                tid = tr._local.st.tid
+            except AttributeError:
+                tid = tr._thread().tid
+            group: int | None = None
+            done: Call | None = exit_entries  # type: ignore[assignment]
+            if done is not None and done.bw_task == task and not done.closed:
+                seen = done.exits_seen + 1
+                if seen < done.n_exit:
+                    done.exits_seen = seen
+                else:
+                    done.closed = True
+                    append, seq, clock, t0, step, cuda = tr._append, tr._seq, tr._clock, tr.t0, tr.step, tr._cuda_devices
+                    while open_calls:
+                        top = open_calls.pop()
+                        top.closed = True  # a descendant nothing closed is done too, innermost first
+                        n = next(seq)
+                        append((n, clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
+                                top.device_id, tr._stream(top.device_id, n) if cuda else None, _OK, task,
+                                1 if group == -1 else 0))
+                        group = -1
+                        if top is done:
+                            break
+            if me.bw_task == task:
+                return None
+            if open_calls:
+                top = open_calls[-1]
+                if top is not me.parent and not me.descends_from(top):
+                    tr._bw_enter(me, task, open_calls, tid, group)
+                    return None
+            me.bw_task = task
+            me.exits_seen = 0
+            me.closed = False
+            open_calls.append(me)
+            n = next(tr._seq)
+            tr._append((n, tr._clock() - tr.t0, _ENTER, me.module_id, _BACKWARD, me.call_id, tr.step, tid,
+                        me.device_id, tr._stream(me.device_id, n) if tr._cuda_devices else None, _OK, task,
+                        1 if group is not None and me.depth >= group else 0))
+            return None
         if self.leaf:
             # AccumulateGrad nodes outlive the graph: take their entries once.
             self.exits = self.enters = None
         exits: Sequence[Call] = () if exit_entries is None else exit_entries if type(exit_entries) is list else (exit_entries,)  # type: ignore[assignment]
         enters: Sequence[Call]
         if self.own:  # a call hooking its output node: it enters first, then the calls in ``enters``
-            me: Call = self  # type: ignore[assignment]
+            me = self  # type: ignore[assignment]
             enters = (me,) if enter_entries is None else [me, *enter_entries] if type(enter_entries) is list else (me, enter_entries)  # type: ignore[assignment]
         else:
             enters = () if enter_entries is None else enter_entries if type(enter_entries) is list else (enter_entries,)  # type: ignore[assignment]
@@ -114,7 +164,7 @@ class NodeHook:
         append, seq, clock, t0, step = tr._append, tr._seq, tr._clock, tr.t0, tr.step
         cuda = tr._cuda_devices
         failures = tr._failures
-        group: int | None = None
+        group = None
         for call in exits:
             if failures and call.cancelled():
                 continue
@@ -168,6 +218,7 @@ class Call(NodeHook):
     without being in its own ``enters``: no reference cycle keeps it alive."""
 
     own = True
+    leaf = False  # never an AccumulateGrad node's hook (read-only: shadows NodeHook's slot)
 
     ran_eager: bool
     exits_seen: int

@@ -82,6 +82,7 @@ _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
 _RAISED = object()  # marks the post-hook call torch makes when a forward raised
+_new_call = object.__new__
 
 
 class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
@@ -283,7 +284,13 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
                 root = st.main and self._note_roots
             else:
                 info.recent_parents.append(parent.call_id)
-                frame = Call(mod, info, parent, call_id, device_id, phase, None, exit_nodes)
+                # Call(mod, info, parent, call_id, device_id, phase, None, exit_nodes) without the
+                # __init__ call, for the usual call (a test checks it is the same record)
+                frame = _new_call(Call)
+                frame.module, frame.module_id, frame.depth = mod, info.module_id, info.depth
+                frame.parent, frame.call_id, frame.device_id = parent, call_id, device_id
+                frame.phase, frame.task, frame.exit_nodes = phase, None, exit_nodes
+                frame.bw_task, frame.failed = -1, False
             info.recent.append(call_id)
             self._recent_order.append(info)
             task_col = None
@@ -376,7 +383,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
                 hook = meta.get(key)
                 if hook is None:
                     # The call is the hook of its output node: no object of the node's own.
-                    frame.tracker, frame.leaf, frame.exits, frame.enters = self, False, None, None
+                    frame.tracker = self
+                    frame.exits = frame.enters = None
                     meta[key] = frame
                     node.register_prehook(frame)
                 else:

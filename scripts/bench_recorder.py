@@ -19,7 +19,9 @@ Side by side in one process, interleaved repeats, medians:
   ``modtrace_thread`` the same with ``writer="thread"`` (batches written by
   a thread of the program), and ``modtrace_no_step`` the recorder in a loop
   with no step boundaries (batches go by size and time; the timed steps end
-  with the last batch written), for comparison.
+  with the last batch written), for comparison.  The same runs are also
+  given in this process's CPU time (all its threads), which the machine's
+  other processes do not change, with the writer process's CPU beside it.
 * write path: rows/s through modtrace's store vs raw sqlite3 executemany of
   the same tuples into the same table.
 * bytes per event on disk.
@@ -161,9 +163,10 @@ class TrackerAlone:
 
 
 def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: Path, rep: int,
-                writer_cpu: list[float] | None = None) -> float:
+                writer_cpu: list[float] | None = None, program_cpu: list[float] | None = None) -> float:
     """Seconds per step inside an already-open context, plus the cost of
-    getting the data out.
+    getting the data out (``program_cpu`` gets this process's CPU seconds per
+    step, all its threads, over the same span).
 
     Opening a context is a one-time cost of a run and is left out for every
     tool.  Getting the data out is not: modtrace's time ends after every event
@@ -202,6 +205,7 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
             ctx.flush()  # and its first batch: the writer process is running from here on
             pid = ctx.writer_pid
         cpu0 = cpu_seconds(pid)
+        own0 = time.process_time()
         t0 = time.perf_counter()
         run_steps(model, x, steps, on_step)
         if name.startswith("modtrace"):
@@ -213,6 +217,8 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
             ctx.__exit__(None, None, None)
             ctx = None
         elapsed = time.perf_counter() - t0
+        if program_cpu is not None:
+            program_cpu.append((time.process_time() - own0) / steps)
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
@@ -228,6 +234,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
                "modtrace_no_step", "modtrace_schedule_off"]
     writer_cpu: list[float] = []
     samples: dict[str, list[float]] = {c: [] for c in configs}
+    cpu: dict[str, list[float]] = {c: [] for c in configs}
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -237,10 +244,14 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
             order = configs[:]
             rng.shuffle(order)
             for c in order:
-                samples[c].append(time_config(c, model, x, steps, tmp, rep, writer_cpu if c == "modtrace" else None))
+                samples[c].append(time_config(c, model, x, steps, tmp, rep, writer_cpu if c == "modtrace" else None,
+                                              cpu[c]))
     med = {c: statistics.median(v) for c, v in samples.items()}
     calls = 1 + 2 * BLOCKS  # module calls per step (each has a forward and a backward)
     added = {c: (med[c] - med["bare"]) / calls for c in configs if c != "bare"}
+    cpu_med = {c: statistics.median(v) for c, v in cpu.items()}
+    added_cpu = {c: (cpu_med[c] - cpu_med["bare"]) / calls for c in configs if c != "bare"}
+    writer_per_call = sum(writer_cpu) / (len(writer_cpu) * steps * calls) if writer_cpu else None
     return {
         "step_ms_median": {c: round(v * 1e3, 3) for c, v in med.items()},
         "added_us_per_module_call": {c: round(v * 1e6, 2) for c, v in added.items()},
@@ -255,7 +266,18 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "schedule_off_added_us_per_module_call": round(added["modtrace_schedule_off"] * 1e6, 3),
         # CPU the writer process spent per module call (on another core), beside the step's own time
         # (summed over every repeat: the kernel counts CPU time in 10 ms ticks)
-        "writer_process_cpu_us_per_module_call": round(sum(writer_cpu) / (len(writer_cpu) * steps * calls) * 1e6, 2) if writer_cpu else None,
+        "writer_process_cpu_us_per_module_call": round(writer_per_call * 1e6, 2) if writer_per_call is not None else None,
+        # The same configurations in CPU time rather than wall time: this process's CPU (all its
+        # threads; a thread writer's writing included) per module call, which time the machine's
+        # other processes take from the program does not change.  ``modtrace`` plus its writer
+        # process's CPU is everything the recording costs, wherever it runs.
+        "added_program_cpu_us_per_module_call": {c: round(v * 1e6, 2) for c, v in added_cpu.items()},
+        "modtrace_vs_floor_program_cpu_ratio": round(added_cpu["modtrace"] / added_cpu["floor"], 3),
+        "tracker_vs_floor_program_cpu_ratio": round(added_cpu["tracker"] / added_cpu["floor"], 3),
+        "modtrace_thread_vs_floor_program_cpu_ratio": round(added_cpu["modtrace_thread"] / added_cpu["floor"], 3),
+        "modtrace_with_writer_vs_floor_cpu_ratio": round((added_cpu["modtrace"] + writer_per_call) / added_cpu["floor"], 3)
+        if writer_per_call is not None else None,
+        "load_average": [round(v, 2) for v in os.getloadavg()],
         "module_calls_per_step": calls,
         "repeats": repeats,
         "steps_per_repeat": steps,
@@ -414,6 +436,7 @@ def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
     x = torch.randn(4, 16)
     calls = 1 + 2 * BLOCKS
     diffs: list[float] = []
+    cpu_diffs: list[float] = []
     with tempfile.TemporaryDirectory() as d:
         rec = modtrace.Recorder(db=str(Path(d) / "off.db"), run="off", analyze=False, writer="thread",
                                 schedule=modtrace.schedule(skip_first=10**9, active=1))
@@ -421,11 +444,15 @@ def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
             run_steps(model, x, 2, rec.step)
             for r in range(repeats * 6):
                 times = {}
+                cpu = {}
                 for which in (("bare", "off") if r % 2 == 0 else ("off", "bare")):
+                    c0 = time.process_time()
                     t0 = time.perf_counter()
                     run_steps(model, x, steps, rec.step if which == "off" else None)
                     times[which] = (time.perf_counter() - t0) / steps
+                    cpu[which] = (time.process_time() - c0) / steps
                 diffs.append(times["off"] - times["bare"])
+                cpu_diffs.append(cpu["off"] - cpu["bare"])
             # What an off step adds, taken apart: the module hooks installed (none), and the
             # step boundary itself (rec.step(), once a step), spread over the step's calls.
             import torch.nn.modules.module as module_hooks
@@ -438,6 +465,8 @@ def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
             step_s = (time.perf_counter() - t0) / n
         assert rec.events_recorded == 0
     return {"added_us_per_module_call_median": round(statistics.median(diffs) / calls * 1e6, 3),
+            # the same pairs in this process's CPU time (what other processes on the machine do not move)
+            "added_cpu_us_per_module_call_median": round(statistics.median(cpu_diffs) / calls * 1e6, 3),
             "module_hooks_installed_in_off_steps": hooks,
             "step_boundary_us": round(step_s * 1e6, 3),
             "step_boundary_us_per_module_call": round(step_s / calls * 1e6, 4),

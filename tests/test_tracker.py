@@ -660,3 +660,59 @@ def test_tensors_deep_in_an_output_get_their_backward() -> None:
     events, _ = record(lambda: model(torch.randn(2, 4, requires_grad=True)).backward())
     assert problems(events) == []
     assert spans(events, "backward") == [("Top", 0), ("Top.deep", 1), ("Top.deep.lin", 2)]
+
+
+class PassesThrough(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _rows_both_ways(run: object) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """The rows ``run`` gives with the node hooks' usual-node path, and with every node
+    dispatched by the general one (forced: a forward that raised makes every node take it;
+    no call here is inside one, so none is cancelled).  Graph task ids are numbered in
+    order of appearance: each backward gets a new one."""
+    from modtrace.tracker import Tracker
+    from tests.recording import FakeClock
+
+    out = []
+    for general in (False, True):
+        rows: list[tuple[object, ...]] = []
+        tracker = Tracker(rows.append, clock=FakeClock())
+        tracker.start()
+        if general:
+            tracker._failures = 1
+        try:
+            run()  # type: ignore[operator]
+        finally:
+            tracker.stop()
+        tasks: dict[object, int] = {}
+        out.append([(*r[:11], None if r[11] is None else tasks.setdefault(r[11], len(tasks)), r[12]) for r in rows])
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("case", ["mlp", "identity", "checkpoint", "borrowed", "built_in_forward", "shared_and_lent"])
+def test_the_usual_node_path_writes_the_rows_the_general_dispatch_writes(case: str) -> None:
+    x = torch.randn(2, 4, requires_grad=True)
+    if case == "mlp":
+        model: nn.Module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        run = _train(model, lambda: model(x).sum())
+    elif case == "identity":
+        model = nn.Sequential(nn.Linear(4, 4), PassesThrough(), nn.ReLU(), PassesThrough())
+        run = _train(model, lambda: model(x).sum())
+    elif case == "checkpoint":
+        inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+        run = _train(inner, lambda: checkpoint(inner, x, use_reentrant=False).sum())  # type: ignore[union-attr]
+    elif case == "borrowed":
+        model = Borrows()
+        run = _train(model, lambda: model(x).sum())
+    elif case == "built_in_forward":
+        model = BuildsItsLoss()
+        labels = torch.tensor([0, 2])
+        run = _train(model, lambda: model(x, labels))
+    else:
+        model = SharedByTwo()
+        run = _train(model, lambda: model(x))
+    usual, general = _rows_both_ways(run)
+    assert sum(1 for r in usual if r[4] == 1) >= 4  # backward rows were written
+    assert usual == general

@@ -68,3 +68,34 @@ def test_a_forward_keeps_one_call_per_module_call_that_is_also_its_output_nodes_
     # per call: a Call and its 2 forward rows; per node: the node's Python object and
     # hooks dict (any node pre-hook has them) and its metadata dict
     assert extra <= CALLS * (1 + 2) + 2 * BLOCKS * (2 + 1) + 4, sorted(traced.items())
+
+
+def test_the_call_record_the_forward_hook_builds_inline_is_the_one_call_makes() -> None:
+    """The forward pre-hook stores a child call's fields itself (no ``__init__``
+    call); the record must be the one ``Call(...)`` makes, field for field."""
+    missing = object()
+    slots = [s for s in Call.__slots__ if s != "__weakref__"]
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    x = torch.randn(2, 4, requires_grad=True)
+    seen: dict[str, Any] = {}
+    rows: list[tuple[object, ...]] = []
+    tracker = Tracker(rows.append)
+
+    def grab(mod: nn.Module, args: Any) -> None:  # runs after the tracker's pre-hook
+        if mod is model[0]:
+            frame = tracker._local.st.stack[-1]
+            seen.update({s: getattr(frame, s, missing) for s in slots})
+            made = Call(frame.module, tracker._names.by_id[id(mod)], frame.parent, frame.call_id,
+                        frame.device_id, frame.phase, frame.task, frame.exit_nodes)
+            seen["made"] = {s: getattr(made, s, missing) for s in slots}
+
+    tracker.start()
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(grab)
+    try:
+        model(x).sum().backward()
+    finally:
+        handle.remove()
+        tracker.stop()
+    made = seen.pop("made")
+    assert seen == made
+    assert seen["parent"] is not None and seen["exit_nodes"] is x and seen["bw_task"] == -1
