@@ -34,8 +34,9 @@ import polars as pl
 
 from modtrace.contracts import PHASES
 from modtrace.renderers.base import Renderer
+from modtrace.renderers.perfetto_lines import line_parts, span_lines
 
-CHUNK_ROWS = 50_000
+CHUNK_ROWS = 100_000
 # The span columns a trace shows or places slices by (with the names that come from
 # module_id and device_id); a caller may read only these.
 TRACE_SPAN_COLUMNS: tuple[str, ...] = (
@@ -108,20 +109,6 @@ def assign_lanes(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]
 def _us(ns: pl.Expr) -> pl.Expr:
     """Non-negative integer nanoseconds -> exact decimal microseconds as text (``1234.567``)."""
     return pl.concat_str((ns // 1000).cast(pl.String), pl.lit("."), (ns % 1000 + 1000).cast(pl.String).str.slice(1))
-
-
-def _json_text(col: str) -> pl.Expr:
-    """A string column as JSON string literals (null -> null), escaping each distinct value once."""
-    return pl.col(col).cast(pl.String).map_batches(
-        lambda s: s.replace_strict(
-            {v: json.dumps(v) for v in s.unique().drop_nulls().to_list()}, default=None, return_dtype=pl.String
-        ),
-        return_dtype=pl.String,
-    ).fill_null("null")
-
-
-def _num(col: str) -> pl.Expr:
-    return pl.col(col).cast(pl.String).fill_null("null")
 
 
 def trace_frame(spans: pl.DataFrame, anchors: Mapping[int, int], origin_ns: int) -> pl.DataFrame:
@@ -287,41 +274,13 @@ class PerfettoRenderer(Renderer[Trace]):
         emit_column(step_lines)
 
         trace = trace.join(tid_frame, on=["rank", "thread_id", "phase", "lane"], how="left", maintain_order="left")
+        parts = line_parts(trace)
         for start in range(0, trace.height, CHUNK_ROWS):
             chunk = trace.slice(start, CHUNK_ROWS)
-            emit_column(chunk.with_columns(_json_text(c).alias(f"_{c}") for c in ("fqn", "module_type", "device"))
-                        .select(self._span_line().alias("line")))
+            emit_column(span_lines(chunk, parts).to_frame())
             if self.progress is not None:
                 self.progress(chunk.height)
         out.write("\n]}\n")
-
-    @staticmethod
-    def _span_line() -> pl.Expr:
-        status = pl.when(pl.col("unclosed")).then(pl.lit("unclosed")).otherwise(pl.col("status").cast(pl.String))
-        return pl.concat_str(
-            pl.lit('{"ph": "X", "cat": "'), pl.col("phase"),
-            pl.lit('", "name": '), pl.col("_fqn"),
-            pl.lit(', "pid": '), (pl.col("rank") + 1).cast(pl.String),
-            pl.lit(', "tid": '), pl.col("tid").cast(pl.String),
-            pl.lit(', "ts": '), _us(pl.col("t0")),
-            pl.lit(', "dur": '), _us(pl.col("t1") - pl.col("t0")),
-            pl.lit(', "args": {"fqn": '), pl.col("_fqn"),
-            pl.lit(', "module_type": '), pl.col("_module_type"),
-            pl.lit(', "phase": "'), pl.col("phase"),
-            pl.lit('", "call_id": '), _num("call_id"),
-            pl.lit(', "step": '), _num("step"),
-            pl.lit(', "rank": '), _num("rank"),
-            pl.lit(', "thread_id": '), _num("thread_id"),
-            pl.lit(', "device": '), pl.col("_device"),
-            pl.lit(', "stream": '), _num("stream"),
-            pl.lit(', "status": "'), status,
-            pl.lit('", "graph_task": '), _num("graph_task"),
-            pl.lit(', "span_id": '), _num("span_id"),
-            pl.lit(', "parent_span_id": '), _num("parent_span_id"),
-            pl.lit(', "self_us": '), pl.when(pl.col("self_ns").is_not_null() & (pl.col("self_ns") >= 0))
-            .then(_us(pl.col("self_ns"))).otherwise(pl.lit("null")),
-            pl.lit("}}"),
-        )
 
     @staticmethod
     def _tracks(
