@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TextIO
 
@@ -35,6 +35,7 @@ import polars as pl
 from modtrace.contracts import PHASES
 from modtrace.renderers.base import Renderer
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
+from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
 
 CHUNK_ROWS = 100_000
 # The span columns a trace shows or places slices by (with the names that come from
@@ -80,101 +81,9 @@ def device_spans(spans: pl.DataFrame) -> tuple[pl.DataFrame, dict[tuple[int, int
     return out, names
 
 
-def assign_lanes(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]) -> list[int]:
-    """Lane per interval, so that the intervals of one (key, lane) nest strictly.
-
-    Intervals must come sorted by (key, start, end descending).  Each lane
-    keeps the ends of its open intervals; an interval goes to the first lane
-    where it fits inside the innermost open one (or where none is open).
-    """
-    lanes_out: list[int] = []
-    lanes: list[list[int]] = []
-    current: Any = object()
-    for start, end, key in zip(starts, ends, keys, strict=True):
-        if key != current:
-            current, lanes = key, []
-        for i, stack in enumerate(lanes):
-            while stack and stack[-1] <= start:
-                stack.pop()
-            if not stack or stack[-1] >= end:
-                stack.append(end)
-                lanes_out.append(i)
-                break
-        else:
-            lanes.append([end])
-            lanes_out.append(len(lanes) - 1)
-    return lanes_out
-
-
 def _us(ns: pl.Expr) -> pl.Expr:
     """Non-negative integer nanoseconds -> exact decimal microseconds as text (``1234.567``)."""
     return pl.concat_str((ns // 1000).cast(pl.String), pl.lit("."), (ns % 1000 + 1000).cast(pl.String).str.slice(1))
-
-
-def trace_frame(spans: pl.DataFrame, anchors: Mapping[int, int], origin_ns: int) -> pl.DataFrame:
-    """Spans frame -> one row per slice with its track and trace-relative nanoseconds.
-
-    Adds ``t0`` and ``t1`` (ns since ``origin_ns``), ``lane``, ``unclosed``.
-    A span never exited ends at the last timestamp of its rank.
-    """
-    anchor = pl.DataFrame(
-        {"rank": list(anchors), "_anchor": [anchors[r] - origin_ns for r in anchors]},
-        schema={"rank": pl.Int32(), "_anchor": pl.Int64()},
-    )
-    last = pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max()).over("rank")
-    frame = (
-        spans.join(anchor, on="rank", how="left", maintain_order="left")
-        .with_columns(pl.col("_anchor").fill_null(0))
-        .with_columns(
-            pl.col("end_ns").is_null().alias("unclosed"),
-            (pl.col("_anchor") + pl.col("start_ns")).alias("t0"),
-            (pl.col("_anchor") + pl.col("end_ns").fill_null(last)).alias("t1"),
-            pl.col("phase").cast(pl.String).alias("phase"),
-        )
-    )
-    # phases in name order (as text sorts), as small integers: a cheaper sort key than the text
-    names = sorted(set(frame["phase"].unique().drop_nulls().to_list()))
-    by_name = pl.col("phase").replace_strict(names, list(range(len(names))), default=None, return_dtype=pl.Int8)
-    frame = frame.sort(
-        ["rank", "thread_id", by_name, "t0", "t1", "depth"], descending=[False, False, False, False, True, False],
-        nulls_last=[False] * 6,
-    )
-    # sorted by track first: a track is a run of equal (rank, thread_id, phase)
-    frame = frame.with_columns(pl.struct("rank", "thread_id", "phase").rle_id().cast(pl.Int64).alias("_track"))
-    dirty = _unnested_tracks(frame)
-    lane = pl.Series("lane", [0] * frame.height, dtype=pl.Int32)
-    if dirty:
-        # Only tracks whose spans do not already nest take the row-by-row walk.
-        idx = frame.with_row_index("_i").filter(pl.col("_track").is_in(dirty))
-        lanes = assign_lanes(idx["t0"].to_list(), idx["t1"].to_list(), idx["_track"].to_list())
-        lane = lane.scatter(idx["_i"], pl.Series(lanes, dtype=pl.Int32))
-    return frame.with_columns(lane).drop("_anchor", "_track")
-
-
-def _unnested_tracks(frame: pl.DataFrame) -> list[int]:
-    """Tracks where some span is not inside its parent on that track, or overlaps a sibling.
-
-    When every span lies inside its parent and siblings are disjoint, the
-    track's spans nest strictly (by induction over the tree), and one lane
-    holds them all.  A parent on another track (a recompute's backward
-    parent) counts as none.
-    """
-    parents = frame.select(
-        "rank", pl.col("span_id").alias("parent_span_id"), pl.col("_track").alias("_ptrack"),
-        pl.col("t0").alias("_p0"), pl.col("t1").alias("_p1"),
-    )
-    linked = frame.select("rank", "span_id", "parent_span_id", "_track", "t0", "t1").join(
-        parents, on=["rank", "parent_span_id"], how="left", maintain_order="left"
-    ).with_columns(
-        pl.when(pl.col("_ptrack") == pl.col("_track")).then(pl.col("parent_span_id")).alias("_parent")
-    )
-    outside = (pl.col("_parent").is_not_null() & ((pl.col("t0") < pl.col("_p0")) | (pl.col("t1") > pl.col("_p1"))))
-    # frame (so linked) is in track order by start: each sibling after the one before it
-    # (equal starts: the longer first, which at worst flags a track that nests anyway)
-    siblings = linked.with_columns(pl.col("t1").shift(1).over("_track", "_parent").alias("_prev_end"))
-    overlap = pl.col("_prev_end").is_not_null() & (pl.col("t0") < pl.col("_prev_end"))
-    bad = siblings.filter(outside | overlap)["_track"].unique().sort()
-    return [int(t) for t in bad.to_list()]
 
 
 def step_frame(trace: pl.DataFrame) -> pl.DataFrame:
