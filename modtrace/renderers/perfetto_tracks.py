@@ -110,6 +110,8 @@ def _in_track_order(frame: pl.DataFrame) -> pl.DataFrame:
     """The frame sorted as ``_sorted`` sorts it, by a stable sort on the track alone when each
     track's rows are then strictly in order of (t0, t1 descending, depth): the order is then the
     only one the six keys allow, so the same."""
+    if frame.height < 2:
+        return _sorted(frame)
     track = pl.col("rank").cast(pl.Int64) * (1 << 40) + (pl.col("thread_id").cast(pl.Int64) + (1 << 31)) * 8 \
         + pl.col("_phase").cast(pl.Int64)
     low, high, thread_low, thread_high, phases = frame.select(
@@ -168,6 +170,8 @@ def _stray_rows(frame: pl.DataFrame) -> pl.Series:
     the spans that ended by its start, reaches its own parent (or, without one, nothing open),
     and it lies inside that parent."""
     n = frame.height
+    if n == 0:
+        return pl.Series([], dtype=pl.Boolean)
     parent = _parent_rows(frame)
     t0, t1 = frame["t0"], frame["t1"]
     track = frame["_track"]
