@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TextIO
 
@@ -119,13 +120,22 @@ class PerfettoRenderer(Renderer[Trace]):
             if on_device.height:
                 trace = pl.concat([trace, trace_frame(on_device, anchors, origin)], how="vertical_relaxed")
                 thread_names = {**thread_names, **stream_names}
-        tracks = self._tracks(trace, steps, thread_names)
+        # each slice's (rank, thread, phase, lane) as one integer: a run of one track, and the lane
+        lanes = trace["lane"].max()
+        track_lane = (pl.struct("rank", "thread_id", "phase").rle_id().cast(pl.Int64) * (int(lanes or 0) + 1)
+                      + pl.col("lane")).alias("_track_lane")
+        keyed = trace.select(track_lane)["_track_lane"]
+        distinct = trace.select(track_lane, "rank", "thread_id", "phase", "lane").unique("_track_lane", keep="first")
+        tracks = self._tracks(distinct, steps, thread_names)
         tid_of = {(t["rank"], t["thread_id"], t["phase"], t["lane"]): t["tid"] for t in tracks}
         tid_frame = pl.DataFrame(
             [(r, th, ph, ln, tid) for (r, th, ph, ln), tid in tid_of.items()],
             schema={"rank": pl.Int32(), "thread_id": pl.Int32(), "phase": pl.String(), "lane": pl.Int32(), "tid": pl.Int64()},
             orient="row",
         )
+        # a slice without a phase gets no tid (its line is left empty)
+        tid_by_key = {k: tid_of.get((r, th, ph, ln)) if ph is not None else None
+                      for k, r, th, ph, ln in distinct.iter_rows()}
         other = {
             "run": run.get("name"),
             "run_id": run.get("id"),
@@ -163,7 +173,7 @@ class PerfettoRenderer(Renderer[Trace]):
                 out.write(frame[-1, 0])
                 sep = ",\n"
 
-        emit(self._metadata(tracks, sorted(set(anchors) | set(trace["rank"].to_list()))))
+        emit(self._metadata(tracks, sorted(set(anchors) | set(trace["rank"].unique().to_list()))))
 
         step_lines = steps.join(
             tid_frame.filter(pl.col("phase") == "step").drop("thread_id", "phase"), on=["rank", "lane"], how="left"
@@ -182,13 +192,24 @@ class PerfettoRenderer(Renderer[Trace]):
         )
         emit_column(step_lines)
 
-        trace = trace.join(tid_frame, on=["rank", "thread_id", "phase", "lane"], how="left", maintain_order="left")
+        trace = trace.with_columns(keyed.replace_strict(
+            pl.Series(list(tid_by_key), dtype=pl.Int64), pl.Series(list(tid_by_key.values()), dtype=pl.Int64),
+            default=None, return_dtype=pl.Int64).alias("tid"))
         parts = line_parts(trace)
-        for start in range(0, trace.height, CHUNK_ROWS):
-            chunk = trace.slice(start, CHUNK_ROWS)
-            emit_column(span_lines(chunk, parts).to_frame())
-            if self.progress is not None:
-                self.progress(chunk.height)
+        # One chunk is written (by a thread: polars and the file write let go of Python's lock)
+        # while the next one's lines are built.
+        with ThreadPoolExecutor(1, thread_name_prefix="modtrace-trace") as writer:
+            written: Future[None] | None = None
+            for start in range(0, trace.height, CHUNK_ROWS):
+                chunk = trace.slice(start, CHUNK_ROWS)
+                lines = span_lines(chunk, parts).to_frame()
+                if written is not None:
+                    written.result()
+                written = writer.submit(emit_column, lines)
+                if self.progress is not None:
+                    self.progress(chunk.height)
+            if written is not None:
+                written.result()
         out.write("\n]}\n")
 
     @staticmethod

@@ -29,8 +29,9 @@ import polars as pl
 _KEYS = ("tid", "_fqn_code", "_type_code", "_device_code", "stream", "_status_code")
 _UNCLOSED = -1  # _status_code of a span never exited
 
-# A table is used for a small integer column (step, graph task) when its values span fewer than this.
-_TABLE_SPAN = 1 << 16
+# A table is used for a small integer column (step, graph task) when its values span fewer than
+# this many per row of the chunk (a table of that many texts is cheaper than a piece more).
+_TABLE_SPAN = 0.25
 
 
 def _endings(after: str) -> pl.Series:
@@ -161,7 +162,7 @@ def _number(frame: pl.DataFrame, column: str, before: str = "", after: str = "")
     table when the values span a small range, else the literals around a cast."""
     values = frame[column]
     low, high = values.min(), values.max()
-    if low is None or high is None or int(high) - int(low) >= _TABLE_SPAN:  # type: ignore[arg-type]
+    if low is None or high is None or int(high) - int(low) >= _TABLE_SPAN * frame.height:  # type: ignore[arg-type]
         piece = pl.col(column).cast(pl.String).fill_null("null")
         return [*([pl.lit(before)] if before else []), piece, *([pl.lit(after)] if after else [])]
     low, high = int(low), int(high)  # type: ignore[arg-type]
