@@ -30,7 +30,7 @@ import polars as pl
 
 from modtrace.contracts import SPAN_ROW
 from modtrace.store.engine import Store
-from modtrace.store.reader import copy_csv, driver_cursor, read_ranks
+from modtrace.store.reader import copy_csv, driver_cursor, mark
 
 # Parts per rank (a range of span ids each) and threads reading them.
 PARTS = 4
@@ -96,24 +96,21 @@ def _pg_part(store: Store, select: str, stored: list[str], schema: dict[str, pl.
     return pl.read_csv(data, has_header=False, new_columns=stored, schema={c: schema[c] for c in stored})
 
 
-def _span_range(store: Store, run_id: int, rank: int) -> tuple[int, int] | None:
+def _span_range(cur: Any, m: str, run_id: int, rank: int) -> tuple[int, int] | None:
     """The rank's smallest and largest span id (two index seeks), or None without spans."""
-    m = "?" if store.dialect == "sqlite" else "%s"
-    with driver_cursor(store) as cur:
-        found = []
-        for order in ("ASC", "DESC"):
-            cur.execute(f"SELECT span_id FROM span_rows WHERE run_id = {m} AND rank = {m} ORDER BY span_id {order} "
-                        "LIMIT 1", (run_id, rank))
-            row = cur.fetchone()
-            if row is None:
-                return None
-            found.append(int(row[0]))
+    found = []
+    for order in ("ASC", "DESC"):
+        cur.execute(f"SELECT span_id FROM span_rows WHERE run_id = {m} AND rank = {m} ORDER BY span_id {order} "
+                    "LIMIT 1", (run_id, rank))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        found.append(int(row[0]))
     return found[0], found[1]
 
 
-def _unlisted_rank(store: Store, run_id: int, ranks: list[int]) -> bool:
+def _unlisted_rank(cur: Any, m: str, run_id: int, ranks: list[int]) -> bool:
     """Whether the run has span rows of a rank not in ``ranks`` (one index seek per gap)."""
-    m = "?" if store.dialect == "sqlite" else "%s"
     gaps: list[tuple[str, tuple[int, ...]]] = []
     if not ranks:
         gaps.append(("1 = 1", ()))
@@ -121,12 +118,32 @@ def _unlisted_rank(store: Store, run_id: int, ranks: list[int]) -> bool:
         gaps.append((f"rank < {m}", (ranks[0],)))
         gaps += [(f"rank > {m} AND rank < {m}", (a, b)) for a, b in zip(ranks, ranks[1:], strict=False) if b > a + 1]
         gaps.append((f"rank > {m}", (ranks[-1],)))
-    with driver_cursor(store) as cur:
-        for where, params in gaps:
-            cur.execute(f"SELECT 1 FROM span_rows WHERE run_id = {m} AND {where} LIMIT 1", (run_id, *params))
-            if cur.fetchone() is not None:
-                return True
+    for where, params in gaps:
+        cur.execute(f"SELECT 1 FROM span_rows WHERE run_id = {m} AND {where} LIMIT 1", (run_id, *params))
+        if cur.fetchone() is not None:
+            return True
     return False
+
+
+def _parts(store: Store, run_id: int) -> list[tuple[int, int, int]] | None:
+    """(rank, first span id, past the last) of each part to read; None when a rank the run does
+    not list has span rows (the ordinary read takes those)."""
+    m = mark(store)
+    with driver_cursor(store) as cur:
+        cur.execute(f"SELECT rank FROM run_ranks WHERE run_id = {m} UNION SELECT DISTINCT rank FROM modules "
+                    f"WHERE run_id = {m}", (run_id, run_id))
+        ranks = sorted(int(r[0]) for r in cur.fetchall())
+        if _unlisted_rank(cur, m, run_id, ranks):
+            return None
+        parts = []
+        for rank in ranks:
+            bounds = _span_range(cur, m, run_id, rank)
+            if bounds is None:
+                continue
+            low, high = bounds
+            step = max(1, -(-(high - low + 1) // PARTS))
+            parts += [(rank, start, min(start + step, high + 1)) for start in range(low, high + 1, step)]
+    return parts
 
 
 def read_span_columns(
@@ -134,42 +151,34 @@ def read_span_columns(
 ) -> pl.DataFrame:
     """The run's stored span rows with only ``columns`` filled (the others null), in
     (rank, span_id) order: what ``fallback`` (the ordinary read) returns, read faster."""
+    try:
+        frame = _read(store, run_id, tuple(c for c in SPAN_ROW.names if c in columns))
+    except Exception:  # noqa: BLE001 -- a value that is no integer of its column, a table of another shape:
+        frame = None  # the ordinary read answers (or reports it)
+    return fallback() if frame is None else frame
+
+
+def _read(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFrame | None:
     span_row_schema = SPAN_ROW.polars()
-    columns = tuple(c for c in SPAN_ROW.names if c in columns)
     stored = _stored_columns(columns)
     stored_schema = {**span_row_schema, "duration_ns": pl.Int64(), "parent_gap": pl.Int64(), "exit_gap": pl.Int64()}
-    ranks = read_ranks(store, run_id)
-    if _unlisted_rank(store, run_id, ranks):
-        return fallback()
-    jobs: list[tuple[int, Callable[[], pl.DataFrame]]] = []
-    for rank in ranks:
-        bounds = _span_range(store, run_id, rank)
-        if bounds is None:
-            continue
-        low, high = bounds
-        step = max(1, -(-(high - low + 1) // PARTS))
-        for start in range(low, high + 1, step):
-            end = min(start + step, high + 1)
-            jobs.append((rank, _part_reader(store, run_id, rank, start, end, stored, stored_schema)))
-    if not jobs:
-        return fallback()
+    parts = _parts(store, run_id)
+    if not parts:  # a rank the run does not list, or no spans
+        return None
+    jobs = [_part_reader(store, run_id, rank, start, end, stored, stored_schema) for rank, start, end in parts]
     threads = min(THREADS, len(jobs), os.cpu_count() or 1)
-    try:
-        if threads > 1:
-            with ThreadPoolExecutor(threads, thread_name_prefix="modtrace-read") as pool:
-                parts = list(pool.map(lambda job: job[1](), jobs))
-        else:
-            parts = [job[1]() for job in jobs]
-    except Exception:  # noqa: BLE001 -- a value that is no integer of its column, a table of another shape:
-        return fallback()  # the ordinary read answers (or reports it)
-    frame = pl.concat(
-        [part.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")) for (rank, _), part in zip(jobs, parts, strict=True)]
-    )
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="modtrace-read") as pool:
+            frames = list(pool.map(lambda job: job(), jobs))
+    else:
+        frames = [job() for job in jobs]
+    frame = pl.concat([f.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
+                       for (rank, _, _), f in zip(parts, frames, strict=True)])
     if not frame["span_id"].is_sorted() and not frame.select(pl.struct("rank", "span_id").is_sorted()).item():
-        frame = frame.sort("rank", "span_id")
+        frame = frame.sort("rank", "span_id")  # group_concat's order is SQLite's to choose
     derived = _derive(frame, columns)
     if derived is None:
-        return fallback()
+        return None
     missing = [pl.lit(None, dtype=span_row_schema[c]).alias(c) for c in SPAN_ROW.names if c not in columns]
     return derived.with_columns(missing).select(SPAN_ROW.names)
 
