@@ -31,6 +31,25 @@ from tests.device_clock import FakeStream
 PHASES = ["forward", "backward", "recompute"]
 
 
+def _plain_lanes(starts: list[int], ends: list[int], keys: list[int]) -> list[int]:
+    """The lane walk at its plainest: per key, the first lane whose innermost open interval holds it."""
+    out: list[int] = []
+    lanes: dict[int, list[list[int]]] = {}
+    for start, end, key in zip(starts, ends, keys, strict=True):
+        stacks = lanes.setdefault(key, [])
+        for i, stack in enumerate(stacks):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or stack[-1] >= end:
+                stack.append(end)
+                out.append(i)
+                break
+        else:
+            stacks.append([end])
+            out.append(len(stacks) - 1)
+    return out
+
+
 def _plain_trace(frame: pl.DataFrame) -> pl.DataFrame:
     """trace_frame the plain way: every span sorted by the six keys, every track walked."""
     out = frame.with_columns(pl.col("end_ns").is_null().alias("unclosed"), pl.col("start_ns").alias("t0"),
@@ -41,7 +60,7 @@ def _plain_trace(frame: pl.DataFrame) -> pl.DataFrame:
     out = out.sort(["rank", "thread_id", by_name, "t0", "t1", "depth"],
                    descending=[False, False, False, False, True, False], nulls_last=[False] * 6)
     keys = out.select(pl.struct("rank", "thread_id", "phase").rle_id())["rank"].to_list()
-    return out.with_columns(pl.Series("lane", assign_lanes(out["t0"].to_list(), out["t1"].to_list(), keys),
+    return out.with_columns(pl.Series("lane", _plain_lanes(out["t0"].to_list(), out["t1"].to_list(), keys),
                                       dtype=pl.Int32))
 
 
@@ -62,6 +81,14 @@ def test_slices_take_the_order_and_lanes_of_the_plain_walk(raw: list[tuple[int, 
     got = trace_frame(frame, {0: 0}, 0)
     want = _plain_trace(frame)
     assert got.select("span_id", "t0", "t1", "lane").rows() == want.select("span_id", "t0", "t1", "lane").rows()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(0, 12)), max_size=60))
+def test_assign_lanes_is_the_plain_walk(intervals: list[tuple[int, int, int]]) -> None:
+    items = sorted(((k, s, s + d) for k, s, d in intervals), key=lambda t: (t[0], t[1], -t[2]))
+    starts, ends, keys = ([t[i] for t in items] for i in (1, 2, 0))
+    assert assign_lanes(starts, ends, keys) == _plain_lanes(starts, ends, keys)
 
 
 def test_nested_spans_in_start_order_stay_in_the_first_lane_and_a_crossing_does_not() -> None:

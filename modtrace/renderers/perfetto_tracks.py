@@ -40,21 +40,32 @@ def assign_lanes(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]
     where it fits inside the innermost open one (or where none is open).
     """
     lanes_out: list[int] = []
+    put = lanes_out.append
     lanes: list[list[int]] = []
     current: Any = object()
     for start, end, key in zip(starts, ends, keys, strict=True):
         if key != current:
             current, lanes = key, []
-        for i, stack in enumerate(lanes):
+        # the first lane is tried inline: nearly every span fits there
+        if lanes:
+            stack = lanes[0]
             while stack and stack[-1] <= start:
                 stack.pop()
             if not stack or stack[-1] >= end:
                 stack.append(end)
-                lanes_out.append(i)
+                put(0)
+                continue
+        for i in range(1, len(lanes)):
+            stack = lanes[i]
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or stack[-1] >= end:
+                stack.append(end)
+                put(i)
                 break
         else:
             lanes.append([end])
-            lanes_out.append(len(lanes) - 1)
+            put(len(lanes) - 1)
     return lanes_out
 
 
