@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TextIO
@@ -38,7 +39,9 @@ from modtrace.renderers.base import Renderer
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
 
-CHUNK_ROWS = 100_000
+CHUNK_ROWS = 64_000
+BUILDERS = 2  # threads building chunks' lines
+BUILT_AHEAD = 2  # chunks built before the one being written is done
 # The span columns a trace shows or places slices by (with the names that come from
 # module_id and device_id); a caller may read only these.
 TRACE_SPAN_COLUMNS: tuple[str, ...] = (
@@ -121,8 +124,8 @@ class PerfettoRenderer(Renderer[Trace]):
                 trace = pl.concat([trace, trace_frame(on_device, anchors, origin)], how="vertical_relaxed")
                 thread_names = {**thread_names, **stream_names}
         # each slice's (rank, thread, phase, lane) as one integer: a run of one track, and the lane
-        lanes = trace["lane"].max()
-        track_lane = (pl.struct("rank", "thread_id", "phase").rle_id().cast(pl.Int64) * (int(lanes or 0) + 1)
+        lanes = trace.select(pl.col("lane").max().fill_null(0).cast(pl.Int64)).item()
+        track_lane = (pl.struct("rank", "thread_id", "phase").rle_id().cast(pl.Int64) * (int(lanes) + 1)
                       + pl.col("lane")).alias("_track_lane")
         keyed = trace.select(track_lane)["_track_lane"]
         distinct = trace.select(track_lane, "rank", "thread_id", "phase", "lane").unique("_track_lane", keep="first")
@@ -196,21 +199,26 @@ class PerfettoRenderer(Renderer[Trace]):
             pl.Series(list(tid_by_key), dtype=pl.Int64), pl.Series(list(tid_by_key.values()), dtype=pl.Int64),
             default=None, return_dtype=pl.Int64).alias("tid"))
         parts = line_parts(trace)
-        # One chunk is written (by a thread: polars and the file write let go of Python's lock)
-        # while the next one's lines are built.
-        with ThreadPoolExecutor(1, thread_name_prefix="modtrace-trace") as writer:
-            written: Future[None] | None = None
+        # Chunks' lines are built by two threads (polars lets go of Python's lock) while this one
+        # writes the chunk before them, in order; at most BUILT_AHEAD chunks wait in memory.
+        def build(start: int) -> pl.DataFrame:
+            return span_lines(trace.slice(start, CHUNK_ROWS), parts).to_frame()
+
+        with ThreadPoolExecutor(BUILDERS, thread_name_prefix="modtrace-trace") as builders:
+            pending: deque[Future[pl.DataFrame]] = deque()
             for start in range(0, trace.height, CHUNK_ROWS):
-                chunk = trace.slice(start, CHUNK_ROWS)
-                lines = span_lines(chunk, parts).to_frame()
-                if written is not None:
-                    written.result()
-                written = writer.submit(emit_column, lines)
-                if self.progress is not None:
-                    self.progress(chunk.height)
-            if written is not None:
-                written.result()
+                pending.append(builders.submit(build, start))
+                if len(pending) > BUILT_AHEAD:
+                    self._emit_next(pending, emit_column)
+            while pending:
+                self._emit_next(pending, emit_column)
         out.write("\n]}\n")
+
+    def _emit_next(self, pending: deque[Future[pl.DataFrame]], emit: Callable[[pl.DataFrame], None]) -> None:
+        lines = pending.popleft().result()
+        emit(lines)
+        if self.progress is not None:
+            self.progress(lines.height)
 
     @staticmethod
     def _tracks(
