@@ -68,14 +68,14 @@ def trace_frame(spans: pl.DataFrame, anchors: Mapping[int, int], origin_ns: int)
     A span never exited ends at the last timestamp of its rank.  Rows come
     by (rank, thread_id, phase name, t0, t1 descending, depth).
     """
-    anchor = pl.DataFrame(
-        {"rank": list(anchors), "_anchor": [anchors[r] - origin_ns for r in anchors]},
-        schema={"rank": pl.Int32(), "_anchor": pl.Int64()},
-    )
+    # each rank's anchor relative to the origin (0 for a rank without one)
+    anchor = pl.col("rank").replace_strict(
+        pl.Series(list(anchors), dtype=pl.Int32), pl.Series([anchors[r] - origin_ns for r in anchors], dtype=pl.Int64),
+        default=0, return_dtype=pl.Int64,
+    ).fill_null(0)
     last = pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max()).over("rank")
     frame = (
-        spans.join(anchor, on="rank", how="left", maintain_order="left")
-        .with_columns(pl.col("_anchor").fill_null(0))
+        spans.with_columns(anchor.alias("_anchor"))
         .with_columns(
             pl.col("end_ns").is_null().alias("unclosed"),
             (pl.col("_anchor") + pl.col("start_ns")).alias("t0"),

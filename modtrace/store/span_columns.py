@@ -32,8 +32,9 @@ from modtrace.contracts import SPAN_ROW
 from modtrace.store.engine import Store
 from modtrace.store.reader import copy_csv, driver_cursor, mark
 
-# Parts per rank (a range of span ids each) and threads reading them.
-PARTS = 4
+# Parts per rank (a range of span ids each; smaller texts are cheaper for SQLite to build) and
+# threads reading them.
+PARTS = 8
 THREADS = 2
 # A column's NULL in the SQLite texts (no number reads as it).
 _NULL = "N"
