@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import perfetto_reference as reference
 import polars as pl
 import torch
 from hypothesis import given, settings
@@ -89,6 +90,24 @@ def test_assign_lanes_is_the_plain_walk(intervals: list[tuple[int, int, int]]) -
     items = sorted(((k, s, s + d) for k, s, d in intervals), key=lambda t: (t[0], t[1], -t[2]))
     starts, ends, keys = ([t[i] for t in items] for i in (1, 2, 0))
     assert assign_lanes(starts, ends, keys) == _plain_lanes(starts, ends, keys)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.sampled_from(PHASES), st.integers(0, 30), st.integers(0, 20),
+                          st.integers(0, 14), st.integers(0, 2), st.booleans()), min_size=1, max_size=30))
+def test_slices_take_the_reference_renderers_order_and_lanes(raw: list[tuple[int, str, int, int, int, int, bool]]) -> None:
+    """As the renderer before it was made fast placed them (it walked only tracks its parent-link
+    check found not nested), parent links pointing anywhere."""
+    rows = []
+    for i, (thread, phase, start, dur, parent, depth, closed) in enumerate(raw):
+        rows.append({"rank": 0, "span_id": i, "parent_span_id": parent if parent != i else None, "depth": depth,
+                     "thread_id": thread, "phase": phase, "start_ns": start,
+                     "end_ns": start + dur if closed or i == 0 else None, "step": 0})
+    frame = pl.DataFrame(rows, schema={"rank": pl.Int32, "span_id": pl.Int64, "parent_span_id": pl.Int64,
+                                       "depth": pl.Int32, "thread_id": pl.Int32, "phase": pl.String,
+                                       "start_ns": pl.Int64, "end_ns": pl.Int64, "step": pl.Int32})
+    want = reference.trace_frame(frame, {0: 0}, 0).select("span_id", "t0", "t1", "lane").rows()
+    assert trace_frame(frame, {0: 0}, 0).select("span_id", "t0", "t1", "lane").rows() == want
 
 
 def test_nested_spans_in_start_order_stay_in_the_first_lane_and_a_crossing_does_not() -> None:
