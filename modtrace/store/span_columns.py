@@ -78,16 +78,19 @@ def _derive(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame | Non
 
 def _sqlite_part(store: Store, sql: str, params: tuple[Any, ...], stored: list[str],
                  schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """One part: its row count and each column's text, parsed as one column of all the columns'
+    values one after another (one parse per part, not per column) and cut back into columns."""
     with driver_cursor(store) as cur:
         cur.execute(sql, params)
-        texts = cur.fetchone()
-    if texts is None or texts[0] is None:
+        found = cur.fetchone()
+    if found is None or not found[0]:
         return pl.DataFrame(schema={c: schema[c] for c in stored})
-    return pl.DataFrame([
-        pl.read_csv(text.encode(), has_header=False, new_columns=[c], schema={c: schema[c]},
-                    null_values=_NULL).to_series()
-        for c, text in zip(stored, texts, strict=True)
-    ])
+    rows, texts = int(found[0]), found[1:]
+    values = pl.read_csv("\n".join(texts).encode(), has_header=False, new_columns=["v"], schema={"v": pl.Int64()},
+                         null_values=_NULL).to_series()
+    if values.len() != rows * len(stored):
+        raise ValueError("a column's text does not have a line per row")
+    return pl.DataFrame([values.slice(i * rows, rows).cast(schema[c], strict=True).alias(c) for i, c in enumerate(stored)])
 
 
 def _pg_part(store: Store, select: str, stored: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -189,7 +192,7 @@ def _part_reader(store: Store, run_id: int, rank: int, start: int, end: int, sto
     where = f"run_id = {int(run_id)} AND rank = {int(rank)} AND span_id >= {int(start)} AND span_id < {int(end)}"
     if store.dialect == "sqlite":
         texts = ", ".join(f"group_concat(ifnull({c}, '{_NULL}'), '\n')" for c in stored)
-        sql = f"SELECT {texts} FROM span_rows WHERE {where}"
+        sql = f"SELECT count(*), {texts} FROM span_rows WHERE {where}"
         return lambda: _sqlite_part(store, sql, (), stored, schema)
     select = f"SELECT {', '.join(stored)} FROM span_rows WHERE {where} ORDER BY span_id"
     return lambda: _pg_part(store, select, stored, schema)
