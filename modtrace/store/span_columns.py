@@ -4,10 +4,12 @@ The same frame as ``analysis_store.read_span_rows`` (span rows in
 (rank, span_id) order, only the asked columns filled), read faster:
 
 * SQLite: each part of a rank's spans (a range of span ids) is one query
-  whose every column is one ``group_concat`` text, one value a line, which
-  polars parses as a one-column CSV.  A column's values cost SQLite a third
-  of what formatting each row as a CSV line with ``printf`` does; all of a
-  part's columns come from one scan, so their lines line up.
+  whose every column is one ``group_concat`` text, one value a line; polars
+  parses a part's texts, one after another, as one column of values, cut
+  back into columns.  SQLite spends about three quarters of the CPU that
+  formatting each row as a CSV line with ``printf`` (and deriving columns in
+  SQL) costs it; all of a part's columns come from one scan, so their lines
+  line up.
 * PostgreSQL: each part is one ``COPY ... TO STDOUT (FORMAT csv)``.
 
 Parts are read by a pool of threads, each with its own connection: SQLite
