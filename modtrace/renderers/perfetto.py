@@ -39,7 +39,7 @@ from modtrace.renderers.base import Renderer
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
 
-CHUNK_ROWS = 64_000
+CHUNK_ROWS = 128_000
 BUILDERS = 2  # threads building chunks' lines
 BUILT_AHEAD = 2  # chunks built before the one being written is done
 # The span columns a trace shows or places slices by (with the names that come from
@@ -199,6 +199,7 @@ class PerfettoRenderer(Renderer[Trace]):
             pl.Series(list(tid_by_key), dtype=pl.Int64), pl.Series(list(tid_by_key.values()), dtype=pl.Int64),
             default=None, return_dtype=pl.Int64).alias("tid"))
         parts = line_parts(trace)
+        trace = parts.keyed(trace)
         # Chunks' lines are built by two threads (polars lets go of Python's lock) while this one
         # writes the chunk before them, in order; at most BUILT_AHEAD chunks wait in memory.
         def build(start: int) -> pl.DataFrame:

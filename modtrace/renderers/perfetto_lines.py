@@ -79,6 +79,11 @@ class LineParts:
     table: pl.DataFrame
     streams: pl.Series  # the distinct non-null streams, whose index stands for one in ``_key``
     radices: tuple[int, ...] | None  # each key column's range in ``_key``; None: they do not fit in one
+    row_keys: pl.Series | None = None  # ``_key`` of each row of the trace the parts are of (None: no ``_key``)
+
+    def keyed(self, trace: pl.DataFrame) -> pl.DataFrame:
+        """The trace these parts are of, with each row's ``_key`` (so chunks of it need not work it out)."""
+        return trace if self.row_keys is None else trace.with_columns(self.row_keys)
 
 
 def _packed(keyed: pl.DataFrame, streams: pl.Series, radices: tuple[int, ...]) -> pl.Expr:
@@ -140,14 +145,19 @@ def line_parts(trace: pl.DataFrame) -> LineParts:
         pl.Series("_head", heads, dtype=pl.String), pl.Series("_args", args, dtype=pl.String),
         pl.Series("_where", wheres, dtype=pl.String),
     )
-    if radices is not None:
-        table = table.with_columns(_packed(table, streams, radices))
-    return LineParts(table, streams, radices)
+    if radices is None:
+        return LineParts(table, streams, radices)
+    table = table.with_columns(_packed(table, streams, radices))
+    return LineParts(table, streams, radices, keyed.select(_packed(keyed, streams, radices)).to_series())
 
 
 def _join_parts(chunk: pl.DataFrame, parts: LineParts) -> pl.DataFrame:
-    keyed = _keyed(chunk)
     texts = ["_head", "_args", "_where"]
+    if parts.radices is not None and "_key" in chunk.columns:
+        found = chunk.select("_key").join(parts.table.select("_key", *texts), on="_key", how="left",
+                                          maintain_order="left")
+        return chunk.with_columns(found.select(texts))
+    keyed = _keyed(chunk)
     if parts.radices is None:
         found = keyed.join(parts.table.select(*_KEYS, *texts), on=list(_KEYS), how="left", nulls_equal=True,
                            maintain_order="left")

@@ -17,6 +17,7 @@ sort by track instead of a sort by six keys (``_in_track_order``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import chain, repeat
 from typing import Any
 
 import polars as pl
@@ -95,8 +96,10 @@ def trace_frame(spans: pl.DataFrame, anchors: Mapping[int, int], origin_ns: int)
     # in track order: a track is a run of equal (rank, thread_id, phase)
     frame = frame.with_columns(pl.struct("rank", "thread_id", "_phase").rle_id().cast(pl.Int64).alias("_track"))
     if keyed:
-        lane = pl.Series("lane", assign_lanes(frame["t0"].to_list(), frame["t1"].to_list(), frame["_track"].to_list()),
-                         dtype=pl.Int32)
+        # the walk's key changes only where a track does: one repeated key per run, not a list of them
+        runs = frame.select(pl.col("_track").rle()).unnest("_track")
+        keys = chain.from_iterable(repeat(k, n) for n, k in runs.select("len", "value").iter_rows())
+        lane = pl.Series("lane", assign_lanes(frame["t0"].to_list(), frame["t1"].to_list(), keys), dtype=pl.Int32)
     else:  # a slice without times has no place on its track: the first lane, and no part in the walk
         timed = frame.select("t0", "t1", "_track").with_row_index("_i").drop_nulls()
         lane = pl.Series("lane", [0] * frame.height, dtype=pl.Int32).scatter(
