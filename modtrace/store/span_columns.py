@@ -10,7 +10,8 @@ The same frame as ``analysis_store.read_span_rows`` (span rows in
   formatting each row as a CSV line with ``printf`` (and deriving columns in
   SQL) costs it; all of a part's columns come from one scan, so their lines
   line up.
-* PostgreSQL: each part is one ``COPY ... TO STDOUT (FORMAT csv)``.
+* PostgreSQL: the same, with ``string_agg`` over the part's rows by span id (one row of
+  texts: a ``COPY`` sends a message per row, each a step of Python's, twice the client CPU).
 
 Parts are read by a pool of threads, each with its own connection: SQLite
 and PostgreSQL work (and polars parses) without Python's lock, so the reads
@@ -32,7 +33,7 @@ import polars as pl
 
 from modtrace.contracts import SPAN_ROW
 from modtrace.store.engine import Store
-from modtrace.store.reader import copy_csv, driver_cursor, mark
+from modtrace.store.reader import driver_cursor, mark
 
 # Parts per rank (a range of span ids each; smaller texts are cheaper for SQLite to build) and
 # threads reading them.
@@ -78,12 +79,11 @@ def _derive(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame | Non
     return frame.with_columns(exprs)
 
 
-def _sqlite_part(store: Store, sql: str, params: tuple[Any, ...], stored: list[str],
-                 schema: dict[str, pl.DataType]) -> pl.DataFrame:
+def _texts_part(store: Store, sql: str, stored: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """One part: its row count and each column's text, parsed as one column of all the columns'
     values one after another (one parse per part, not per column) and cut back into columns."""
     with driver_cursor(store) as cur:
-        cur.execute(sql, params)
+        cur.execute(sql)
         found = cur.fetchone()
     if found is None or not found[0]:
         return pl.DataFrame(schema={c: schema[c] for c in stored})
@@ -93,13 +93,6 @@ def _sqlite_part(store: Store, sql: str, params: tuple[Any, ...], stored: list[s
     if values.len() != rows * len(stored):
         raise ValueError("a column's text does not have a line per row")
     return pl.DataFrame([values.slice(i * rows, rows).cast(schema[c], strict=True).alias(c) for i, c in enumerate(stored)])
-
-
-def _pg_part(store: Store, select: str, stored: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    data = copy_csv(store, select)
-    if not data:
-        return pl.DataFrame(schema={c: schema[c] for c in stored})
-    return pl.read_csv(data, has_header=False, new_columns=stored, schema={c: schema[c] for c in stored})
 
 
 def _span_range(cur: Any, m: str, run_id: int, rank: int) -> tuple[int, int] | None:
@@ -195,6 +188,8 @@ def _part_reader(store: Store, run_id: int, rank: int, start: int, end: int, sto
     if store.dialect == "sqlite":
         texts = ", ".join(f"group_concat(ifnull({c}, '{_NULL}'), '\n')" for c in stored)
         sql = f"SELECT count(*), {texts} FROM span_rows WHERE {where}"
-        return lambda: _sqlite_part(store, sql, (), stored, schema)
-    select = f"SELECT {', '.join(stored)} FROM span_rows WHERE {where} ORDER BY span_id"
-    return lambda: _pg_part(store, select, stored, schema)
+    else:  # one row of texts: a COPY sends a message per row, each a step of Python's
+        texts = ", ".join(f"string_agg(coalesce({c}::text, '{_NULL}'), E'\\n')" for c in stored)
+        sql = (f"SELECT count(*), {texts} FROM (SELECT {', '.join(stored)} FROM span_rows WHERE {where} "
+               "ORDER BY span_id) AS part")
+    return lambda: _texts_part(store, sql, stored, schema)
