@@ -79,12 +79,9 @@ def _derive(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame | Non
     return frame.with_columns(exprs)
 
 
-def _texts_part(store: Store, sql: str, stored: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """One part: its row count and each column's text, parsed as one column of all the columns'
-    values one after another (one parse per part, not per column) and cut back into columns."""
-    with driver_cursor(store) as cur:
-        cur.execute(sql)
-        found = cur.fetchone()
+def _parse_part(found: tuple[Any, ...] | None, stored: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """One part's row count and column texts, parsed as one column of all the columns' values one
+    after another (one parse per part, not per column) and cut back into columns."""
     if found is None or not found[0]:
         return pl.DataFrame(schema={c: schema[c] for c in stored})
     rows, texts = int(found[0]), found[1:]
@@ -164,15 +161,24 @@ def _read(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFrame |
     parts = _parts(store, run_id)
     if not parts:  # a rank the run does not list, or no spans
         return None
-    jobs = [_part_reader(store, run_id, rank, start, end, stored, stored_schema) for rank, start, end in parts]
-    threads = min(THREADS, len(jobs), os.cpu_count() or 1)
+    sqls = [_part_sql(store, run_id, rank, start, end, stored) for rank, start, end in parts]
+    threads = min(THREADS, len(sqls), os.cpu_count() or 1)
+    frames: list[pl.DataFrame | None] = [None] * len(sqls)
+
+    def read_every(first: int) -> None:
+        """Parts first, first + threads, ...: on one connection of this thread's."""
+        with driver_cursor(store) as cur:
+            for i in range(first, len(sqls), threads):
+                cur.execute(sqls[i])
+                frames[i] = _parse_part(cur.fetchone(), stored, stored_schema)
+
     if threads > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="modtrace-read") as pool:
-            frames = list(pool.map(lambda job: job(), jobs))
+            list(pool.map(read_every, range(threads)))
     else:
-        frames = [job() for job in jobs]
+        read_every(0)
     frame = pl.concat([f.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
-                       for (rank, _, _), f in zip(parts, frames, strict=True)])
+                       for (rank, _, _), f in zip(parts, frames, strict=True) if f is not None])
     if not frame["span_id"].is_sorted() and not frame.select(pl.struct("rank", "span_id").is_sorted()).item():
         frame = frame.sort("rank", "span_id")  # group_concat's order is SQLite's to choose
     derived = _derive(frame, columns)
@@ -182,14 +188,13 @@ def _read(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFrame |
     return derived.with_columns(missing).select(SPAN_ROW.names)
 
 
-def _part_reader(store: Store, run_id: int, rank: int, start: int, end: int, stored: list[str],
-                 schema: dict[str, pl.DataType]) -> Callable[[], pl.DataFrame]:
+def _part_sql(store: Store, run_id: int, rank: int, start: int, end: int, stored: list[str]) -> str:
+    """The query of one part: its row count and each stored column as one text, a value a line."""
     where = f"run_id = {int(run_id)} AND rank = {int(rank)} AND span_id >= {int(start)} AND span_id < {int(end)}"
     if store.dialect == "sqlite":
         texts = ", ".join(f"group_concat(ifnull({c}, '{_NULL}'), '\n')" for c in stored)
-        sql = f"SELECT count(*), {texts} FROM span_rows WHERE {where}"
-    else:  # one row of texts: a COPY sends a message per row, each a step of Python's
-        texts = ", ".join(f"string_agg(coalesce({c}::text, '{_NULL}'), E'\\n')" for c in stored)
-        sql = (f"SELECT count(*), {texts} FROM (SELECT {', '.join(stored)} FROM span_rows WHERE {where} "
-               "ORDER BY span_id) AS part")
-    return lambda: _texts_part(store, sql, stored, schema)
+        return f"SELECT count(*), {texts} FROM span_rows WHERE {where}"
+    # one row of texts: a COPY sends a message per row, each a step of Python's
+    texts = ", ".join(f"string_agg(coalesce({c}::text, '{_NULL}'), E'\\n')" for c in stored)
+    return (f"SELECT count(*), {texts} FROM (SELECT {', '.join(stored)} FROM span_rows WHERE {where} "
+            "ORDER BY span_id) AS part")
