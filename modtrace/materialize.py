@@ -99,12 +99,13 @@ def load_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFr
     from modtrace.analysis.spans import name_spans
     from modtrace.store.analysis_store import has_analysis, read_span_rows
     from modtrace.store.reader import read_devices, read_modules
+    from modtrace.store.span_columns import read_span_columns
 
     if not has_analysis(store, run_id):
         return compute(store, run_id).spans
     wanted = tuple(dict.fromkeys(("rank", "span_id", "module_id", "device_id", *columns)))
-    return name_spans(read_span_rows(store, run_id, columns=wanted), read_modules(store, run_id),
-                      read_devices(store, run_id))
+    rows = read_span_columns(store, run_id, wanted, fallback=lambda: read_span_rows(store, run_id, columns=wanted))
+    return name_spans(rows, read_modules(store, run_id), read_devices(store, run_id))
 
 
 def _tree_spans(store: Store, run_id: int) -> pl.DataFrame:

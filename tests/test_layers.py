@@ -35,8 +35,11 @@ LAYERS: dict[str, str] = {
     "modtrace.backward_hooks": "tracker",
     "modtrace.recompute_links": "tracker",
     "modtrace.store": "store",
+    "modtrace.store.span_columns": "store",  # span rows read column by column, for the trace
     "modtrace.analysis": "analysis",
     "modtrace.renderers": "renderers",
+    "modtrace.renderers.perfetto_lines": "renderers",  # the trace's span lines, built column-wise
+    "modtrace.renderers.perfetto_tracks": "renderers",  # the trace's slice order and lanes
     "modtrace.materialize": "join",
     "modtrace.stored_tree": "join",  # the default module call tree, stored with the spans and read by tree
     "modtrace.api": "api",

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TextIO
 
@@ -34,13 +36,24 @@ import polars as pl
 
 from modtrace.contracts import PHASES
 from modtrace.renderers.base import Renderer
+from modtrace.renderers.perfetto_lines import line_parts, span_lines
+from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
 
-CHUNK_ROWS = 50_000
+CHUNK_ROWS = 128_000
+BUILDERS = 2  # threads building chunks' lines
+BUILT_AHEAD = 2  # chunks built before the one being written is done
 # The span columns a trace shows or places slices by (with the names that come from
 # module_id and device_id); a caller may read only these.
 TRACE_SPAN_COLUMNS: tuple[str, ...] = (
     "rank", "span_id", "parent_span_id", "depth", "module_id", "phase", "call_id", "step", "thread_id",
     "graph_task", "start_ns", "end_ns", "self_ns", "device_id", "stream", "status",
+)
+
+
+# What of a spans frame the trace's slices are made of (names rather than their ids).
+SHOWN_COLUMNS: tuple[str, ...] = (
+    "rank", "span_id", "parent_span_id", "depth", "fqn", "module_type", "phase", "call_id", "step", "thread_id",
+    "graph_task", "start_ns", "end_ns", "self_ns", "device", "stream", "status",
 )
 
 
@@ -79,115 +92,9 @@ def device_spans(spans: pl.DataFrame) -> tuple[pl.DataFrame, dict[tuple[int, int
     return out, names
 
 
-def assign_lanes(starts: Iterable[int], ends: Iterable[int], keys: Iterable[Any]) -> list[int]:
-    """Lane per interval, so that the intervals of one (key, lane) nest strictly.
-
-    Intervals must come sorted by (key, start, end descending).  Each lane
-    keeps the ends of its open intervals; an interval goes to the first lane
-    where it fits inside the innermost open one (or where none is open).
-    """
-    lanes_out: list[int] = []
-    lanes: list[list[int]] = []
-    current: Any = object()
-    for start, end, key in zip(starts, ends, keys, strict=True):
-        if key != current:
-            current, lanes = key, []
-        for i, stack in enumerate(lanes):
-            while stack and stack[-1] <= start:
-                stack.pop()
-            if not stack or stack[-1] >= end:
-                stack.append(end)
-                lanes_out.append(i)
-                break
-        else:
-            lanes.append([end])
-            lanes_out.append(len(lanes) - 1)
-    return lanes_out
-
-
 def _us(ns: pl.Expr) -> pl.Expr:
     """Non-negative integer nanoseconds -> exact decimal microseconds as text (``1234.567``)."""
     return pl.concat_str((ns // 1000).cast(pl.String), pl.lit("."), (ns % 1000 + 1000).cast(pl.String).str.slice(1))
-
-
-def _json_text(col: str) -> pl.Expr:
-    """A string column as JSON string literals (null -> null), escaping each distinct value once."""
-    return pl.col(col).cast(pl.String).map_batches(
-        lambda s: s.replace_strict(
-            {v: json.dumps(v) for v in s.unique().drop_nulls().to_list()}, default=None, return_dtype=pl.String
-        ),
-        return_dtype=pl.String,
-    ).fill_null("null")
-
-
-def _num(col: str) -> pl.Expr:
-    return pl.col(col).cast(pl.String).fill_null("null")
-
-
-def trace_frame(spans: pl.DataFrame, anchors: Mapping[int, int], origin_ns: int) -> pl.DataFrame:
-    """Spans frame -> one row per slice with its track and trace-relative nanoseconds.
-
-    Adds ``t0`` and ``t1`` (ns since ``origin_ns``), ``lane``, ``unclosed``.
-    A span never exited ends at the last timestamp of its rank.
-    """
-    anchor = pl.DataFrame(
-        {"rank": list(anchors), "_anchor": [anchors[r] - origin_ns for r in anchors]},
-        schema={"rank": pl.Int32(), "_anchor": pl.Int64()},
-    )
-    last = pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max()).over("rank")
-    frame = (
-        spans.join(anchor, on="rank", how="left", maintain_order="left")
-        .with_columns(pl.col("_anchor").fill_null(0))
-        .with_columns(
-            pl.col("end_ns").is_null().alias("unclosed"),
-            (pl.col("_anchor") + pl.col("start_ns")).alias("t0"),
-            (pl.col("_anchor") + pl.col("end_ns").fill_null(last)).alias("t1"),
-            pl.col("phase").cast(pl.String).alias("phase"),
-        )
-    )
-    # phases in name order (as text sorts), as small integers: a cheaper sort key than the text
-    names = sorted(set(frame["phase"].unique().drop_nulls().to_list()))
-    by_name = pl.col("phase").replace_strict(names, list(range(len(names))), default=None, return_dtype=pl.Int8)
-    frame = frame.sort(
-        ["rank", "thread_id", by_name, "t0", "t1", "depth"], descending=[False, False, False, False, True, False],
-        nulls_last=[False] * 6,
-    )
-    # sorted by track first: a track is a run of equal (rank, thread_id, phase)
-    frame = frame.with_columns(pl.struct("rank", "thread_id", "phase").rle_id().cast(pl.Int64).alias("_track"))
-    dirty = _unnested_tracks(frame)
-    lane = pl.Series("lane", [0] * frame.height, dtype=pl.Int32)
-    if dirty:
-        # Only tracks whose spans do not already nest take the row-by-row walk.
-        idx = frame.with_row_index("_i").filter(pl.col("_track").is_in(dirty))
-        lanes = assign_lanes(idx["t0"].to_list(), idx["t1"].to_list(), idx["_track"].to_list())
-        lane = lane.scatter(idx["_i"], pl.Series(lanes, dtype=pl.Int32))
-    return frame.with_columns(lane).drop("_anchor", "_track")
-
-
-def _unnested_tracks(frame: pl.DataFrame) -> list[int]:
-    """Tracks where some span is not inside its parent on that track, or overlaps a sibling.
-
-    When every span lies inside its parent and siblings are disjoint, the
-    track's spans nest strictly (by induction over the tree), and one lane
-    holds them all.  A parent on another track (a recompute's backward
-    parent) counts as none.
-    """
-    parents = frame.select(
-        "rank", pl.col("span_id").alias("parent_span_id"), pl.col("_track").alias("_ptrack"),
-        pl.col("t0").alias("_p0"), pl.col("t1").alias("_p1"),
-    )
-    linked = frame.select("rank", "span_id", "parent_span_id", "_track", "t0", "t1").join(
-        parents, on=["rank", "parent_span_id"], how="left", maintain_order="left"
-    ).with_columns(
-        pl.when(pl.col("_ptrack") == pl.col("_track")).then(pl.col("parent_span_id")).alias("_parent")
-    )
-    outside = (pl.col("_parent").is_not_null() & ((pl.col("t0") < pl.col("_p0")) | (pl.col("t1") > pl.col("_p1"))))
-    # frame (so linked) is in track order by start: each sibling after the one before it
-    # (equal starts: the longer first, which at worst flags a track that nests anyway)
-    siblings = linked.with_columns(pl.col("t1").shift(1).over("_track", "_parent").alias("_prev_end"))
-    overlap = pl.col("_prev_end").is_not_null() & (pl.col("t0") < pl.col("_prev_end"))
-    bad = siblings.filter(outside | overlap)["_track"].unique().sort()
-    return [int(t) for t in bad.to_list()]
 
 
 def step_frame(trace: pl.DataFrame) -> pl.DataFrame:
@@ -216,20 +123,29 @@ class PerfettoRenderer(Renderer[Trace]):
     def write(self, model: Trace, out: TextIO) -> None:
         spans, anchors, thread_names, run = model.spans, model.anchors, model.thread_names, model.run
         origin = min(anchors.values()) if anchors else 0
-        trace = trace_frame(spans, anchors, origin)
+        trace = trace_frame(self._shown(spans), anchors, origin)
         steps = step_frame(trace)
         if model.device_tracks:
             on_device, stream_names = device_spans(spans)
             if on_device.height:
-                trace = pl.concat([trace, trace_frame(on_device, anchors, origin)], how="vertical_relaxed")
+                trace = pl.concat([trace, trace_frame(self._shown(on_device), anchors, origin)], how="vertical_relaxed")
                 thread_names = {**thread_names, **stream_names}
-        tracks = self._tracks(trace, steps, thread_names)
+        # each slice's (rank, thread, phase, lane) as one integer: a run of one track, and the lane
+        lanes = trace.select(pl.col("lane").max().fill_null(0).cast(pl.Int64)).item()
+        track_lane = (pl.struct("rank", "thread_id", "phase").rle_id().cast(pl.Int64) * (int(lanes) + 1)
+                      + pl.col("lane")).alias("_track_lane")
+        keyed = trace.select(track_lane)["_track_lane"]
+        distinct = trace.select(track_lane, "rank", "thread_id", "phase", "lane").unique("_track_lane", keep="first")
+        tracks = self._tracks(distinct, steps, thread_names)
         tid_of = {(t["rank"], t["thread_id"], t["phase"], t["lane"]): t["tid"] for t in tracks}
         tid_frame = pl.DataFrame(
             [(r, th, ph, ln, tid) for (r, th, ph, ln), tid in tid_of.items()],
             schema={"rank": pl.Int32(), "thread_id": pl.Int32(), "phase": pl.String(), "lane": pl.Int32(), "tid": pl.Int64()},
             orient="row",
         )
+        # a slice without a phase gets no tid (its line is left empty)
+        tid_by_key = {k: tid_of.get((r, th, ph, ln)) if ph is not None else None
+                      for k, r, th, ph, ln in distinct.iter_rows()}
         other = {
             "run": run.get("name"),
             "run_id": run.get("id"),
@@ -267,7 +183,7 @@ class PerfettoRenderer(Renderer[Trace]):
                 out.write(frame[-1, 0])
                 sep = ",\n"
 
-        emit(self._metadata(tracks, sorted(set(anchors) | set(trace["rank"].to_list()))))
+        emit(self._metadata(tracks, sorted(set(anchors) | set(trace["rank"].unique().to_list()))))
 
         step_lines = steps.join(
             tid_frame.filter(pl.col("phase") == "step").drop("thread_id", "phase"), on=["rank", "lane"], how="left"
@@ -286,42 +202,36 @@ class PerfettoRenderer(Renderer[Trace]):
         )
         emit_column(step_lines)
 
-        trace = trace.join(tid_frame, on=["rank", "thread_id", "phase", "lane"], how="left", maintain_order="left")
-        for start in range(0, trace.height, CHUNK_ROWS):
-            chunk = trace.slice(start, CHUNK_ROWS)
-            emit_column(chunk.with_columns(_json_text(c).alias(f"_{c}") for c in ("fqn", "module_type", "device"))
-                        .select(self._span_line().alias("line")))
-            if self.progress is not None:
-                self.progress(chunk.height)
+        trace = trace.with_columns(keyed.replace_strict(
+            pl.Series(list(tid_by_key), dtype=pl.Int64), pl.Series(list(tid_by_key.values()), dtype=pl.Int64),
+            default=None, return_dtype=pl.Int64).alias("tid"))
+        parts = line_parts(trace)
+        trace = parts.keyed(trace)
+        # Chunks' lines are built by two threads (polars lets go of Python's lock) while this one
+        # writes the chunk before them, in order; at most BUILT_AHEAD chunks wait in memory.
+        def build(start: int) -> pl.DataFrame:
+            return span_lines(trace.slice(start, CHUNK_ROWS), parts).to_frame()
+
+        with ThreadPoolExecutor(BUILDERS, thread_name_prefix="modtrace-trace") as builders:
+            pending: deque[Future[pl.DataFrame]] = deque()
+            for start in range(0, trace.height, CHUNK_ROWS):
+                pending.append(builders.submit(build, start))
+                if len(pending) > BUILT_AHEAD:
+                    self._emit_next(pending, emit_column)
+            while pending:
+                self._emit_next(pending, emit_column)
         out.write("\n]}\n")
 
     @staticmethod
-    def _span_line() -> pl.Expr:
-        status = pl.when(pl.col("unclosed")).then(pl.lit("unclosed")).otherwise(pl.col("status").cast(pl.String))
-        return pl.concat_str(
-            pl.lit('{"ph": "X", "cat": "'), pl.col("phase"),
-            pl.lit('", "name": '), pl.col("_fqn"),
-            pl.lit(', "pid": '), (pl.col("rank") + 1).cast(pl.String),
-            pl.lit(', "tid": '), pl.col("tid").cast(pl.String),
-            pl.lit(', "ts": '), _us(pl.col("t0")),
-            pl.lit(', "dur": '), _us(pl.col("t1") - pl.col("t0")),
-            pl.lit(', "args": {"fqn": '), pl.col("_fqn"),
-            pl.lit(', "module_type": '), pl.col("_module_type"),
-            pl.lit(', "phase": "'), pl.col("phase"),
-            pl.lit('", "call_id": '), _num("call_id"),
-            pl.lit(', "step": '), _num("step"),
-            pl.lit(', "rank": '), _num("rank"),
-            pl.lit(', "thread_id": '), _num("thread_id"),
-            pl.lit(', "device": '), pl.col("_device"),
-            pl.lit(', "stream": '), _num("stream"),
-            pl.lit(', "status": "'), status,
-            pl.lit('", "graph_task": '), _num("graph_task"),
-            pl.lit(', "span_id": '), _num("span_id"),
-            pl.lit(', "parent_span_id": '), _num("parent_span_id"),
-            pl.lit(', "self_us": '), pl.when(pl.col("self_ns").is_not_null() & (pl.col("self_ns") >= 0))
-            .then(_us(pl.col("self_ns"))).otherwise(pl.lit("null")),
-            pl.lit("}}"),
-        )
+    def _shown(spans: pl.DataFrame) -> pl.DataFrame:
+        """Only the columns a trace shows or places slices by (less for the sort to move)."""
+        return spans.select(c for c in SHOWN_COLUMNS if c in spans.columns)
+
+    def _emit_next(self, pending: deque[Future[pl.DataFrame]], emit: Callable[[pl.DataFrame], None]) -> None:
+        lines = pending.popleft().result()
+        emit(lines)
+        if self.progress is not None:
+            self.progress(lines.height)
 
     @staticmethod
     def _tracks(
