@@ -10,7 +10,8 @@ naming the spans is the analysis' job, done by ``modtrace.materialize``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any
 
@@ -18,6 +19,7 @@ import polars as pl
 from sqlalchemy import Connection
 
 from modtrace.contracts import ISSUE_FRAME, ISSUE_ROW, SPAN_ROW, SPAN_STORED_ROW
+from modtrace.errors import StoreError
 from modtrace.store.device_store import replace_span_device_rows
 from modtrace.store.engine import Store
 from modtrace.store.reader import copy_csv, driver_cursor, mark, sqlite_csv_chunks
@@ -53,6 +55,53 @@ def _insert_sqlite(conn: Connection, table: str, frame: pl.DataFrame) -> None:
         cur.close()
 
 
+# A span's columns that are its enter event's (span_id is the enter's seq): span row column ->
+# events column.  The analysis computes only the others (COMPUTED_COLUMNS).
+ENTER_COLUMNS = {
+    "module_id": "module_id", "phase": "phase", "call_id": "call_id", "step": "step", "thread_id": "thread_id",
+    "graph_task": "graph_task", "start_ns": "ts_ns", "device_id": "device_id", "stream": "stream",
+}
+COMPUTED_COLUMNS = tuple(c for c in SPAN_STORED_COLUMNS if c not in ENTER_COLUMNS and c not in ("run_id", "rank"))
+
+
+def _insert_sqlite_joined(conn: Connection, run_id: int, frame: pl.DataFrame) -> None:
+    """SQLite: ``frame``'s stored span rows, binding only the computed columns (fewer than
+    half of them): the enter event's columns are read from ``events`` by the same
+    statement (a primary-key seek per span, cheaper than binding them from Python).
+    Every span must have its enter event in the store, else nothing is written."""
+    width = len(COMPUTED_COLUMNS)
+    row = f"({', '.join('?' for _ in range(width))})"
+    columns = ", ".join(("run_id", "rank", *COMPUTED_COLUMNS, *ENTER_COLUMNS))
+    values = ", ".join((*(f"v.column{i + 1}" for i in range(width)), *(f"e.{c}" for c in ENTER_COLUMNS.values())))
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # this transaction's connection
+    written = 0
+    try:
+        for part in frame.partition_by("rank", maintain_order=True):
+            rank = int(part["rank"][0])
+
+            def sql(rows: int, rank: int = rank) -> str:
+                # CROSS JOIN: the VALUES drive the loop (SQLite keeps the join order as written).
+                return (f"INSERT INTO span_rows ({columns}) SELECT {int(run_id)}, {rank}, {values} "
+                        f"FROM (VALUES {', '.join([row] * rows)}) v CROSS JOIN events e "
+                        f"ON e.run_id = {int(run_id)} AND e.rank = {rank} AND e.seq = v.column1")
+
+            computed = part.select(COMPUTED_COLUMNS)
+            whole = computed.height - computed.height % ROWS_PER_INSERT
+            flat = _flat(computed.head(whole))
+            step = ROWS_PER_INSERT * width
+            if whole:
+                cur.executemany(sql(ROWS_PER_INSERT), [flat[i:i + step] for i in range(0, len(flat), step)])
+                written += cur.rowcount
+            if whole < computed.height:
+                cur.executemany(sql(1), computed.slice(whole).rows())
+                written += cur.rowcount
+    finally:
+        cur.close()
+    if written != frame.height:
+        raise StoreError(f"run {run_id}: {frame.height - written} of {frame.height} spans have no enter event "
+                         "in the store; nothing written")
+
+
 def _insert_pg(conn: Connection, table: str, frame: pl.DataFrame) -> None:
     """PostgreSQL: one COPY of the frame as CSV (an unquoted empty field is NULL)."""
     driver = conn.connection.driver_connection
@@ -69,6 +118,43 @@ def _insert(conn: Connection, store: Store, table: str, frame: pl.DataFrame) -> 
         _insert_pg(conn, table, frame)
     else:
         _insert_sqlite(conn, table, frame)
+
+
+def _insert_spans(conn: Connection, store: Store, run_id: int, rows: pl.DataFrame, from_events: bool) -> None:
+    if from_events and rows.height and store.dialect == "sqlite":
+        _insert_sqlite_joined(conn, run_id, rows)
+    else:
+        _insert(conn, store, "span_rows", rows)
+
+
+@contextmanager
+def _write_transaction(store: Store) -> Iterator[Connection]:
+    """One transaction that replaces the run's analysis rows.
+
+    SQLite: with foreign keys off for this connection (the pragma is a no-op
+    inside a transaction, so around it) and the one key they would check,
+    the run, checked once instead: per row, the check makes a DELETE of a
+    run's spans three times slower and an INSERT a tenth.  The run is looked
+    up after the first DELETE, which holds the database's write lock, so it
+    cannot go away before the commit."""
+    if store.dialect != "sqlite":
+        with store.engine.begin() as conn:
+            yield conn
+        return
+    with store.engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        driver.execute("PRAGMA foreign_keys = OFF")
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            driver.execute("PRAGMA foreign_keys = ON")
+
+
+def _check_run(conn: Connection, run_id: int) -> None:
+    if conn.exec_driver_sql(f"SELECT 1 FROM runs WHERE id = {int(run_id)}").first() is None:
+        raise StoreError(f"run {run_id} no longer exists; nothing written")
 
 
 def stored_span_rows(spans: pl.DataFrame) -> pl.DataFrame:
@@ -97,22 +183,26 @@ def write_analysis(
 
 def write_analysis_rounds(
     store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame, int | None]], *,
-    rank: int | None = None,
+    rank: int | None = None, from_events: bool = False,
 ) -> None:
     """``write_analysis`` for results that come in parts, each written as it arrives, all
     of them in one transaction: (spans, issues, clear) triples, where ``clear`` names a
-    rank whose rows written so far this part replaces (None: it adds to them)."""
+    rank whose rows written so far this part replaces (None: it adds to them).
+
+    ``from_events``: the spans were computed from this run's events in this store, so
+    their enter events' columns may be read from there rather than sent again."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
-    with store.engine.begin() as conn:
+    with _write_transaction(store) as conn:
         conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
         conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
+        _check_run(conn, run_id)
         for spans, issues, clear in parts:
             if clear is not None:
                 for table in ("span_rows", "nesting_issues"):
                     conn.exec_driver_sql(f"DELETE FROM {table} WHERE run_id = {int(run_id)} AND rank = {int(clear)}")
                 device = [f.filter(pl.col("rank") != clear) for f in device]
-            _insert(conn, store, "span_rows", stored_span_rows(spans))
+            _insert_spans(conn, store, run_id, stored_span_rows(spans), from_events)
             _insert(conn, store, "nesting_issues", _issue_rows(issues))
             if "device_start_ns" in spans.columns:
                 device.append(spans)
