@@ -183,18 +183,45 @@ def test_spans_written_from_events_equal_spans_bound_whole(
         assert spans["c10"].n_unique() > 2 and spans["c11"].n_unique() > 2  # devices and streams vary
 
 
-def test_spans_without_their_enter_events_write_nothing(any_db: str) -> None:
-    run_id, _ = _write_two_ranks(any_db)
-    store = open_store(any_db)
+def test_spans_without_their_enter_events_write_nothing(db_path: Path) -> None:
+    """SQLite, where the spans' enter columns are read from ``events`` (PostgreSQL COPYs them whole)."""
+    run_id, _ = _write_two_ranks(str(db_path))
+    store = open_store(str(db_path))
     try:
         materialize(store, run_id)
         before = _stored_rows(store, run_id)
         spans = compute(store, run_id).spans
         stray = spans.head(3).with_columns(pl.col("span_id") + 10_000)
         with pytest.raises(StoreError, match="3 of .* spans have no enter event"):
-            write_analysis_rounds(store, run_id, [(pl.concat([spans, stray]), spans.clear().head(0).pipe(
-                lambda _: compute(store, run_id).issues), None)], from_events=True)
+            write_analysis_rounds(store, run_id, [(pl.concat([spans, stray]), compute(store, run_id).issues, None)],
+                                  from_events=True)
         after = _stored_rows(store, run_id)
     finally:
         store.dispose()
     assert after == before
+
+
+def test_a_failed_analysis_keeps_the_stored_one_and_a_gone_run_gets_nothing(any_db: str) -> None:
+    """The old rows are deleted while the first part is computed: a failure there rolls the
+    DELETE back; a run that no longer exists (its spans would be orphans) is refused."""
+    run_id, _ = _write_two_ranks(any_db)
+    store = open_store(any_db)
+    try:
+        materialize(store, run_id)
+        before = _stored_rows(store, run_id)
+        whole = compute(store, run_id)
+
+        def failing() -> Any:
+            raise RuntimeError("analysis failed")
+            yield  # a generator, like materialize's rounds
+
+        with pytest.raises(RuntimeError, match="analysis failed"):
+            write_analysis_rounds(store, run_id, failing(), from_events=True)
+        assert _stored_rows(store, run_id) == before
+        with pytest.raises(StoreError, match=f"run {run_id + 1} no longer exists"):
+            write_analysis(store, run_id + 1, whole.spans.with_columns(pl.lit(run_id + 1, dtype=pl.Int32).alias("run_id")),
+                           whole.issues)
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM span_rows WHERE run_id = {run_id + 1}").scalar() == 0
+    finally:
+        store.dispose()

@@ -10,10 +10,11 @@ naming the spans is the analysis' job, done by ``modtrace.materialize``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from itertools import chain
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 from sqlalchemy import Connection
@@ -152,6 +153,27 @@ def _write_transaction(store: Store) -> Iterator[Connection]:
             driver.execute("PRAGMA foreign_keys = ON")
 
 
+_T = TypeVar("_T")
+
+
+def _meanwhile(work: Callable[[], None], parts: Iterable[_T]) -> Iterator[_T]:
+    """``parts``, with ``work`` run in a thread while the first of them is made, and
+    finished before it is given: the DELETE of a run's old rows (the database's work,
+    outside the GIL) while its events are read and analysed on other connections."""
+    it = iter(parts)
+    with ThreadPoolExecutor(1, thread_name_prefix="modtrace-clear") as pool:
+        done = pool.submit(work)
+        try:
+            first = next(it, None)
+        finally:
+            wait([done])
+        done.result()
+    if first is None:
+        return
+    yield first
+    yield from it
+
+
 def _check_run(conn: Connection, run_id: int) -> None:
     if conn.exec_driver_sql(f"SELECT 1 FROM runs WHERE id = {int(run_id)}").first() is None:
         raise StoreError(f"run {run_id} no longer exists; nothing written")
@@ -194,10 +216,13 @@ def write_analysis_rounds(
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
     with _write_transaction(store) as conn:
-        conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
-        conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
-        _check_run(conn, run_id)
-        for spans, issues, clear in parts:
+
+        def clear_old() -> None:
+            conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
+            conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
+            _check_run(conn, run_id)
+
+        for spans, issues, clear in _meanwhile(clear_old, parts):
             if clear is not None:
                 for table in ("span_rows", "nesting_issues"):
                     conn.exec_driver_sql(f"DELETE FROM {table} WHERE run_id = {int(run_id)} AND rank = {int(clear)}")
