@@ -9,7 +9,16 @@ from typing import Any
 import polars as pl
 import pytest
 import torch
-from analysis_streams import devices, frame, interleave, model, tie_groups, tie_shuffle, to_rows, training_step
+from analysis_streams import (
+    devices,
+    frame,
+    interleave,
+    model,
+    tie_groups,
+    tie_shuffle,
+    to_rows,
+    training_step,
+)
 from models import Net
 
 import modtrace
