@@ -65,15 +65,28 @@ ENTER_COLUMNS = {
 COMPUTED_COLUMNS = tuple(c for c in SPAN_STORED_COLUMNS if c not in ENTER_COLUMNS and c not in ("run_id", "rank"))
 
 
+# The computed columns as bound, one value less: depth and status share one integer
+# (depth * 1024 + status + 128; 1023 in the low bits: status NULL).  Polars packs, SQL unpacks.
+_BOUND = (
+    pl.col("span_id"),
+    (pl.col("depth").cast(pl.Int64) * 1024 + (pl.col("status").cast(pl.Int64) + 128).fill_null(1023)).alias("_ds"),
+    pl.col("duration_ns"), pl.col("self_ns"), pl.col("parent_gap"), pl.col("exit_gap"),
+)
+_UNBOUND = {
+    "span_id": "v.column1", "depth": "v.column2 >> 10", "status": "nullif(v.column2 & 1023, 1023) - 128",
+    "duration_ns": "v.column3", "self_ns": "v.column4", "parent_gap": "v.column5", "exit_gap": "v.column6",
+}
+
+
 def _insert_sqlite_joined(conn: Connection, run_id: int, frame: pl.DataFrame) -> None:
-    """SQLite: ``frame``'s stored span rows, binding only the computed columns (fewer than
-    half of them): the enter event's columns are read from ``events`` by the same
+    """SQLite: ``frame``'s stored span rows, binding only what the analysis computed (6
+    values of 18): the enter event's columns are read from ``events`` by the same
     statement (a primary-key seek per span, cheaper than binding them from Python).
     Every span must have its enter event in the store, else nothing is written."""
-    width = len(COMPUTED_COLUMNS)
+    width = len(_BOUND)
     row = f"({', '.join('?' for _ in range(width))})"
     columns = ", ".join(("run_id", "rank", *COMPUTED_COLUMNS, *ENTER_COLUMNS))
-    values = ", ".join((*(f"v.column{i + 1}" for i in range(width)), *(f"e.{c}" for c in ENTER_COLUMNS.values())))
+    values = ", ".join((*(_UNBOUND[c] for c in COMPUTED_COLUMNS), *(f"e.{c}" for c in ENTER_COLUMNS.values())))
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # this transaction's connection
     written = 0
     try:
@@ -86,15 +99,15 @@ def _insert_sqlite_joined(conn: Connection, run_id: int, frame: pl.DataFrame) ->
                         f"FROM (VALUES {', '.join([row] * rows)}) v CROSS JOIN events e "
                         f"ON e.run_id = {int(run_id)} AND e.rank = {rank} AND e.seq = v.column1")
 
-            computed = part.select(COMPUTED_COLUMNS)
-            whole = computed.height - computed.height % ROWS_PER_INSERT
-            flat = _flat(computed.head(whole))
+            bound = part.select(_BOUND)
+            whole = bound.height - bound.height % ROWS_PER_INSERT
+            flat = _flat(bound.head(whole))
             step = ROWS_PER_INSERT * width
             if whole:
                 cur.executemany(sql(ROWS_PER_INSERT), [flat[i:i + step] for i in range(0, len(flat), step)])
                 written += cur.rowcount
-            if whole < computed.height:
-                cur.executemany(sql(1), computed.slice(whole).rows())
+            if whole < bound.height:
+                cur.executemany(sql(1), bound.slice(whole).rows())
                 written += cur.rowcount
     finally:
         cur.close()
