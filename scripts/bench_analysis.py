@@ -529,7 +529,7 @@ def print_end_to_end(e2e: dict[str, Any]) -> None:
     print(f"  {'plain loop (sqlite3 + Python)':<34}{e2e['plain_loop_median_s']:>11.2f}s")
     line("modtrace analyze", "analyze_median_s", "{:.2f}s", "")
     line("  speed-up over the plain loop", "analyze_vs_plain_loop", "{:.2f}x", ">= 3x")
-    line("  microseconds per span", "analyze_us_per_span", "{:.2f}", "")
+    line("  whole command, us per span", "analyze_us_per_span", "{:.2f}", "")
     print(f"  {'  floor: read + analyse, no write':<34}{e2e['sqlite_read_and_analyse_only_median_s']:>11.2f}s")
     line("modtrace tree", "tree_median_s", "{:.2f}s", "<= 1 s")
     line("modtrace check", "check_median_s", "{:.2f}s", "<= 1 s")
