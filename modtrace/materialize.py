@@ -228,7 +228,7 @@ def materialize(
     ranks = read_ranks(store, run_id) if rank is None else [rank]
     found = _Found()
     parts = _rounds(store, run_id, ranks, _complete(store, run_id, rank, complete), round_rows, chunk_rows, found)
-    write_analysis_rounds(store, run_id, parts, rank=rank)
+    write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True)
     _store_device_times(store, run_id, ranks)
     some = [f for f in found.issues if f.height]
     issues = pl.concat(some).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind") if some else empty_issues()  # type: ignore[arg-type]

@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from typing import Any
 
 import polars as pl
-from analysis_streams import devices, frame, model, to_rows, training_step
+import pytest
+import torch
+from analysis_streams import (
+    devices,
+    frame,
+    interleave,
+    model,
+    tie_groups,
+    tie_shuffle,
+    to_rows,
+    training_step,
+)
+from models import Net
 
+import modtrace
 from modtrace.analysis import analyze_events
 from modtrace.analysis.events import EVENT_SCHEMA
-from modtrace.materialize import materialize
+from modtrace.errors import StoreError
+from modtrace.materialize import compute, materialize
 from modtrace.materialize import stored as read_analysis
+from modtrace.store.analysis_store import write_analysis, write_analysis_rounds
 from modtrace.store.engine import open_store
 from modtrace.store.reader import read_events, read_modules
 from modtrace.store.runs import add_rank, create_run, finish_rank
@@ -81,3 +98,139 @@ def test_materialize_is_idempotent_per_run_and_per_rank(any_db: str) -> None:
     assert spans.sort("rank", "span_id").equals(direct.spans.sort("rank", "span_id"))
     assert issues.equals(direct.issues)
     assert set(issues["severity"].to_list()) <= {"info"}
+
+
+def _stored_rows(store: Any, run_id: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    with store.engine.connect() as conn:
+        spans = conn.exec_driver_sql(f"SELECT * FROM span_rows WHERE run_id = {run_id} ORDER BY rank, span_id").all()
+        issues = conn.exec_driver_sql(f"SELECT * FROM nesting_issues WHERE run_id = {run_id} ORDER BY rank, seq, kind").all()
+    return [tuple(r) for r in spans], [tuple(r) for r in issues]
+
+
+def _write_misnested(db: str) -> int:
+    """Two ranks of two threads each, with tied backward dispatches, varied devices and
+    streams, and a broken rank 1: an exit moved past its parent's (crossed), a stray exit
+    (no_enter), an enter repeated (duplicate_enter) and calls never closed (a failed run)."""
+    store = open_store(db, create=True)
+    try:
+        run_id, _ = create_run(store, "bad", {"world_size": 2})
+        mods = model(blocks=3, per_block=2)
+        for rank in (0, 1):
+            add_rank(store, run_id, rank, 0)
+            rng = random.Random(10 + rank)
+            threads = []
+            for thread in (0, 1):
+                events = []
+                for step in range(4):
+                    fwd, bwd = training_step(mods, rng, step, thread=thread, graph_task=100 * thread + step,
+                                             recompute=2)
+                    events += fwd + bwd
+                threads.append(tie_shuffle(tie_groups(events, rng), rng))
+            rows = to_rows(interleave(threads, rng), rng)
+            # Each row its own device and stream, so a span takes exactly its enter row's.
+            rows = [(*r[:8], rng.choice([0, 1, None]), rng.choice([None, 7, 2**40 + rng.randrange(9)]), *r[10:])
+                    for r in rows]
+            if rank == 1:
+                exits = [i for i, r in enumerate(rows) if r[2] == 1 and r[12] == 0]
+                a = exits[5]
+                rows[a], rows[a + 1] = (*rows[a][:2], *rows[a + 1][2:]), (*rows[a + 1][:2], *rows[a][2:])
+                rows.insert(40, (0, *rows[exits[9]][1:]))  # a stray exit
+                rows.insert(60, (0, *rows[3][1:]))  # an enter again
+                del rows[-7:]  # the end lost: calls left open
+                rows = [(k, *r[1:]) for k, r in enumerate(rows)]
+            RankWriter(store, run_id, rank).write(
+                rows, modules=mods.rows, threads=[(0, 99, "MainThread"), (1, 98, "worker")],
+                devices=[(0, "cpu"), (1, "cuda:0")], progress=(len(rows), 4),
+            )
+            finish_rank(store, run_id, rank, "completed" if rank == 0 else "failed")
+    finally:
+        store.dispose()
+    return run_id
+
+
+def _write_real(db_path: Path) -> int:
+    model_ = Net(blocks=3)
+    with modtrace.Recorder(db=str(db_path), run="real", analyze=False, handle_sigterm=False) as rec:
+        for _ in range(3):
+            model_(torch.ones(2, 4)).sum().backward()
+            rec.step()
+    store = open_store(str(db_path))
+    try:
+        with store.engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT id FROM runs WHERE name = 'real'").scalar_one())
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize("recording", ["two_ranks", "misnested", "real"])
+@pytest.mark.parametrize("round_rows", [2_000_000, 40])
+def test_spans_written_from_events_equal_spans_bound_whole(
+    any_db: str, db_path: Path, recording: str, round_rows: int
+) -> None:
+    """materialize's write (the enter event's columns read from ``events`` by the INSERT)
+    stores exactly the rows the plain write of the same analysis stores, in one round or
+    many (round_rows=40: carried calls, and a rank analysed again after a cut-sensitive issue)."""
+    if recording == "real" and any_db != str(db_path):
+        pytest.skip("the recorder's run is recorded once, into SQLite")
+    run_id = {"two_ranks": lambda: _write_two_ranks(any_db)[0], "misnested": lambda: _write_misnested(any_db),
+              "real": lambda: _write_real(db_path)}[recording]()
+    store = open_store(any_db)
+    try:
+        result = materialize(store, run_id, round_rows=round_rows, chunk_rows=16)
+        joined = _stored_rows(store, run_id)
+        whole = compute(store, run_id)
+        write_analysis(store, run_id, whole.spans, whole.issues)
+        bound = _stored_rows(store, run_id)
+    finally:
+        store.dispose()
+    assert joined == bound
+    spans = pl.DataFrame(joined[0], schema=["run_id", "rank", "span_id", *(f"c{i}" for i in range(15))], orient="row")
+    assert spans.height == whole.spans.height > 0
+    if recording == "misnested":
+        kinds = set(result.issues["kind"].to_list())
+        assert {"crossed", "unclosed"} <= kinds and kinds & {"no_enter", "duplicate_enter", "duplicate_exit"}, kinds
+        assert spans["c10"].n_unique() > 2 and spans["c11"].n_unique() > 2  # devices and streams vary
+
+
+def test_spans_without_their_enter_events_write_nothing(db_path: Path) -> None:
+    """SQLite, where the spans' enter columns are read from ``events`` (PostgreSQL COPYs them whole)."""
+    run_id, _ = _write_two_ranks(str(db_path))
+    store = open_store(str(db_path))
+    try:
+        materialize(store, run_id)
+        before = _stored_rows(store, run_id)
+        spans = compute(store, run_id).spans
+        stray = spans.head(3).with_columns(pl.col("span_id") + 10_000)
+        with pytest.raises(StoreError, match="3 of .* spans have no enter event"):
+            write_analysis_rounds(store, run_id, [(pl.concat([spans, stray]), compute(store, run_id).issues, None)],
+                                  from_events=True)
+        after = _stored_rows(store, run_id)
+    finally:
+        store.dispose()
+    assert after == before
+
+
+def test_a_failed_analysis_keeps_the_stored_one_and_a_gone_run_gets_nothing(any_db: str) -> None:
+    """The old rows are deleted while the first part is computed: a failure there rolls the
+    DELETE back; a run that no longer exists (its spans would be orphans) is refused."""
+    run_id, _ = _write_two_ranks(any_db)
+    store = open_store(any_db)
+    try:
+        materialize(store, run_id)
+        before = _stored_rows(store, run_id)
+        whole = compute(store, run_id)
+
+        def failing() -> Any:
+            raise RuntimeError("analysis failed")
+            yield  # a generator, like materialize's rounds
+
+        with pytest.raises(RuntimeError, match="analysis failed"):
+            write_analysis_rounds(store, run_id, failing(), from_events=True)
+        assert _stored_rows(store, run_id) == before
+        with pytest.raises(StoreError, match=f"run {run_id + 1} no longer exists"):
+            write_analysis(store, run_id + 1, whole.spans.with_columns(pl.lit(run_id + 1, dtype=pl.Int32).alias("run_id")),
+                           whole.issues)
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM span_rows WHERE run_id = {run_id + 1}").scalar() == 0
+    finally:
+        store.dispose()

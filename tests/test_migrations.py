@@ -84,6 +84,8 @@ def _sqlite_shape(path: Path) -> dict[str, object]:
                     sorted(re.findall(r"CHECK \( .*? \) \)", flat)),
                     sorted(re.findall(r"CONSTRAINT (\w+)", flat)),
                 )
+            elif kind == "trigger":
+                shape[f"trigger {name}"] = flat
             elif kind == "index":
                 shape[f"index {name}"] = (conn.execute(f"PRAGMA index_xinfo({name})").fetchall(),
                                           conn.execute("SELECT tbl_name FROM sqlite_master WHERE name = ?", (name,)).fetchall())

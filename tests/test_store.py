@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from modtrace.codes import Kind, Phase, Status
 from modtrace.errors import RunNotFound, StoreError, UsageError
+from modtrace.materialize import materialize
 from modtrace.store.engine import DEFAULT_DB, open_store, read_revision, resolve_db
 from modtrace.store.runs import (
     RunNameTaken,
@@ -29,7 +30,7 @@ from modtrace.store.runs import (
     resolve_run,
     run_details,
 )
-from modtrace.store.schema import HEAD, events, modules, runs
+from modtrace.store.schema import HEAD, events, modules, nesting_issues, runs, span_rows
 from modtrace.store.writer import EVENT_COLUMNS, ROWS_PER_STATEMENT, RankWriter
 
 
@@ -416,10 +417,16 @@ def test_foreign_keys_are_enforced_and_deleting_a_run_cascades(any_db: str) -> N
         run_id, _ = create_run(store, "r", {})
         add_rank(store, run_id, 0, wall_anchor_ns=0)
         RankWriter(store, run_id, 0).write([_event(0, 1, Kind.ENTER, 0)], modules=[(0, "Net", "Net", None)])
+        other, _ = create_run(store, "kept", {})
+        add_rank(store, other, 0, wall_anchor_ns=0)
+        RankWriter(store, other, 0).write([_event(0, 1, Kind.ENTER, 0)], modules=[(0, "Net", "Net", None)])
+        for run in (run_id, other):
+            materialize(store, run, complete=False)  # one unclosed span each
         with store.engine.begin() as conn:
             conn.execute(sa.delete(runs).where(runs.c.id == run_id))
         with store.engine.connect() as conn:
-            for table in (events, modules):
-                assert conn.execute(sa.select(sa.func.count()).select_from(table)).scalar() == 0
+            for table in (events, modules, span_rows, nesting_issues):
+                counts = dict(conn.execute(sa.select(table.c.run_id, sa.func.count()).group_by(table.c.run_id)).all())
+                assert counts == {other: 1}, table.name  # the deleted run's rows are gone, the other's kept
     finally:
         store.dispose()

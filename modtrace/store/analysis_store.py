@@ -10,14 +10,17 @@ naming the spans is the analysis' job, done by ``modtrace.materialize``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from itertools import chain
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 from sqlalchemy import Connection
 
 from modtrace.contracts import ISSUE_FRAME, ISSUE_ROW, SPAN_ROW, SPAN_STORED_ROW
+from modtrace.errors import StoreError
 from modtrace.store.device_store import replace_span_device_rows
 from modtrace.store.engine import Store
 from modtrace.store.reader import copy_csv, driver_cursor, mark, sqlite_csv_chunks
@@ -53,6 +56,66 @@ def _insert_sqlite(conn: Connection, table: str, frame: pl.DataFrame) -> None:
         cur.close()
 
 
+# A span's columns that are its enter event's (span_id is the enter's seq): span row column ->
+# events column.  The analysis computes only the others (COMPUTED_COLUMNS).
+ENTER_COLUMNS = {
+    "module_id": "module_id", "phase": "phase", "call_id": "call_id", "step": "step", "thread_id": "thread_id",
+    "graph_task": "graph_task", "start_ns": "ts_ns", "device_id": "device_id", "stream": "stream",
+}
+COMPUTED_COLUMNS = tuple(c for c in SPAN_STORED_COLUMNS if c not in ENTER_COLUMNS and c not in ("run_id", "rank"))
+
+
+# The computed columns as bound, one value less: depth and status share one integer
+# (depth * 1024 + status + 128; 1023 in the low bits: status NULL).  Polars packs, SQL unpacks.
+_BOUND = (
+    pl.col("span_id"),
+    (pl.col("depth").cast(pl.Int64) * 1024 + (pl.col("status").cast(pl.Int64) + 128).fill_null(1023)).alias("_ds"),
+    pl.col("duration_ns"), pl.col("self_ns"), pl.col("parent_gap"), pl.col("exit_gap"),
+)
+_UNBOUND = {
+    "span_id": "v.column1", "depth": "v.column2 >> 10", "status": "nullif(v.column2 & 1023, 1023) - 128",
+    "duration_ns": "v.column3", "self_ns": "v.column4", "parent_gap": "v.column5", "exit_gap": "v.column6",
+}
+
+
+def _insert_sqlite_joined(conn: Connection, run_id: int, frame: pl.DataFrame) -> None:
+    """SQLite: ``frame``'s stored span rows, binding only what the analysis computed (6
+    values of 18): the enter event's columns are read from ``events`` by the same
+    statement (a primary-key seek per span, cheaper than binding them from Python).
+    Every span must have its enter event in the store, else nothing is written."""
+    width = len(_BOUND)
+    row = f"({', '.join('?' for _ in range(width))})"
+    columns = ", ".join(("run_id", "rank", *COMPUTED_COLUMNS, *ENTER_COLUMNS))
+    values = ", ".join((*(_UNBOUND[c] for c in COMPUTED_COLUMNS), *(f"e.{c}" for c in ENTER_COLUMNS.values())))
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # this transaction's connection
+    written = 0
+    try:
+        for part in frame.partition_by("rank", maintain_order=True):
+            rank = int(part["rank"][0])
+
+            def sql(rows: int, rank: int = rank) -> str:
+                # CROSS JOIN: the VALUES drive the loop (SQLite keeps the join order as written).
+                return (f"INSERT INTO span_rows ({columns}) SELECT {int(run_id)}, {rank}, {values} "
+                        f"FROM (VALUES {', '.join([row] * rows)}) v CROSS JOIN events e "
+                        f"ON e.run_id = {int(run_id)} AND e.rank = {rank} AND e.seq = v.column1")
+
+            bound = part.select(_BOUND)
+            whole = bound.height - bound.height % ROWS_PER_INSERT
+            flat = _flat(bound.head(whole))
+            step = ROWS_PER_INSERT * width
+            if whole:
+                cur.executemany(sql(ROWS_PER_INSERT), [flat[i:i + step] for i in range(0, len(flat), step)])
+                written += cur.rowcount
+            if whole < bound.height:
+                cur.executemany(sql(1), bound.slice(whole).rows())
+                written += cur.rowcount
+    finally:
+        cur.close()
+    if written != frame.height:
+        raise StoreError(f"run {run_id}: {frame.height - written} of {frame.height} spans have no enter event "
+                         "in the store; nothing written")
+
+
 def _insert_pg(conn: Connection, table: str, frame: pl.DataFrame) -> None:
     """PostgreSQL: one COPY of the frame as CSV (an unquoted empty field is NULL)."""
     driver = conn.connection.driver_connection
@@ -69,6 +132,68 @@ def _insert(conn: Connection, store: Store, table: str, frame: pl.DataFrame) -> 
         _insert_pg(conn, table, frame)
     else:
         _insert_sqlite(conn, table, frame)
+
+
+def _insert_spans(conn: Connection, store: Store, run_id: int, rows: pl.DataFrame, from_events: bool) -> None:
+    if from_events and rows.height and store.dialect == "sqlite":
+        _insert_sqlite_joined(conn, run_id, rows)
+    else:
+        _insert(conn, store, "span_rows", rows)
+
+
+@contextmanager
+def _write_transaction(store: Store) -> Iterator[Connection]:
+    """One transaction that replaces the run's analysis rows.
+
+    SQLite: with foreign keys off for this connection (the pragma is a no-op
+    inside a transaction, so around it) and the one key they would check,
+    the run, checked once instead (``_check_run``): per row, a foreign key
+    check made a DELETE of a run's spans three times slower and an INSERT a
+    tenth (span_rows has no foreign key since revision 0010; nesting_issues
+    and span_device_rows keep theirs)."""
+    if store.dialect != "sqlite":
+        with store.engine.begin() as conn:
+            yield conn
+        return
+    with store.engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        driver.execute("PRAGMA foreign_keys = OFF")
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            driver.execute("PRAGMA foreign_keys = ON")
+
+
+_T = TypeVar("_T")
+
+
+def _meanwhile(work: Callable[[], None], parts: Iterable[_T]) -> Iterator[_T]:
+    """``parts``, with ``work`` run in a thread while the first of them is made, and
+    finished before it is given: the DELETE of a run's old rows (the database's work,
+    outside the GIL) while its events are read and analysed on other connections."""
+    it = iter(parts)
+    with ThreadPoolExecutor(1, thread_name_prefix="modtrace-clear") as pool:
+        done = pool.submit(work)
+        try:
+            first = next(it, None)
+        finally:
+            wait([done])
+        done.result()
+    if first is None:
+        return
+    yield first
+    yield from it
+
+
+def _check_run(conn: Connection, run_id: int) -> None:
+    """The foreign key check, once per transaction: the run is there, and stays until the
+    commit (SQLite: this transaction holds the write lock; PostgreSQL: the row is locked
+    against a DELETE, as a foreign key's own check locks it)."""
+    lock = " FOR KEY SHARE" if conn.dialect.name == "postgresql" else ""
+    if conn.exec_driver_sql(f"SELECT 1 FROM runs WHERE id = {int(run_id)}{lock}").first() is None:
+        raise StoreError(f"run {run_id} no longer exists; nothing written")
 
 
 def stored_span_rows(spans: pl.DataFrame) -> pl.DataFrame:
@@ -97,23 +222,30 @@ def write_analysis(
 
 def write_analysis_rounds(
     store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame, int | None]], *,
-    rank: int | None = None,
+    rank: int | None = None, from_events: bool = False,
 ) -> None:
     """``write_analysis`` for results that come in parts, each written as it arrives, all
     of them in one transaction: (spans, issues, clear) triples, where ``clear`` names a
-    rank whose rows written so far this part replaces (None: it adds to them)."""
+    rank whose rows written so far this part replaces (None: it adds to them).
+
+    ``from_events``: the spans were computed from this run's events in this store, so
+    their enter events' columns may be read from there rather than sent again."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
-    with store.engine.begin() as conn:
-        conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
-        conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
-        conn.exec_driver_sql(f"DELETE FROM tree_nodes WHERE run_id = {int(run_id)}")  # the whole run's tree (store.tree_store)
-        for spans, issues, clear in parts:
+    with _write_transaction(store) as conn:
+
+        def clear_old() -> None:
+            conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
+            conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
+            conn.exec_driver_sql(f"DELETE FROM tree_nodes WHERE run_id = {int(run_id)}")  # the whole run's tree (store.tree_store)
+            _check_run(conn, run_id)
+
+        for spans, issues, clear in _meanwhile(clear_old, parts):
             if clear is not None:
                 for table in ("span_rows", "nesting_issues"):
                     conn.exec_driver_sql(f"DELETE FROM {table} WHERE run_id = {int(run_id)} AND rank = {int(clear)}")
                 device = [f.filter(pl.col("rank") != clear) for f in device]
-            _insert(conn, store, "span_rows", stored_span_rows(spans))
+            _insert_spans(conn, store, run_id, stored_span_rows(spans), from_events)
             _insert(conn, store, "nesting_issues", _issue_rows(issues))
             if "device_start_ns" in spans.columns:
                 device.append(spans)

@@ -87,6 +87,21 @@ LEFT JOIN span_device_rows sd ON sd.run_id = s.run_id AND sd.rank = s.rank AND s
 
 VIEWS: tuple[str, ...] = (EVENT_LOG, SPANS)
 
+# span_rows has no foreign key to runs (modtrace.store.schema says why): deleting a run
+# deletes its spans by this trigger instead, as ON DELETE CASCADE did.  PostgreSQL's
+# function names the table in the schema of the runs table the row left.
+RUN_SPANS_TRIGGER = {
+    "sqlite": ("CREATE TRIGGER trg_runs_delete_span_rows AFTER DELETE ON runs "
+               "BEGIN DELETE FROM span_rows WHERE run_id = OLD.id; END",),
+    "postgresql": (
+        "CREATE FUNCTION modtrace_delete_run_span_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "EXECUTE format('DELETE FROM %I.span_rows WHERE run_id = $1', TG_TABLE_SCHEMA) USING OLD.id; "
+        "RETURN OLD; END $$",
+        "CREATE TRIGGER trg_runs_delete_span_rows AFTER DELETE ON runs FOR EACH ROW "
+        "EXECUTE FUNCTION modtrace_delete_run_span_rows()",
+    ),
+}
+
 
 def head_ddl(conn: Connection) -> list[str]:
     """Every statement that builds the head schema on ``conn``'s dialect, in order."""
@@ -97,6 +112,7 @@ def head_ddl(conn: Connection) -> list[str]:
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
             out.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
     out.extend(v.strip() for v in VIEWS)
+    out.extend(RUN_SPANS_TRIGGER[dialect.name])
     out.append(f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32) NOT NULL, "
                f"CONSTRAINT {VERSION_TABLE}_pkc PRIMARY KEY (version_num))")
     out.append(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('{HEAD}')")
