@@ -286,7 +286,7 @@ def read_span_rows(
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     if store.dialect == "postgresql":
         exprs = ", ".join(f"{_stored(c)} AS {c}" for c in columns)
-        data = copy_csv(store, f"SELECT {exprs} FROM span_rows WHERE {where} ORDER BY rank, span_id")
+        data = copy_csv(store, f"SELECT {exprs} FROM span_rows WHERE {where} ORDER BY rank, span_id", key_order=True)
         frame = (pl.read_csv(data, has_header=False, new_columns=list(columns), schema=schema) if data
                  else pl.DataFrame(schema=schema))
     else:
