@@ -13,7 +13,7 @@ import polars as pl
 import sqlalchemy as sa
 import torch
 from device_recording import DeviceNet, train
-from models import Net
+from models import Net, train_step
 from polars.testing import assert_frame_equal
 from sqlalchemy.pool import NullPool
 
@@ -64,9 +64,7 @@ def _train(db: str, run: str, *, steps: int = 4, **kwargs: Any) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     with modtrace.Recorder(db=db, run=run, handle_sigterm=False, **kwargs) as rec:
         for _ in range(steps):
-            net(torch.randn(2, 4)).sum().backward()
-            opt.step()
-            opt.zero_grad()
+            train_step(net, opt)
     rec.wait_analyzed()
 
 
