@@ -110,7 +110,7 @@ class Flushing:
             while self._pending:  # no writer process, or it is gone
                 batch = self._pending[0]
                 try:
-                    writer.write(batch.events, batch.modules, batch.threads, batch.devices, batch.progress,
+                    writer.write(batch.rows(), batch.modules, batch.threads, batch.devices, batch.progress,
                                  roots=batch.roots, retry=retry, device_rows=batch.device_rows)
                 except Exception as exc:  # the batch stays pending for another try
                     if not retry and is_transient(exc) and not writer.expired:
@@ -118,7 +118,7 @@ class Flushing:
                         break
                     raise StoreError(f"writing events to {writer.store.label} failed: {one_line(exc)}") from exc
                 self._pending.popleft()
-                self._written += len(batch.events)
+                self._written += batch.count
         finally:
             self._flush_lock.release()
         return self._written - before
@@ -142,19 +142,21 @@ class Flushing:
         # registered before the event, so it is in this batch or an earlier one.
         batch = Batch(events, drain(tracker.new_modules), drain(tracker.new_threads), drain(tracker.new_devices),
                        drain(tracker.new_roots), (self._taken + n, tracker.step), device_rows=device_rows)
-        if pack is not None:
-            batch.frame = self._frame(pack, batch)
         self._taken += n
         if n:
             self._last_taken_step = events[-1][6]
+        if pack is not None:
+            del events  # the batch's list is the last reference: packing frees the tuples
+            self._frame(pack, batch)
         self._pending.append(batch)
 
     @staticmethod
     def _frame(proc: WriterProcess, batch: Batch) -> bytes:
-        """The batch packed for the writer process (packed once)."""
+        """The batch packed for the writer process (packed once; its tuples are freed then)."""
         if batch.frame is None:
-            batch.frame = proc.pack(batch.events, batch.modules, batch.threads, batch.devices, batch.progress,
-                                    roots=batch.roots, device_rows=batch.device_rows)
+            batch.packed(proc.pack(batch.rows(), batch.modules, batch.threads, batch.devices, batch.progress,
+                                   roots=batch.roots, device_rows=batch.device_rows))
+        assert batch.frame is not None
         return batch.frame
 
     def _handoff(self, proc: WriterProcess) -> None:
@@ -183,7 +185,7 @@ class Flushing:
                 why = reply[1] if reply[0] == "error" else "an earlier batch failed"
                 raise StoreError(f"writing events to {self._writer.store.label} failed: {why}")
             self._in_flight.popleft()
-            self._written += len(batch.events)
+            self._written += batch.count
 
     def _recover(self) -> None:
         """The writer process is gone (killed, out of memory, or it could not
@@ -199,7 +201,7 @@ class Flushing:
                 f"SELECT event_count FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}").scalar()
         committed = int(committed or 0)
         while self._in_flight and self._in_flight[0].progress[0] <= committed:
-            self._written += len(self._in_flight.popleft().events)
+            self._written += self._in_flight.popleft().count
         self._pending.extendleft(reversed(self._in_flight))
         self._in_flight.clear()
 

@@ -341,7 +341,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
                 self._write_failed(exc)
         if self._flush_error is not None:
             self._close_writers()
-            lost = self._dropped + len(self._buf) + sum(len(b.events) for b in (*self._in_flight, *self._pending))
+            lost = self._dropped + len(self._buf) + sum(b.count for b in (*self._in_flight, *self._pending))
             status = "failed"
             error = f"{self._flush_error}; {lost} event(s) not written" + (f" (the program: {error})" if error else "")
         assert self._store is not None

@@ -26,7 +26,7 @@ import time
 from typing import Any, NoReturn
 
 from modtrace.errors import one_line
-from modtrace.recording.writer_frames import Inbox, send
+from modtrace.recording.writer_frames import PIPE_BYTES, Inbox, send
 
 _MAX_DITHER_S = 0.5  # a batch waits at most this long before it is written
 
@@ -43,12 +43,13 @@ def main() -> None:
     batch, the program flushing and waiting) ends the wait at once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    inbox, out = Inbox(sys.stdin.fileno()), sys.stdout.buffer
+    inbox, out = Inbox(sys.stdin.fileno(), chunk=PIPE_BYTES), sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames on the protocol pipe
     first = inbox.next()
     if first is None or first[0] != "open":
         return
     _, target, run_id, rank, retry_s = first
+    _bind_none_fast()
     try:
         from modtrace.store.engine import open_store
         from modtrace.store.retry import ResumingWriter
@@ -74,6 +75,21 @@ def main() -> None:
     finally:
         store.dispose()
     _exit()
+
+
+def _bind_none_fast() -> None:
+    """Bind None as SQLite's NULL without the adaptation protocol's search.
+
+    The sqlite3 module binds int, float and str directly but sends every
+    other value, None included, through its adapter lookup first: a key tuple,
+    a registry miss and two attribute searches, about 185 ns a None, which
+    made the 1.5 NULLs of an average event (stream, graph_task) a third of
+    binding it.  An adapter registered for None is found at the first lookup
+    and returns None itself, which binds as NULL as before: the same rows.
+    The registry is the process's; this process is the writer's alone."""
+    import sqlite3
+
+    sqlite3.register_adapter(type(None), {}.get)
 
 
 def _exit() -> NoReturn:

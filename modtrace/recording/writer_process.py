@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from modtrace.recording.writer_frames import Inbox, frame, pack_batch
+from modtrace.recording.writer_frames import PIPE_BYTES, Inbox, frame, pack_batch
 from modtrace.store.engine import Store
 
 try:
@@ -46,7 +46,6 @@ except ImportError:  # not POSIX: pipes keep their size and send_nowait always d
 _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from modtrace.recording.writer_child import main; main()"
 _F_SETPIPE_SZ = 1031  # Linux
 _F_GETPIPE_SZ = 1032
-PIPE_BYTES = 1 << 20  # room for a few steps' batches, so handing one over never waits
 
 
 class WriterProcessError(Exception):
