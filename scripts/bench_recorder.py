@@ -39,7 +39,10 @@ Side by side in one process, interleaved repeats, medians:
   backward apart (minimum over interleaved single steps, CPU time of this
   process): where the tracker's cost above the floor is.
 * hand-over: packing a step's events for the writer process (pickle without
-  memo, as now, vs with it, as before), on the tracker's own tuples.
+  memo, as now, vs with it, as before), on the tracker's own tuples; freeing
+  them at once after packing (now) vs a step later (before); and the writer
+  process's write of a step's events with None bound through an adapter (now)
+  vs the sqlite3 module's adapter search (before).
 
 Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
 [--sections overhead,write_path,disk,fixed_costs,handover,schedule_off,gc,split]
@@ -163,7 +166,8 @@ class TrackerAlone:
 
 
 def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: Path, rep: int,
-                writer_cpu: list[float] | None = None, program_cpu: list[float] | None = None) -> float:
+                writer_cpu: list[float] | None = None, program_cpu: list[float] | None = None,
+                final_flush: list[float] | None = None) -> float:
     """Seconds per step inside an already-open context, plus the cost of
     getting the data out (``program_cpu`` gets this process's CPU seconds per
     step, all its threads, over the same span).
@@ -209,7 +213,10 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
         t0 = time.perf_counter()
         run_steps(model, x, steps, on_step)
         if name.startswith("modtrace"):
+            t1 = time.perf_counter()
             ctx.flush()
+            if final_flush is not None:
+                final_flush.append(time.perf_counter() - t1)
             cpu1 = cpu_seconds(pid)
             if writer_cpu is not None and cpu0 is not None and cpu1 is not None:
                 writer_cpu.append(cpu1 - cpu0)
@@ -233,6 +240,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
     configs = ["bare", "floor", "tracker", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread",
                "modtrace_no_step", "modtrace_schedule_off"]
     writer_cpu: list[float] = []
+    final_flush: list[float] = []
     samples: dict[str, list[float]] = {c: [] for c in configs}
     cpu: dict[str, list[float]] = {c: [] for c in configs}
     rng = random.Random(0)
@@ -245,7 +253,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
             rng.shuffle(order)
             for c in order:
                 samples[c].append(time_config(c, model, x, steps, tmp, rep, writer_cpu if c == "modtrace" else None,
-                                              cpu[c]))
+                                              cpu[c], final_flush if c == "modtrace" else None))
     med = {c: statistics.median(v) for c, v in samples.items()}
     calls = 1 + 2 * BLOCKS  # module calls per step (each has a forward and a backward)
     added = {c: (med[c] - med["bare"]) / calls for c in configs if c != "bare"}
@@ -267,6 +275,9 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         # CPU the writer process spent per module call (on another core), beside the step's own time
         # (summed over every repeat: the kernel counts CPU time in 10 ms ticks)
         "writer_process_cpu_us_per_module_call": round(writer_per_call * 1e6, 2) if writer_per_call is not None else None,
+        # of modtrace's added time: the wait at the end of each repeat for the writer process to
+        # commit the last step's batch (handed over at its rec.step()), spread over the repeat's calls
+        "modtrace_final_flush_us_per_module_call": round(statistics.median(final_flush) / (steps * calls) * 1e6, 2),
         # The same configurations in CPU time rather than wall time: this process's CPU (all its
         # threads; a thread writer's writing included) per module call, which time the machine's
         # other processes take from the program does not change.  ``modtrace`` plus its writer
@@ -510,7 +521,81 @@ def handover(repeats: int) -> dict[str, Any]:
                               "pickle_no_memo_now": round(n / len(events) * 1e6, 3)},
         "pack_us_per_module_call_now": round(n / calls * 1e6, 3),
         "now_vs_before_ratio": round(n / o, 3),
+        "free_cpu_us_per_step": freeing_packed_events(model, x, repeats),
+        "writer_write_cpu_us_per_event": writer_binding(events, repeats),
     }
+
+
+def freeing_packed_events(model: nn.Module, x: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Freeing a step's event tuples (this thread's CPU time): at once after packing them, as a
+    packed batch does now, vs a step later, when the writer's answer came (before)."""
+    from modtrace.recording.writer_frames import pack_batch
+
+    rows: list[tuple[Any, ...]] = []
+    tracker = Tracker(rows.append)
+    times: dict[str, list[int]] = {"at_pack_now": [], "next_step_before": []}
+    clock = time.thread_time_ns
+    tracker.start()
+    try:
+        run_steps(model, x, 2)
+        for rep in range(repeats * 20):
+            run_steps(model, x, 1)
+            batch = rows[:]
+            del rows[:]
+            pack_batch(batch, progress=(0, 0))
+            if rep % 2 == 0:
+                t0 = clock()
+                del batch
+                times["at_pack_now"].append(clock() - t0)
+            else:
+                run_steps(model, x, 1)  # the next step runs while the batch waits for its answer
+                del rows[:]
+                t0 = clock()
+                del batch
+                times["next_step_before"].append(clock() - t0)
+    finally:
+        tracker.stop()
+    return {k: round(statistics.median(v) / 1e3, 1) for k, v in times.items()}
+
+
+def writer_binding(events: list[tuple[Any, ...]], repeats: int) -> dict[str, float]:
+    """RankWriter.write of one step's events into a SQLite file (this thread's CPU time, which is
+    what the writer process takes from the machine), as the writer process runs it now
+    (None bound through a registered adapter, modtrace.recording.writer_child) vs before (the
+    sqlite3 module's adapter search for every None), interleaved; per event."""
+    import sqlite3
+
+    key = (type(None), sqlite3.PrepareProtocol)
+    saved = sqlite3.adapters.get(key)
+    times: dict[str, list[float]] = {"none_adapter_now": [], "plain_before": []}
+    with tempfile.TemporaryDirectory() as d:
+        store = open_store(str(Path(d) / "bind.db"), create=True)
+        run_id, _ = create_run(store, "bind", {})
+        add_rank(store, run_id, 0, 0)
+        writer = RankWriter(store, run_id, 0)
+        seq = 0
+        try:
+            for rep in range(repeats * 40):
+                which = "none_adapter_now" if rep % 2 == 0 else "plain_before"
+                if which == "none_adapter_now":
+                    sqlite3.adapters[key] = {}.get
+                else:
+                    sqlite3.adapters.pop(key, None)
+                batch = [(seq + i, *e[1:]) for i, e in enumerate(events)]
+                seq += len(batch)
+                t0 = time.thread_time()
+                writer.write(batch, progress=(seq, rep))
+                times[which].append(time.thread_time() - t0)
+        finally:
+            if saved is None:
+                sqlite3.adapters.pop(key, None)
+            else:
+                sqlite3.adapters[key] = saved
+            writer.close()
+            store.dispose()
+    med = {k: statistics.median(v) / len(events) * 1e6 for k, v in times.items()}
+    return {**{k: round(v, 3) for k, v in med.items()},
+            "now_vs_before_ratio": round(med["none_adapter_now"] / med["plain_before"], 3)}
 
 
 def gc_costs(steps: int = 100) -> dict[str, Any]:
