@@ -68,7 +68,8 @@ class Batch:
         """The batch's events (unpacked from its frame after ``packed``)."""
         if self.events is None:
             assert self.frame is not None
-            return unpack_batch(self.frame)[1]
+            events: list[tuple[Any, ...]] = unpack_batch(self.frame)[1]
+            return events
         return self.events
 
 

@@ -89,7 +89,8 @@ def _bind_none_fast() -> None:
     The registry is the process's; this process is the writer's alone."""
     import sqlite3
 
-    sqlite3.register_adapter(type(None), {}.get)
+    none: dict[None, None] = {}
+    sqlite3.register_adapter(type(None), none.get)  # a C method: no Python frame per None
 
 
 def _exit() -> NoReturn:
