@@ -11,14 +11,20 @@ import sys
 import threading
 import time
 
+import pytest
+import sqlalchemy as sa
 import torch
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 from torch import nn
 
 import modtrace
 from modtrace.recording.config import Batch
 from modtrace.recording.writer_frames import Inbox, frame, pack_batch, unpack_batch
 from modtrace.store.engine import open_store
+from modtrace.store.runs import add_rank, create_run
+from modtrace.store.schema import runs
+from modtrace.store.writer import RankWriter
 from modtrace.tracker import Tracker
 from tests.models import Net
 from tests.recording import FakeClock
@@ -172,3 +178,34 @@ def test_frames_cross_a_pipe_whole_whatever_its_reads_return() -> None:
         writer.join()
         os.close(read_end)
     assert got == messages
+
+
+def test_a_run_deleted_while_its_writer_is_open_refuses_the_next_batch_and_leaves_no_rows(any_db: str) -> None:
+    # SQLite's writer checks the run once a batch, PostgreSQL every row: the same refusal.
+    events = _step_events()
+    store = open_store(any_db, create=True)
+    try:
+        run_id, _ = create_run(store, "doomed", {})
+        add_rank(store, run_id, 0, wall_anchor_ns=0)
+        kept, _ = create_run(store, "kept", {})
+        add_rank(store, kept, 0, wall_anchor_ns=0)
+        writer, other = RankWriter(store, run_id, 0), RankWriter(store, kept, 0)
+        try:
+            writer.write(events, progress=(len(events), 1))
+            other.write(events, progress=(len(events), 1))
+            with store.engine.begin() as conn:
+                conn.execute(sa.delete(runs).where(runs.c.id == run_id))
+            later = [(len(events) + e[0], *e[1:]) for e in events]
+            with pytest.raises(IntegrityError):
+                writer.write(later, modules=[(0, "m", "M", None)], progress=(2 * len(events), 2))
+            other.write(later, progress=(2 * len(events), 2))
+        finally:
+            writer.close()
+            other.close()
+        with store.engine.connect() as conn:
+            for table in ("events", "modules", "run_ranks"):
+                counts = dict(conn.exec_driver_sql(f"SELECT run_id, COUNT(*) FROM {table} GROUP BY run_id").all())
+                assert run_id not in counts, table
+            assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM events WHERE run_id = {kept}").scalar() == 2 * len(events)
+    finally:
+        store.dispose()

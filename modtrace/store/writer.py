@@ -11,6 +11,14 @@ driver and the database (step, reset, program start) is paid once per 64
 rows instead of once per row.  The writer keeps one connection for its whole
 life; opening one per flush cost a connect and, on SQLite, a checkpoint of
 the write-ahead log each time the last connection closed.
+
+On SQLite that connection checks its foreign keys once a batch instead of
+once a row: every row it writes names the same run (``run_id`` is written
+into the statements), so one look for the run inside the batch's write
+transaction, which no other writer can enter, answers for all of them, as
+SQLite's own check would (the same ``IntegrityError``); the per-row check
+cost 0.03-0.05 us an event, 3-5% of the writer's work.  PostgreSQL checks
+every row as before.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from itertools import chain
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from modtrace.contracts import (
     DEVICE_EVENT_ROW,
@@ -78,6 +86,8 @@ class RankWriter:
             "device_events": _insert_sql("device_events", DEVICE_EVENT_COLUMNS, run_id, rank, style),
         }
         self._conn: Connection | None = None
+        self._check_run_once = store.is_sqlite  # see the module docstring
+        self._run_sql = f"SELECT 1 FROM runs WHERE id = {int(run_id)}"
 
     def write(
         self,
@@ -98,9 +108,7 @@ class RankWriter:
 
         On failure nothing of the batch is kept and the connection is dropped
         (the next write opens a new one)."""
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self.store.engine.connect()
+        conn = self._connection()
         try:
             with conn.begin():
                 self._many(conn, "modules", [m if len(m) == len(MODULE_COLUMNS) else (*m, 0) for m in modules])
@@ -119,15 +127,15 @@ class RankWriter:
                     conn.exec_driver_sql(
                         f"UPDATE run_ranks SET reconnects = reconnects + {int(reconnects)}"
                         f" WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}")
+                if self._check_run_once and conn.exec_driver_sql(self._run_sql).scalar() is None:
+                    raise IntegrityError(self._run_sql, None, _ForeignKeyError("FOREIGN KEY constraint failed"))
         except BaseException:
             self.close()
             raise
 
     def committed(self) -> int:
         """The rank's event count as committed (on this writer's connection)."""
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self.store.engine.connect()
+        conn = self._connection()
         try:
             value = conn.exec_driver_sql(
                 f"SELECT event_count FROM run_ranks WHERE run_id = {int(self.run_id)} AND rank = {int(self.rank)}"
@@ -149,9 +157,21 @@ class RankWriter:
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
+                if self._check_run_once:  # as the engine made it, should a pool keep it
+                    conn.exec_driver_sql("PRAGMA foreign_keys = ON")
                 conn.close()
             except Exception:  # a broken connection is gone either way
                 pass
+
+    def _connection(self) -> Connection:
+        conn = self._conn
+        if conn is None:
+            conn = self.store.engine.connect()
+            if self._check_run_once:  # checked once a batch instead (see the module docstring)
+                conn.exec_driver_sql("PRAGMA foreign_keys = OFF")  # outside a transaction: SQLite ignores it inside
+                conn.commit()
+            self._conn = conn
+        return conn
 
     def _events(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
         k = ROWS_PER_STATEMENT
@@ -181,6 +201,10 @@ class RankWriter:
         if not isinstance(rows, list):
             rows = list(rows)
         conn.exec_driver_sql(self._sql[table], rows)
+
+
+class _ForeignKeyError(Exception):
+    """What SQLite's own check raises, for the batch's one check (not transient: no retry)."""
 
 
 def forget_connection(conn: Connection) -> None:
