@@ -141,9 +141,19 @@ def test_batches_waiting_for_a_stopped_writer_hold_frames_and_are_all_written(db
         os.kill(pid, signal.SIGSTOP)
         try:
             _train(model, rec, 4)
-            waiting = [*rec._in_flight, *rec._pending]
-            assert waiting and all(b.events is None and b.frame is not None for b in waiting)
-            assert sum(b.count for b in waiting) == rec.events_recorded - rec._written
+            # The flusher thread may be waiting for the stopped writer's answers (holding the
+            # flush lock, everything it took sent, the last steps' events left in the buffer);
+            # else it is kept out while the batches are counted.
+            idle = rec._flush_lock.acquire(timeout=5)
+            try:
+                with rec._take_lock:
+                    sent = list(rec._in_flight)
+                    assert sent and all(b.events is None and b.frame is not None for b in sent)
+                    waiting = sum(b.count for b in (*sent, *rec._pending)) + len(rec._buf)
+                    assert waiting == rec.events_recorded - rec._written
+            finally:
+                if idle:
+                    rec._flush_lock.release()
         finally:
             os.kill(pid, signal.SIGCONT)
         _train(model, rec, 1)
