@@ -1,14 +1,16 @@
 """One rank's batches written by a separate process: the program's side.
 
 A recording's hot path only appends tuples; writing them (binding every
-value, the database's own work) costs about 1.5 us per event of CPU.  Done
+value, the database's own work) costs about 1 us per event of CPU (0.8 in
+the writer process, which binds None faster, ``writer_child``).  Done
 by a thread of the recorded program, that work holds the interpreter lock
 while the program runs: a flush after every step then slowed a CPU-bound
 step by more than the write itself, and the time landed in whichever module
 was running.  A writer process (``modtrace.recording.writer_child``) has its
 own interpreter: the program packs each batch (a pickle without memo, about
-0.2-0.3 us per event, ``writer_frames``) and writes the bytes to a pipe,
-between steps; the rest runs beside it.
+0.1-0.25 us per event, ``writer_frames``; the event tuples are freed then,
+``config.Batch``) and writes the bytes to a pipe, between steps; the rest
+runs beside it.
 
 ``WriterProcess`` is the program's side.  Batches go as frames (``pack``)
 either without waiting (``send_nowait``: only when the pipe has room, so the
