@@ -76,4 +76,14 @@ def main(argv: list[str] | None = None) -> Any:
     """Console entry point: one-line errors, exit 2 for usage, 1 for failures."""
     from modtrace.cli._errors import run_main
 
-    return run_main(cli, argv if argv is not None else sys.argv[1:])
+    if argv is not None:
+        return run_main(cli, argv)
+    try:
+        return run_main(cli, sys.argv[1:])
+    finally:
+        # The process ends with the command: the cycle collector's last pass at exit, over every
+        # object the command made (0.1-0.4 s after a 1M-event export), would free nothing the
+        # exit does not.  Frozen objects are left out of it (they are still freed as before).
+        import gc
+
+        gc.freeze()
