@@ -9,7 +9,7 @@ analyses a rank when it finishes) call it; the CLI goes through the API.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -96,16 +96,33 @@ def _stored_device_columns(store: Store, run_id: int, spans: pl.DataFrame) -> pl
 def load_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFrame:
     """The run's spans frame with at least ``columns`` filled (the others null when stored,
     for a cheaper read): the stored spans when it was analysed, else computed."""
-    from modtrace.analysis.spans import name_spans
-    from modtrace.store.analysis_store import has_analysis, read_span_rows
-    from modtrace.store.reader import read_devices, read_modules
-    from modtrace.store.span_columns import read_span_columns
+    return start_spans(store, run_id, columns)()
 
-    if not has_analysis(store, run_id):
-        return compute(store, run_id).spans
+
+def start_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> Callable[[], pl.DataFrame]:
+    """``load_spans`` begun: the stored span rows are read in threads from now on (without
+    Python's lock) while the caller does other work; calling the result finishes it.  The read
+    starts before the check that the run was analysed (which imports polars): when it was
+    not, what it read is dropped."""
+    from modtrace.store.span_columns import start_span_columns
+
     wanted = tuple(dict.fromkeys(("rank", "span_id", "module_id", "device_id", *columns)))
-    rows = read_span_columns(store, run_id, wanted, fallback=lambda: read_span_rows(store, run_id, columns=wanted))
-    return name_spans(rows, read_modules(store, run_id), read_devices(store, run_id))
+    read = start_span_columns(store, run_id, wanted)
+
+    def finish() -> pl.DataFrame:
+        from modtrace.analysis.spans import name_spans
+        from modtrace.store.analysis_store import has_analysis, read_span_rows
+        from modtrace.store.reader import read_devices, read_modules
+
+        if not has_analysis(store, run_id):
+            read.result()  # its threads done before the events are read
+            return compute(store, run_id).spans
+        rows = read.result()
+        if rows is None:
+            rows = read_span_rows(store, run_id, columns=wanted)
+        return name_spans(rows, read_modules(store, run_id), read_devices(store, run_id))
+
+    return finish
 
 
 def _tree_spans(store: Store, run_id: int) -> pl.DataFrame:

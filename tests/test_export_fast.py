@@ -228,3 +228,54 @@ def test_each_span_line_is_its_fields_formatted_one_by_one(raw: list[tuple[Any, 
         "step": pl.Int32, "graph_task": pl.Int64, "t0": pl.Int64, "t1": pl.Int64, "self_ns": pl.Int64})
     got = span_lines(frame, line_parts(frame)).to_list()
     assert got == [_plain_line(r) for r in rows]
+
+
+# -- the read begun early ------------------------------------------------------------------
+
+
+def test_a_read_begun_early_gives_what_the_plain_read_gives(any_db: str) -> None:
+    """start_spans_with (its read runs while other queries are made) is spans_with, and the
+    spans of the analysis, on a real recording."""
+    torch.manual_seed(0)
+    with modtrace.Recorder(db=any_db, run="early", clock=FakeClock()) as rec:
+        for _ in range(3):
+            Pair()(torch.randn(2, 6)).sum().backward()
+    rec.wait_analyzed()
+    with modtrace.api.open(any_db) as database:
+        begun = database.start_spans_with("early", TRACE_SPAN_COLUMNS)
+        details = database.details("early")  # other work meanwhile, on other connections
+        early = begun()
+    with modtrace.api.open(any_db) as database:
+        plain = database.spans_with("early", TRACE_SPAN_COLUMNS)
+        whole = database.analysis("early").spans
+    assert details["events"] > 0 and early.height > 10
+    assert early.equals(plain)
+    assert early.select(TRACE_SPAN_COLUMNS).equals(whole.select(TRACE_SPAN_COLUMNS))
+
+
+def test_a_read_begun_early_of_a_run_never_analysed_is_its_computed_spans(db_path: Path) -> None:
+    torch.manual_seed(0)
+    with modtrace.Recorder(db=str(db_path), run="raw", clock=FakeClock(), analyze=False):
+        Pair()(torch.randn(2, 6)).sum().backward()
+    with modtrace.api.open(str(db_path)) as database:
+        assert not database.has_analysis("raw")
+        early = database.start_spans_with("raw", TRACE_SPAN_COLUMNS)()
+        computed = database.analysis("raw").spans
+    assert early.height > 0 and early.equals(computed)
+
+
+def test_export_leaves_the_cycle_collector_as_it_found_it(db_path: Path, run_cli: Any, tmp_path: Path) -> None:
+    import gc
+
+    with modtrace.Recorder(db=str(db_path), run="gc", clock=FakeClock()) as rec:
+        Pair()(torch.randn(2, 6)).sum().backward()
+    rec.wait_analyzed()
+    assert gc.isenabled()
+    assert run_cli("export", "gc", "-o", str(tmp_path / "t.json"), "-q").code == 0
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert run_cli("export", "gc", "-o", str(tmp_path / "t.json"), "-q").code == 0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -20,7 +20,7 @@ follow the contracts in ``modtrace.contracts``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -210,12 +210,18 @@ class Database:
     def spans_with(self, run: RunLike, columns: tuple[str, ...]) -> pl.DataFrame:
         """The run's spans frame with at least ``columns`` filled, the others null when only those
         were read (a cheaper read of a stored analysis); without the device columns."""
-        from modtrace.materialize import load_spans
+        return self.start_spans_with(run, columns)()
+
+    def start_spans_with(self, run: RunLike, columns: tuple[str, ...]) -> Callable[[], pl.DataFrame]:
+        """``spans_with`` begun: a stored analysis is read in threads from now on, while the caller
+        does other work; calling the result gives the frame."""
+        from modtrace.materialize import start_spans
 
         ref = self.run(run)
         if ref.id in self._analyses:
-            return self._analyses[ref.id].spans
-        return load_spans(self._store, ref.id, columns)
+            held = self._analyses[ref.id].spans
+            return lambda: held
+        return start_spans(self._store, ref.id, columns)
 
     def clock(self, run: RunLike, clock: str | None = None) -> str:
         """The clock RUN's times are read on: ``clock`` (host | device, checked: a usage error for

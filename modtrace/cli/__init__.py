@@ -72,8 +72,17 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
+# True once main() runs as this process's command (the console entry point, python -m modtrace):
+# the process then ends with the command, and a command that runs no user code may leave what
+# it made to the exit (``cli.export.cycle_collector_paused``).
+ENDS_WITH_COMMAND = False
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point: one-line errors, exit 2 for usage, 1 for failures."""
+    global ENDS_WITH_COMMAND
     from modtrace.cli._errors import run_main
 
+    if argv is None:
+        ENDS_WITH_COMMAND = True
     return run_main(cli, argv if argv is not None else sys.argv[1:])

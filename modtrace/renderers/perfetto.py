@@ -38,16 +38,13 @@ from modtrace.contracts import PHASES
 from modtrace.renderers.base import Renderer
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
+from modtrace.renderers.trace_columns import TRACE_SPAN_COLUMNS
+
+__all__ = ["TRACE_SPAN_COLUMNS", "PerfettoRenderer", "Trace", "device_spans", "step_frame"]
 
 CHUNK_ROWS = 128_000
 BUILDERS = 2  # threads building chunks' lines
 BUILT_AHEAD = 2  # chunks built before the one being written is done
-# The span columns a trace shows or places slices by (with the names that come from
-# module_id and device_id); a caller may read only these.
-TRACE_SPAN_COLUMNS: tuple[str, ...] = (
-    "rank", "span_id", "parent_span_id", "depth", "module_id", "phase", "call_id", "step", "thread_id",
-    "graph_task", "start_ns", "end_ns", "self_ns", "device_id", "stream", "status",
-)
 
 
 # What of a spans frame the trace's slices are made of (names rather than their ids).

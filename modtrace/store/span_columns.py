@@ -20,20 +20,26 @@ overlap on a machine with more than one core.  ``end_ns``,
 derive from (``start_ns + duration_ns``, ...) and are derived here.  Rows
 this read cannot vouch for -- a rank the run does not list, a sum past 64
 bits -- make it read the rows the ordinary way instead.
+
+``start_span_columns`` begins the read and returns at once: the queries run
+(without Python's lock) while the caller does other work -- imports polars,
+reads a run's metadata -- and ``SpanColumnsRead.result`` waits for them.  So
+this module imports polars only where a part's texts are parsed.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import polars as pl
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 from modtrace.contracts import SPAN_ROW
-from modtrace.store.engine import Store
-from modtrace.store.reader import driver_cursor, mark
+from modtrace.store.base import Store
+from modtrace.store.cursor import driver_cursor, mark
+
+if TYPE_CHECKING:
+    import polars as pl
 
 # Parts per rank (a range of span ids each; smaller texts are cheaper for SQLite to build) and
 # threads reading them.
@@ -60,6 +66,8 @@ def _stored_columns(columns: tuple[str, ...]) -> list[str]:
 
 def _derive(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame | None:
     """The derived columns (None when one overflows 64 bits: SQL would not wrap it)."""
+    import polars as pl
+
     exprs, wrapped = [], []
     for column in columns:
         if column not in _DERIVED:
@@ -82,6 +90,8 @@ def _derive(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame | Non
 def _parse_part(found: tuple[Any, ...] | None, stored: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """One part's row count and column texts, parsed as one column of all the columns' values one
     after another (one parse per part, not per column) and cut back into columns."""
+    import polars as pl
+
     if found is None or not found[0]:
         return pl.DataFrame(schema={c: schema[c] for c in stored})
     rows, texts = int(found[0]), found[1:]
@@ -147,38 +157,76 @@ def read_span_columns(
 ) -> pl.DataFrame:
     """The run's stored span rows with only ``columns`` filled (the others null), in
     (rank, span_id) order: what ``fallback`` (the ordinary read) returns, read faster."""
-    try:
-        frame = _read(store, run_id, tuple(c for c in SPAN_ROW.names if c in columns))
-    except Exception:  # noqa: BLE001 -- a value that is no integer of its column, a table of another shape:
-        frame = None  # the ordinary read answers (or reports it)
+    frame = start_span_columns(store, run_id, columns).result()
     return fallback() if frame is None else frame
 
 
-def _read(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFrame | None:
-    span_row_schema = SPAN_ROW.polars()
-    stored = _stored_columns(columns)
-    stored_schema = {**span_row_schema, "duration_ns": pl.Int64(), "parent_gap": pl.Int64(), "exit_gap": pl.Int64()}
-    parts = _parts(store, run_id)
+class SpanColumnsRead:
+    """A read of a run's span columns under way (``start_span_columns``): each thread of it
+    reads and parses its parts; ``result`` waits for them."""
+
+    def __init__(self, columns: tuple[str, ...], parts: list[tuple[int, int, int]],
+                 pending: list[Future[list[pl.DataFrame]]], threads: int, error: bool = False) -> None:
+        self._columns, self._parts, self._pending, self._threads = columns, parts, pending, threads
+        self._error = error
+
+    def result(self) -> pl.DataFrame | None:
+        """The frame ``read_span_columns`` returns, or None when the ordinary read must answer:
+        a rank the run does not list, no spans, a value that is no integer of its column, a
+        table of another shape."""
+        try:
+            found = [f.result() for f in self._pending]
+        except Exception:  # noqa: BLE001 -- the ordinary read answers (or reports it)
+            return None
+        if self._error or not self._parts:
+            return None
+        # thread t read parts t, t + threads, ...: back into the parts' order
+        frames = [found[i % self._threads][i // self._threads] for i in range(len(self._parts))]
+        try:
+            return _assemble(frames, self._parts, self._columns)
+        except Exception:  # noqa: BLE001 -- as above
+            return None
+
+
+def start_span_columns(store: Store, run_id: int, columns: tuple[str, ...]) -> SpanColumnsRead:
+    """Begin reading the run's stored span rows with only ``columns`` filled: the parts' queries
+    run in threads from now on, each on its own connection."""
+    ordered = tuple(c for c in SPAN_ROW.names if c in columns)
+    stored = _stored_columns(ordered)
+    try:
+        parts = _parts(store, run_id)
+    except Exception:  # noqa: BLE001 -- a table of another shape: the ordinary read answers (or reports it)
+        return SpanColumnsRead(ordered, [], [], 1, error=True)
     if not parts:  # a rank the run does not list, or no spans
-        return None
+        return SpanColumnsRead(ordered, [], [], 1)
     sqls = [_part_sql(store, run_id, rank, start, end, stored) for rank, start, end in parts]
     threads = min(THREADS, len(sqls), os.cpu_count() or 1)
-    frames: list[pl.DataFrame | None] = [None] * len(sqls)
 
-    def read_every(first: int) -> None:
+    def read_every(first: int) -> list[pl.DataFrame]:
         """Parts first, first + threads, ...: on one connection of this thread's."""
+        import polars as pl
+
+        schema = {**SPAN_ROW.polars(), "duration_ns": pl.Int64(), "parent_gap": pl.Int64(), "exit_gap": pl.Int64()}
+        out = []
         with driver_cursor(store) as cur:
             for i in range(first, len(sqls), threads):
                 cur.execute(sqls[i])
-                frames[i] = _parse_part(cur.fetchone(), stored, stored_schema)
+                out.append(_parse_part(cur.fetchone(), stored, schema))
+        return out
 
-    if threads > 1:
-        with ThreadPoolExecutor(threads, thread_name_prefix="modtrace-read") as pool:
-            list(pool.map(read_every, range(threads)))
-    else:
-        read_every(0)
+    # One short-lived thread per reader: they end with their parts, so nothing is left to shut down.
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="modtrace-read")
+    pending = [pool.submit(read_every, t) for t in range(threads)]
+    pool.shutdown(wait=False)
+    return SpanColumnsRead(ordered, parts, pending, threads)
+
+
+def _assemble(frames: list[pl.DataFrame], parts: list[tuple[int, int, int]], columns: tuple[str, ...]) -> pl.DataFrame | None:
+    import polars as pl
+
+    span_row_schema = SPAN_ROW.polars()
     frame = pl.concat([f.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
-                       for (rank, _, _), f in zip(parts, frames, strict=True) if f is not None])
+                       for (rank, _, _), f in zip(parts, frames, strict=True)])
     if not frame["span_id"].is_sorted() and not frame.select(pl.struct("rank", "span_id").is_sorted()).item():
         frame = frame.sort("rank", "span_id")  # group_concat's order is SQLite's to choose
     derived = _derive(frame, columns)
