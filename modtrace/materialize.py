@@ -19,10 +19,14 @@ if TYPE_CHECKING:
     from modtrace.analysis import Analysis
     from modtrace.store.engine import Store
 
-# ``materialize`` analyses a rank in rounds of about this many events (read in chunks of
-# CHUNK_ROWS): a rank up to that size is one round, the one-piece analysis.
+# ``materialize`` analyses a rank in rounds of about PART_ROWS events (read in chunks of
+# CHUNK_ROWS), each round's rows written while the next is read and analysed
+# (``store.analysis_store.write_analysis_rounds``); a rank up to ROUND_ROWS events is held
+# whole (its spans returned and its tree computed from them), as the one-piece analysis
+# would hold it.  The rounds' results are the one-piece analysis' (``analysis.stream``).
 ROUND_ROWS = 2_000_000
 CHUNK_ROWS = 200_000
+PART_ROWS = 200_000
 
 
 def _complete(store: Store, run_id: int, rank: int | None, complete: bool | None) -> bool:
@@ -154,7 +158,8 @@ def _round_chunks(store: Store, run_id: int, rank: int, round_rows: int, chunk_r
 @dataclass
 class _Found:
     """What ``materialize`` returns of the rounds: every issue, and the spans while each rank
-    was one round (``spans`` is None once a rank took several: those went to the store only)."""
+    was at most ``round_rows`` events (``spans`` is None once one was more: those went to the
+    store only)."""
 
     issues: list[pl.DataFrame] = field(default_factory=list)
     spans: list[pl.DataFrame] | None = field(default_factory=list)
@@ -162,23 +167,33 @@ class _Found:
 
 def _rounds(
     store: Store, run_id: int, ranks: list[int], complete: bool, round_rows: int, chunk_rows: int, found: _Found,
+    part_rows: int = PART_ROWS,
 ) -> Iterator[tuple[pl.DataFrame, pl.DataFrame, int | None]]:
-    """(spans, issues, rank whose rows they replace or None) per round of each rank."""
+    """(spans, issues, rank whose rows they replace or None) per round of each rank, rounds of
+    ``min(round_rows, part_rows)`` events."""
     from modtrace.analysis.stream import analyze_rank
     from modtrace.store.reader import read_modules
 
+    size = min(round_rows, part_rows)
     for r in ranks:
         modules = read_modules(store, run_id, ranks=[r])
         parts: list[tuple[pl.DataFrame, pl.DataFrame]] = []
-        for part in analyze_rank(lambda r=r: _round_chunks(store, run_id, r, round_rows, chunk_rows),  # type: ignore[misc]
-                                 modules, complete=complete):
+        seen = [0]  # events read of the rank, its last reading (a restart reads it again)
+
+        def chunks(r: int = r, seen: list[int] = seen) -> Iterator[pl.DataFrame]:
+            seen[0] = 0
+            for chunk in _round_chunks(store, run_id, r, size, chunk_rows):
+                seen[0] += chunk.height
+                yield chunk
+
+        for part in analyze_rank(chunks, modules, complete=complete):
             if part.restart:
                 parts.clear()
             parts.append((part.spans, part.issues))
             yield part.spans, part.issues, r if part.restart else None
         found.issues.extend(issues for _, issues in parts)
         if found.spans is not None:
-            found.spans = None if len(parts) > 1 else [*found.spans, *(spans for spans, _ in parts)]
+            found.spans = None if seen[0] > round_rows else [*found.spans, *(spans for spans, _ in parts)]
 
 
 def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
@@ -204,16 +219,17 @@ def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
 
 def materialize(
     store: Store, run_id: int, *, rank: int | None = None, complete: bool | None = None,
-    round_rows: int = ROUND_ROWS, chunk_rows: int = CHUNK_ROWS,
+    round_rows: int = ROUND_ROWS, chunk_rows: int = CHUNK_ROWS, part_rows: int = PART_ROWS,
 ) -> Analysis:
     """Rebuild and store run ``run_id``'s spans and nesting issues (only ``rank``'s when given).
 
     Idempotent: the run's (rank's) stored rows are replaced in one transaction.
-    Each rank is analysed in rounds of about ``round_rows`` events
-    (``analysis.stream.analyze_rank``), whose results are those of the
-    one-piece analysis whatever the size.  The run's default module call tree
+    Each rank is analysed in rounds of about ``min(round_rows, part_rows)``
+    events (``analysis.stream.analyze_rank``), whose results are those of the
+    one-piece analysis whatever the size; each round is written while the
+    next is read and analysed.  The run's default module call tree
     is stored after them (``stored_tree.store_tree``).  The returned spans are named when
-    every rank was one round; a run with a rank of several rounds comes back
+    every rank was at most ``round_rows`` events; a run with a larger rank comes back
     with its issues and an empty spans frame (its spans are in the store).
     """
     import polars as pl
@@ -227,7 +243,8 @@ def materialize(
 
     ranks = read_ranks(store, run_id) if rank is None else [rank]
     found = _Found()
-    parts = _rounds(store, run_id, ranks, _complete(store, run_id, rank, complete), round_rows, chunk_rows, found)
+    parts = _rounds(store, run_id, ranks, _complete(store, run_id, rank, complete), round_rows, chunk_rows, found,
+                    part_rows)
     write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True)
     _store_device_times(store, run_id, ranks)
     some = [f for f in found.issues if f.height]
