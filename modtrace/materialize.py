@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import polars as pl
@@ -239,13 +239,32 @@ def materialize(
     from modtrace.analysis.spans import empty_spans, name_spans
     from modtrace.store.analysis_store import write_analysis_rounds
     from modtrace.store.reader import read_devices, read_modules, read_ranks
-    from modtrace.stored_tree import store_tree
+    from modtrace.stored_tree import store_tree, tree_rows, write_tree
 
     ranks = read_ranks(store, run_id) if rank is None else [rank]
     found = _Found()
     parts = _rounds(store, run_id, ranks, _complete(store, run_id, rank, complete), round_rows, chunk_rows, found,
                     part_rows)
-    write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True)
+    selected = None if rank is None else [rank]
+
+    def named(held: list[pl.DataFrame]) -> pl.DataFrame:
+        spans = name_spans(pl.concat(held, rechunk=True), read_modules(store, run_id, ranks=selected),
+                           read_devices(store, run_id, ranks=selected)).sort("rank", "span_id")
+        return _with_device_times(store, run_id, selected, Analysis(spans, spans.clear())).spans
+
+    early: list[tuple[pl.DataFrame, Any] | BaseException] = []
+
+    def meanwhile() -> None:
+        """The whole run's spans named and their tree computed while the last part is written
+        (a failure is raised where it was met before: after the spans' commit)."""
+        if rank is None and found.spans:
+            try:
+                spans = named(found.spans)
+                early.append((spans, tree_rows(store, run_id, spans)))
+            except Exception as exc:  # noqa: BLE001 -- raised below, after the commit
+                early.append(exc)
+
+    write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True, meanwhile=meanwhile)
     _store_device_times(store, run_id, ranks)
     some = [f for f in found.issues if f.height]
     issues = pl.concat(some).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind") if some else empty_issues()  # type: ignore[arg-type]
@@ -253,9 +272,12 @@ def materialize(
         if found.spans is None:  # a rank of several rounds: its spans are in the store only
             store_tree(store, run_id, lambda: _tree_spans(store, run_id), rank=rank)
         return Analysis(empty_spans(), issues)
-    selected = None if rank is None else [rank]
-    rows = pl.concat(found.spans, rechunk=True)
-    spans = name_spans(rows, read_modules(store, run_id, ranks=selected), read_devices(store, run_id, ranks=selected))
-    result = _with_device_times(store, run_id, selected, Analysis(spans.sort("rank", "span_id"), issues))
+    if early:
+        if isinstance(early[0], BaseException):
+            raise early[0]
+        spans, tree = early[0]
+        write_tree(store, run_id, tree)
+        return Analysis(spans, issues)
+    result = Analysis(named(found.spans), issues)
     store_tree(store, run_id, result.spans, rank=rank)
     return result

@@ -10,7 +10,7 @@ naming the spans is the analysis' job, done by ``modtrace.materialize``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from itertools import chain
@@ -218,7 +218,7 @@ def _overlaps(conn: Connection, store: Store) -> bool:
 
 def write_analysis_rounds(
     store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame, int | None]], *,
-    rank: int | None = None, from_events: bool = False,
+    rank: int | None = None, from_events: bool = False, meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """``write_analysis`` for results that come in parts, each written as it arrives, all
     of them in one transaction: (spans, issues, clear) triples, where ``clear`` names a
@@ -231,7 +231,8 @@ def write_analysis_rounds(
     while the first part is made (read and analysed on other connections), and each part
     is written while the next is made (the database's work and polars', both outside the
     GIL; on two cores a 1M-event SQLite run's write hid behind the reading, see
-    scripts/bench_analysis.py).  One part is in flight at a time."""
+    scripts/bench_analysis.py).  One part is in flight at a time.  ``meanwhile`` is
+    called in this thread once every part is made, while the last is written."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
     with _write_transaction(store) as conn:
@@ -263,6 +264,8 @@ def write_analysis_rounds(
                     busy = pool.submit(write, spans, issues, clear)
                     if not overlap:
                         busy.result()
+                if meanwhile is not None:
+                    meanwhile()
             finally:
                 wait([busy])  # the connection idle before the transaction ends, either way
             busy.result()
