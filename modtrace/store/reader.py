@@ -161,8 +161,9 @@ def csv_text(store: Store, select: str, columns: list[str], *, key_order: bool =
     the server (``string_agg`` of each row's ``columns`` joined by commas, NULL an empty
     field as polars reads it), in ``select``'s order, without a header; empty when no row.
     One row comes back: a ``COPY`` sends a message per row, each a step of Python's
-    (1M events: about three times the wall time, ten times the client's CPU).
-    ``key_order`` as for ``copy_csv``."""
+    (1M events in chunks of 200k: client CPU 0.57 -> 0.17 s, the server's 0.49 -> 0.81 s,
+    wall about the same on a loaded machine; the client's is the CPU the analysis and
+    the writes share).  ``key_order`` as for ``copy_csv``."""
     line = " || ',' || ".join(f"coalesce({c}::text, '')" for c in columns)
     with driver_cursor(store) as cur:
         if key_order:
