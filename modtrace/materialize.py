@@ -170,11 +170,13 @@ def _rounds(
     part_rows: int = PART_ROWS,
 ) -> Iterator[tuple[pl.DataFrame, pl.DataFrame, int | None]]:
     """(spans, issues, rank whose rows they replace or None) per round of each rank, rounds of
-    ``min(round_rows, part_rows)`` events."""
+    ``min(round_rows, part_rows)`` events (of ``round_rows`` where the store cannot write a
+    round while the next is read: ``store.analysis_store.writes_beside_reads``)."""
     from modtrace.analysis.stream import analyze_rank
+    from modtrace.store.analysis_store import writes_beside_reads
     from modtrace.store.reader import read_modules
 
-    size = min(round_rows, part_rows)
+    size = min(round_rows, part_rows) if writes_beside_reads(store) else round_rows
     for r in ranks:
         modules = read_modules(store, run_id, ranks=[r])
         parts: list[tuple[pl.DataFrame, pl.DataFrame]] = []

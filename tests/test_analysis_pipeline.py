@@ -22,7 +22,7 @@ from test_analysis_store import _write_misnested, _write_two_ranks
 
 import modtrace
 from modtrace.materialize import compute, materialize
-from modtrace.store.analysis_store import write_analysis
+from modtrace.store.analysis_store import write_analysis, writes_beside_reads
 from modtrace.store.engine import open_store
 from modtrace.store.reader import read_events, read_run_status
 from modtrace.stored_tree import store_tree
@@ -63,6 +63,7 @@ def test_parts_written_behind_the_analysis_store_what_one_piece_and_the_plain_wr
     run_id = RECORDINGS[recording](any_db)
     store = open_store(any_db)
     try:
+        assert writes_beside_reads(store)  # WAL (modtrace creates it so) or PostgreSQL
         events = read_events(store, run_id).height
         whole = materialize(store, run_id)  # one part: these recordings are smaller than PART_ROWS
         one_piece = _rows(store, run_id)
@@ -86,7 +87,8 @@ def test_parts_written_behind_the_analysis_store_what_one_piece_and_the_plain_wr
 
 def test_a_rollback_journal_database_writes_its_parts_after_each_other(db_path: Path) -> None:
     """Outside WAL mode a writer that spills its cache would lock the readers of the next part
-    out: the parts are then written one after the other, with the same rows."""
+    out: a rank up to round_rows is then analysed in one round, as before parts, written
+    after it is made; the same rows."""
     db = str(db_path)
     run_id = _write_real(db)
     store = open_store(db)
@@ -103,6 +105,7 @@ def test_a_rollback_journal_database_writes_its_parts_after_each_other(db_path: 
     store = open_store(db)
     try:
         assert read_run_status(store, run_id) == "completed"
+        assert not writes_beside_reads(store)
         result = materialize(store, run_id, part_rows=5)
         rolled = _rows(store, run_id)
     finally:

@@ -207,13 +207,27 @@ def write_analysis(
     write_analysis_rounds(store, run_id, [(spans, issues, None)], rank=rank)
 
 
-def _overlaps(conn: Connection, store: Store) -> bool:
-    """Whether this transaction may write while other connections read the run's events:
-    PostgreSQL, and SQLite in WAL mode (in rollback-journal mode a writer that spills its
-    cache locks readers out until its commit, which waits on them)."""
+def _journal_allows_overlap(mode: str) -> bool:
+    return mode.lower() == "wal"
+
+
+def writes_beside_reads(store: Store) -> bool:
+    """Whether a write transaction may write while other connections read the run's events:
+    PostgreSQL, and SQLite in WAL mode.  In rollback-journal mode a writer whose cache
+    spills takes the exclusive lock until its commit, and a reader of the next part
+    would wait on it while the commit waits on the reader."""
     if store.dialect != "sqlite":
         return True
-    return str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower() == "wal"
+    with driver_cursor(store) as cur:
+        cur.execute("PRAGMA journal_mode")
+        return _journal_allows_overlap(str(cur.fetchone()[0]))
+
+
+def _overlaps(conn: Connection, store: Store) -> bool:
+    """``writes_beside_reads``, asked on this transaction's connection."""
+    if store.dialect != "sqlite":
+        return True
+    return _journal_allows_overlap(str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()))
 
 
 def write_analysis_rounds(
@@ -230,9 +244,10 @@ def write_analysis_rounds(
     The writes run in a thread of their own, one part behind: the old rows are deleted
     while the first part is made (read and analysed on other connections), and each part
     is written while the next is made (the database's work and polars', both outside the
-    GIL; on two cores a 1M-event SQLite run's write hid behind the reading, see
-    scripts/bench_analysis.py).  One part is in flight at a time.  ``meanwhile`` is
-    called in this thread once every part is made, while the last is written."""
+    GIL).  One part is in flight at a time.  ``meanwhile`` is called in this thread
+    once every part is made, while the last is written.  Where the journal does not
+    let writes and reads overlap (``writes_beside_reads``), each part is written
+    before the next is made and ``meanwhile`` is not called."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
     with _write_transaction(store) as conn:
@@ -264,7 +279,7 @@ def write_analysis_rounds(
                     busy = pool.submit(write, spans, issues, clear)
                     if not overlap:
                         busy.result()
-                if meanwhile is not None:
+                if meanwhile is not None and overlap:
                     meanwhile()
             finally:
                 wait([busy])  # the connection idle before the transaction ends, either way
