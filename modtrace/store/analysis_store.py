@@ -267,7 +267,7 @@ def write_analysis_rounds(
 
         overlap = _overlaps(conn, store)
         with ThreadPoolExecutor(1, thread_name_prefix="modtrace-write") as pool:
-            # Only this thread's future touches ``conn`` at a time: each is waited for before the next.
+            # One future at a time uses ``conn``: each is waited for before the next is submitted.
             busy: Future[None] = pool.submit(clear_old)
             try:
                 for spans, issues, clear in parts:
