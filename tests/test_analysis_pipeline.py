@@ -1,7 +1,8 @@
 """``materialize`` in parts written while the next is read and analysed: the same rows.
 
-The default parts (``materialize.PART_ROWS`` events) are larger than these
-recordings, so each test asks for parts of a few events: many parts, each
+The default parts (``materialize.PART_ROWS`` events on PostgreSQL, a round of
+up to ``round_rows`` on SQLite) are larger than these recordings, so each
+test asks for parts of a few events: many parts, each
 written by the write thread while the next one is made, the rank still held
 whole (``round_rows`` is not reached) so its spans come back and its tree is
 computed from them.  Every stored row (spans, issues, tree nodes) must be the

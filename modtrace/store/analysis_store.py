@@ -244,7 +244,8 @@ def write_analysis_rounds(
     The writes run in a thread of their own, one part behind: the old rows are deleted
     while the first part is made (read and analysed on other connections), and each part
     is written while the next is made (the database's work and polars', both outside the
-    GIL).  One part is in flight at a time.  ``meanwhile`` is called in this thread
+    GIL; the tree of a run's spans is computed beside the last part's write, see
+    ``materialize``).  One part is in flight at a time.  ``meanwhile`` is called in this thread
     once every part is made, while the last is written.  Where the journal does not
     let writes and reads overlap (``writes_beside_reads``), each part is written
     before the next is made and ``meanwhile`` is not called."""
