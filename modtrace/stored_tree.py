@@ -59,6 +59,37 @@ def _with_own_steps(store: Store, run_id: int, spans: pl.DataFrame) -> tuple[str
     return rule, assign_steps(spans, roots, rule)
 
 
+def tree_rows(store: Store, run_id: int, spans: pl.DataFrame) -> tuple[str, dict[str, list[tuple[Any, ...]]]] | None:
+    """The run's default tree as ``store_tree`` stores it, computed from ``spans`` and not
+    written: (its step rule, clock -> node rows); None when there is none to store."""
+    from modtrace.analysis.aggregate import module_tree
+    from modtrace.analysis.device import has_device_time, on_clock
+    from modtrace.store.device_store import has_device_events
+
+    if spans.height == 0:
+        return None
+    stepped = _with_own_steps(store, run_id, spans)
+    if stepped is None:
+        return None
+    rule, frame = stepped
+    trees = {"host": _node_rows(module_tree(frame))}
+    if has_device_time(frame) and has_device_events(store, run_id):
+        trees["device"] = _node_rows(module_tree(on_clock(frame, "device")))
+    return rule, trees
+
+
+def write_tree(
+    store: Store, run_id: int, tree: tuple[str, dict[str, list[tuple[Any, ...]]]] | None, *, rank: int | None = None,
+) -> bool:
+    """Store ``tree`` (``tree_rows``'s) as the run's default tree; ``rank`` as for ``store_tree``.
+    Whether it was stored."""
+    from modtrace.store.tree_store import write_tree_nodes
+
+    if tree is None:
+        return False
+    return write_tree_nodes(store, run_id, tree[0], tree[1], only_rank=rank)
+
+
 def store_tree(
     store: Store, run_id: int, spans: pl.DataFrame | Callable[[], pl.DataFrame], *, rank: int | None = None,
 ) -> bool:
@@ -69,25 +100,13 @@ def store_tree(
     tree is then stored only for a run of one rank, and a run of several keeps none (``tree``
     reads its spans, until ``modtrace analyze`` stores the whole run's).  Whether it was stored.
     """
-    from modtrace.analysis.aggregate import module_tree
-    from modtrace.analysis.device import has_device_time, on_clock
-    from modtrace.store.device_store import has_device_events
-    from modtrace.store.tree_store import single_rank_run, write_tree_nodes
+    from modtrace.store.tree_store import single_rank_run
 
     if rank is not None and not single_rank_run(store, run_id, rank):
         return False
     if callable(spans):
         spans = spans()
-    if spans.height == 0:
-        return False
-    stepped = _with_own_steps(store, run_id, spans)
-    if stepped is None:
-        return False
-    rule, frame = stepped
-    trees = {"host": _node_rows(module_tree(frame))}
-    if has_device_time(frame) and has_device_events(store, run_id):
-        trees["device"] = _node_rows(module_tree(on_clock(frame, "device")))
-    return write_tree_nodes(store, run_id, rule, trees, only_rank=rank)
+    return write_tree(store, run_id, tree_rows(store, run_id, spans), rank=rank)
 
 
 def _node(row: tuple[Any, ...]) -> Node:

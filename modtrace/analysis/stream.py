@@ -296,18 +296,18 @@ def analyze_rank(
     """
     closed = pl.DataFrame(schema={"thread_id": pl.Int32(), "_task": pl.Int64(), "call_id": pl.Int64(), "phase": pl.Int8()})
     rounds = analyze_rounds(chunks(), modules, complete=complete)
-    held = next(rounds, None)
     first = True
-    while held is not None:
-        part, held = held, next(rounds, None)
-        if first and held is None:  # the rank is one round: the one-piece analysis
-            yield part
-            return
-        first = False
+    # Each round is yielded as soon as it is checked, not once the next is made: the
+    # caller writes it while the next is read and analysed (``materialize``).
+    for part in rounds:
         calls = _stack_calls(part.spans)
         unsafe = bool(part.issues["kind"].is_in(_CUT_SENSITIVE).any()) or bool(
             calls.filter(pl.col("phase") != 2).join(closed, on=list(_STACK_CALL), how="semi", nulls_equal=True).height
         )
+        if unsafe and first and next(rounds, None) is None:  # the rank is one round: the one-piece analysis
+            yield part
+            return
+        first = False
         if unsafe:
             rounds.close()
             whole = pl.concat([conform(c, EVENT_SCHEMA) for c in chunks()], rechunk=True)
