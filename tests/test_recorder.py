@@ -311,11 +311,23 @@ def test_batches_committed_but_unanswered_when_the_writer_process_dies_are_not_w
         rec.flush()
         pid = rec.writer_pid
         assert pid is not None
-        train(model, 3)  # handed over at each step; the last answer is not read yet
-        with rec._flush_lock:  # the flusher thread must not read the answers either
-            assert rec._in_flight
+        steps = 2
+        # Each step hands its batch over; the scenario needs the last answer unread.  The
+        # flusher thread may read it first (a busy machine can delay this thread past its
+        # flush interval), or hold its lock while a step ends (the step then hands nothing
+        # over): then take another step, with the flusher held out once it succeeds.
+        for _ in range(50):
+            train(model, 1)
+            steps += 1
+            rec._flush_lock.acquire()
+            if rec._in_flight and not rec._pending and not rec._buf:  # every event handed over
+                break
+            rec._flush_lock.release()
+        else:
+            pytest.fail("every step's answer was read before the flusher could be held out")
+        try:
             deadline = time.monotonic() + 30
-            while rows(str(db_path), "SELECT event_count FROM run_ranks") != [(80,)]:
+            while rows(str(db_path), "SELECT event_count FROM run_ranks") != [(16 * steps,)]:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             # Committed, and then the answers are lost with the process (as when
@@ -326,10 +338,12 @@ def test_batches_committed_but_unanswered_when_the_writer_process_dies_are_not_w
             time.sleep(0.1)
             assert os.read(proc._in, 1 << 16)
             os.kill(pid, signal.SIGKILL)
+        finally:
+            rec._flush_lock.release()
         train(model, 1)
     assert rec.status == "completed" and rec._flush_error is None
     seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
-    assert seqs == list(range(6 * 16))
+    assert seqs == list(range(16 * (steps + 1)))
 
 
 PROGRAM = textwrap.dedent(
