@@ -16,6 +16,7 @@ from typing import Any
 
 from modtrace.codes import Kind, Phase, Status
 from modtrace.contracts import MODULE_FRAME
+from modtrace.store.engine import open_store
 from modtrace.tracker import Tracker
 
 
@@ -145,3 +146,15 @@ def spans(events: list[Ev], phase: str) -> list[tuple[str, int]]:
         else:
             depth[group] = depth.get(group, 0) - 1
     return out
+
+
+def db_rows(db: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    """``sql``'s rows (bound ``params``) from the database ``db`` names: a SQLite path or a URL."""
+    from sqlalchemy import text
+
+    store = open_store(db)
+    try:
+        with store.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(sql), params)]
+    finally:
+        store.dispose()

@@ -18,26 +18,18 @@ import pytest
 import torch
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optimizer_hooks
-from sqlalchemy import text
 from torch import nn
 
 import modtrace
 from modtrace.errors import UsageError
-from modtrace.store.engine import open_store
 from tests.recording import FakeClock
+from tests.recording import db_rows as rows
 
 
 def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
-def rows(db: str, sql: str, **params: object) -> list[tuple[object, ...]]:
-    store = open_store(db)
-    try:
-        with store.engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(text(sql), params)]
-    finally:
-        store.dispose()
 
 
 def train(model: nn.Module, steps: int) -> None:

@@ -14,7 +14,6 @@ import time
 import pytest
 import sqlalchemy as sa
 import torch
-from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from torch import nn
 
@@ -28,6 +27,7 @@ from modtrace.store.writer import RankWriter
 from modtrace.tracker import Tracker
 from tests.models import Net
 from tests.recording import FakeClock
+from tests.recording import db_rows as _rows
 
 # NULLs read back as NULLs, not as a value an adapter made of None (e.g. 'None').
 EVENT_SQL = ("SELECT seq, ts_ns, kind, module_id, phase, call_id, step, thread_id, device_id, device_id IS NULL,"
@@ -62,13 +62,6 @@ def _train(model: nn.Module, rec: modtrace.Recorder, steps: int) -> None:
         rec.step()
 
 
-def _rows(db: str, sql: str, **params: object) -> list[tuple[object, ...]]:
-    store = open_store(db)
-    try:
-        with store.engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(text(sql), params)]
-    finally:
-        store.dispose()
 
 
 def test_the_writer_process_stores_the_same_rows_and_nulls_as_this_process(any_db: str) -> None:
