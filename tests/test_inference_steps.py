@@ -53,7 +53,7 @@ SLOWER = textwrap.dedent(
         def forward(self, *args, **kwargs):
             out = super().forward(*args, **kwargs)
             x = torch.full((160, 160), 0.01)
-            for _ in range(12):
+            for _ in range(48):
                 x = torch.tanh(x @ x)
             return out
 
