@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from models import Net
+from recording import db_rows
 from test_analysis_store import _write_misnested, _write_two_ranks
 
 import modtrace
@@ -39,12 +40,8 @@ def _write_real(db: str) -> int:
             net(torch.ones(2, 4)).sum().backward()
             opt.step()
             opt.zero_grad()
-    store = open_store(db)
-    try:
-        with store.engine.connect() as conn:
-            return int(conn.exec_driver_sql("SELECT id FROM runs WHERE name = 'real'").scalar_one())
-    finally:
-        store.dispose()
+    ((run_id,),) = db_rows(db, "SELECT id FROM runs WHERE name = 'real'")
+    return int(run_id)
 
 
 def _rows(store: Any, run_id: int) -> dict[str, list[tuple[Any, ...]]]:

@@ -20,6 +20,7 @@ from analysis_streams import (
     training_step,
 )
 from models import Net
+from recording import db_rows
 
 import modtrace
 from modtrace.analysis import analyze_events
@@ -154,12 +155,8 @@ def _write_real(db: str) -> int:
         for _ in range(3):
             model_(torch.ones(2, 4)).sum().backward()
             rec.step()
-    store = open_store(db)
-    try:
-        with store.engine.connect() as conn:
-            return int(conn.exec_driver_sql("SELECT id FROM runs WHERE name = 'real'").scalar_one())
-    finally:
-        store.dispose()
+    ((run_id,),) = db_rows(db, "SELECT id FROM runs WHERE name = 'real'")
+    return int(run_id)
 
 
 @pytest.mark.parametrize("recording", ["two_ranks", "misnested", "real"])
