@@ -21,12 +21,13 @@ from test_export import Pair
 
 import modtrace
 import modtrace.api
-from modtrace.renderers.perfetto import TRACE_SPAN_COLUMNS
+from modtrace.materialize import load_spans
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
+from modtrace.renderers.trace_columns import TRACE_SPAN_COLUMNS
 from modtrace.store.analysis_store import read_span_rows
 from modtrace.store.engine import open_store
-from modtrace.store.span_columns import read_span_columns
+from modtrace.store.span_columns import start_span_columns
 from tests.device_clock import FakeStream
 
 PHASES = ["forward", "backward", "recompute"]
@@ -128,10 +129,8 @@ def _read_both(db: str, run: str) -> tuple[pl.DataFrame, pl.DataFrame]:
         run_id = database.run(run).id
     store = open_store(db)
     try:
-        def refuse() -> pl.DataFrame:
-            raise AssertionError("the column-wise read fell back to the ordinary read")
-
-        fast = read_span_columns(store, run_id, wanted, fallback=refuse)
+        fast = start_span_columns(store, run_id, wanted).result()
+        assert fast is not None, "the column-wise read fell back to the ordinary read"
         plain = read_span_rows(store, run_id, columns=wanted)
     finally:
         store.dispose()
@@ -167,17 +166,13 @@ def test_a_rank_the_run_does_not_list_falls_back_to_the_ordinary_read(db_path: P
         picked = ", ".join("7" if c == "rank" else c for c in cols)
         conn.execute(f"INSERT INTO span_rows ({', '.join(cols)}) SELECT {picked} FROM span_rows LIMIT 1")
     store = open_store(str(db_path))
-    called: list[bool] = []
     wanted = ("rank", "span_id", "start_ns", "end_ns")
     try:
-        def ordinary() -> pl.DataFrame:
-            called.append(True)
-            return read_span_rows(store, 1, columns=wanted)
-
-        got = read_span_columns(store, 1, wanted, fallback=ordinary)
+        declined = start_span_columns(store, 1, wanted).result() is None
+        got = load_spans(store, 1, wanted)  # the read export uses: the ordinary one answers
     finally:
         store.dispose()
-    assert called and 7 in got["rank"].to_list()
+    assert declined and 7 in got["rank"].to_list()
 
 
 # -- lines ---------------------------------------------------------------------------------

@@ -38,9 +38,6 @@ from modtrace.contracts import PHASES
 from modtrace.renderers.base import Renderer
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
-from modtrace.renderers.trace_columns import TRACE_SPAN_COLUMNS
-
-__all__ = ["TRACE_SPAN_COLUMNS", "PerfettoRenderer", "Trace", "device_spans", "step_frame"]
 
 CHUNK_ROWS = 128_000
 BUILDERS = 2  # threads building chunks' lines

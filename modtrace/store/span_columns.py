@@ -30,7 +30,6 @@ this module imports polars only where a part's texts are parsed.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -152,15 +151,6 @@ def _parts(store: Store, run_id: int) -> list[tuple[int, int, int]] | None:
     return parts
 
 
-def read_span_columns(
-    store: Store, run_id: int, columns: tuple[str, ...], *, fallback: Callable[[], pl.DataFrame]
-) -> pl.DataFrame:
-    """The run's stored span rows with only ``columns`` filled (the others null), in
-    (rank, span_id) order: what ``fallback`` (the ordinary read) returns, read faster."""
-    frame = start_span_columns(store, run_id, columns).result()
-    return fallback() if frame is None else frame
-
-
 class SpanColumnsRead:
     """A read of a run's span columns under way (``start_span_columns``): each thread of it
     reads and parses its parts; ``result`` waits for them."""
@@ -171,7 +161,8 @@ class SpanColumnsRead:
         self._error = error
 
     def result(self) -> pl.DataFrame | None:
-        """The frame ``read_span_columns`` returns, or None when the ordinary read must answer:
+        """The run's stored span rows with only ``columns`` filled (the others null), in (rank,
+        span_id) order, or None when the ordinary read must answer:
         a rank the run does not list, no spans, a value that is no integer of its column, a
         table of another shape."""
         try:
