@@ -15,20 +15,20 @@ from modtrace._version import __version__
 
 if TYPE_CHECKING:
     from modtrace.api import open
-    from modtrace.module_tracker import ModuleTracker
-    from modtrace.recorder import Recorder
+    from modtrace.recording.recorder import Recorder
     from modtrace.recording.schedule import schedule
+    from modtrace.tracking.module_tracker import ModuleTracker
 
 __all__ = ["ModuleTracker", "Recorder", "__version__", "open", "schedule"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "Recorder":
-        from modtrace.recorder import Recorder
+        from modtrace.recording.recorder import Recorder
 
         return Recorder
     if name == "ModuleTracker":
-        from modtrace.module_tracker import ModuleTracker
+        from modtrace.tracking.module_tracker import ModuleTracker
 
         return ModuleTracker
     if name == "schedule":

@@ -443,14 +443,14 @@ def _cli(args: list[str], db: str) -> float:
 # opening the store and running analyze's rounds (read events, analyse), storing nothing.
 _FLOOR = """
 import sys
-from modtrace.materialize import _Found, _complete, _rounds
+from modtrace.results.materialize import _Found, _complete, _rounds
 from modtrace.store.engine import open_store
 from modtrace.store.reader import read_ranks
-import modtrace.store.analysis_store, modtrace.stored_tree  # analyze imports them too
+import modtrace.store.analysis_store, modtrace.results.tree  # analyze imports them too
 store = open_store(sys.argv[1])
 run_id = int(sys.argv[2])
 ranks = read_ranks(store, run_id)
-from modtrace.materialize import ROUND_ROWS, CHUNK_ROWS
+from modtrace.results.materialize import ROUND_ROWS, CHUNK_ROWS
 spans = sum(s.height for s, _, _ in _rounds(store, run_id, ranks, _complete(store, run_id, None, None),
                                             ROUND_ROWS, CHUNK_ROWS, _Found()))
 store.dispose()

@@ -39,8 +39,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from modtrace.device_clock import DeviceTimer  # noqa: E402
-from modtrace.tracker import Tracker  # noqa: E402
+from modtrace.tracking.device_timer import DeviceTimer  # noqa: E402
+from modtrace.tracking.tracker import Tracker  # noqa: E402
 from tests.device_clock import FakeDeviceClock, FakeStream  # noqa: E402
 
 N = 20_000

@@ -5,7 +5,7 @@
 Builds two runs in a SQLite database from synthetic rows (a model of
 ``--blocks`` blocks of 8 modules each, forward and backward, exact
 timestamps; the candidate has one module 50% slower), written with the
-recorder's ``RankWriter`` and analysed with ``modtrace.materialize``
+recorder's ``RankWriter`` and analysed with ``modtrace.results.materialize``
 as a recording would be.  Then times ``modtrace diff BASE CAND --format
 json`` as a subprocess (interpreter start and imports included; wall and CPU
 time, the CPU time from the child's rusage), the interpreter start with the
@@ -88,7 +88,7 @@ def events(mods: list[tuple[int, str, str, int | None]], steps: int, seed: int, 
 
 
 def build(db: str, n_events: int, blocks: int) -> dict[str, Any]:
-    from modtrace.materialize import materialize
+    from modtrace.results.materialize import materialize
     from modtrace.store.engine import open_store
     from modtrace.store.runs import add_rank, create_run, finish_rank
     from modtrace.store.writer import RankWriter

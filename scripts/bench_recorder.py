@@ -7,7 +7,7 @@ Side by side in one process, interleaved repeats, medians:
   backward, one CPU thread: bare; ``floor``, the least a design of global
   hooks can cost (empty global forward pre/post hooks that each append a
   timestamped tuple, plus one autograd-node pre-hook per call that appends
-  one too); ``tracker``, modtrace's hooks alone (``modtrace.tracker.Tracker``
+  one too); ``tracker``, modtrace's hooks alone (``modtrace.tracking.tracker.Tracker``
   appending to a list, emptied at every step, no store: what the hot path
   costs beside the floor); torch.utils.module_tracker.ModuleTracker;
   torch.profiler.profile(CPU, with_stack=True); modtrace.Recorder writing to
@@ -73,7 +73,7 @@ import modtrace  # noqa: E402
 from modtrace.store.engine import open_store  # noqa: E402
 from modtrace.store.runs import add_rank, create_run  # noqa: E402
 from modtrace.store.writer import EVENT_COLUMNS, RankWriter  # noqa: E402
-from modtrace.tracker import Tracker  # noqa: E402
+from modtrace.tracking.tracker import Tracker  # noqa: E402
 
 BLOCKS = 200
 
@@ -496,7 +496,7 @@ def handover(repeats: int) -> dict[str, Any]:
     today's pickle without memo vs the pickle with memo it replaced, on the tracker's own tuples."""
     import pickle
 
-    from modtrace.recording.writer_frames import pack_batch
+    from modtrace.recording.writer_messages import pack_batch
 
     torch.set_num_threads(1)
     model = build_model()
@@ -536,7 +536,7 @@ def handover(repeats: int) -> dict[str, Any]:
 def freeing_packed_events(model: nn.Module, x: torch.Tensor, repeats: int) -> dict[str, float]:
     """Freeing a step's event tuples (this thread's CPU time): at once after packing them, as a
     packed batch does now, vs a step later, when the writer's answer came (before)."""
-    from modtrace.recording.writer_frames import pack_batch
+    from modtrace.recording.writer_messages import pack_batch
 
     rows: list[tuple[Any, ...]] = []
     tracker = Tracker(rows.append)

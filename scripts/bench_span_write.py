@@ -43,7 +43,7 @@ def _child(label: str, sqlite_path: str, pg_url: str | None, events: int, checkp
     sys.path.insert(0, str(HERE))
     from bench_analysis import _write_recording  # type: ignore[import-not-found]
 
-    from modtrace.materialize import compute, materialize
+    from modtrace.results.materialize import compute, materialize
     from modtrace.store.analysis_store import count_span_rows, write_analysis
     from modtrace.store.engine import open_store, read_revision
 

@@ -8,10 +8,10 @@ backward every step, roots closed at the end of backward), then analyses it
 store them) in a fresh child process per mode and repeat, measuring wall
 time and the child's peak RSS (its ``ru_maxrss``):
 
-- ``stream``: ``modtrace.materialize.materialize`` in rounds of ``chunk`` events (events
+- ``stream``: ``modtrace.results.materialize.materialize`` in rounds of ``chunk`` events (events
   read through a server-side cursor in chunks of ``--chunk-rows``, open
   calls carried from chunk to chunk, spans written chunk by chunk);
-- ``whole``: ``modtrace.materialize.materialize`` forced onto the
+- ``whole``: ``modtrace.results.materialize.materialize`` forced onto the
   one-piece path (the whole run as one frame).
 
 Modes are interleaved per repeat.  The loaded run is kept (``--keep``) and
@@ -148,7 +148,7 @@ def load(url: str, schema: str, n_events: int, chunk_steps: int = 200) -> tuple[
 CHILD = r"""
 import json, sys, time
 from modtrace.store.engine import open_store
-import modtrace.materialize as stream
+import modtrace.results.materialize as stream
 url, run_id, mode, chunk = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 store = open_store(url)
 t0 = time.perf_counter()
@@ -158,7 +158,7 @@ if mode == "stream":
     spans = count_span_rows(store, run_id)
     issues = found.height
 else:
-    from modtrace.materialize import materialize
+    from modtrace.results.materialize import materialize
     result = materialize(store, run_id, round_rows=1 << 62)  # the whole rank as one round
     spans, issues = result.spans.height, result.issues.height
 elapsed = time.perf_counter() - t0

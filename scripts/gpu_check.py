@@ -239,7 +239,7 @@ def _per_call_us(fn: Callable[[], Any], n: int = 20_000) -> float:
 
 def cuda_call_costs(dev: torch.device) -> dict[str, float]:
     """Host microseconds per call of what device timing does per event."""
-    from modtrace.device_clock import CudaClock, DeviceTimer
+    from modtrace.tracking.device_timer import CudaClock, DeviceTimer
 
     stream = torch.cuda.current_stream(dev)
     ev = torch.cuda.Event(enable_timing=True)

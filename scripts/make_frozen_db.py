@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sqlalchemy import update
 
-from modtrace.codes import Kind, Phase, Status
+from modtrace.core.codes import Kind, Phase, Status
 from modtrace.store.engine import open_store, read_revision
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.schema import HEAD, run_ranks, runs
@@ -133,7 +133,7 @@ def make(path: Path) -> None:
                          device_rows=_device_rows(events) if rank == 1 else ())
             finish_rank(store, run_a, rank, "completed", faults={"recorded_steps": "0-1", "step_count": 3})
         # spans and nesting issues of the completed run (revision 0002's tables)
-        from modtrace.materialize import materialize
+        from modtrace.results.materialize import materialize
 
         materialize(store, run_a)
         # left running by a process that is gone

@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from modtrace.codes import Kind, Phase
+from modtrace.core.codes import Kind, Phase
 
 ENTER, EXIT = int(Kind.ENTER), int(Kind.EXIT)
 

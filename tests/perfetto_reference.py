@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import polars as pl
 
-from modtrace.contracts import PHASES
+from modtrace.core.contracts import PHASES
 from modtrace.renderers.base import Renderer
 
 CHUNK_ROWS = 50_000

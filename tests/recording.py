@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from modtrace.codes import Kind, Phase, Status
-from modtrace.contracts import MODULE_FRAME
+from modtrace.core.codes import Kind, Phase, Status
+from modtrace.core.contracts import MODULE_FRAME
 from modtrace.store.engine import open_store
-from modtrace.tracker import Tracker
+from modtrace.tracking.tracker import Tracker
 
 
 @dataclass(frozen=True)

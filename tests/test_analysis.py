@@ -28,7 +28,7 @@ from modtrace.analysis import analyze_events, check_nesting, rebuild_spans
 from modtrace.analysis.events import normalize_events
 from modtrace.analysis.spans import SPAN_COLUMNS, pair_events
 from modtrace.analysis.stack import walk_stack
-from modtrace.codes import Phase, Status
+from modtrace.core.codes import Phase, Status
 
 F, B, R = int(Phase.FORWARD), int(Phase.BACKWARD), int(Phase.RECOMPUTE)
 

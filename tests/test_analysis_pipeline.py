@@ -23,11 +23,11 @@ from recording import db_rows
 from test_analysis_store import _write_misnested, _write_two_ranks
 
 import modtrace
-from modtrace.materialize import compute, materialize
+from modtrace.results.materialize import compute, materialize
+from modtrace.results.tree import store_tree
 from modtrace.store.analysis_store import write_analysis, writes_beside_reads
 from modtrace.store.engine import open_store
 from modtrace.store.reader import read_events, read_run_status
-from modtrace.stored_tree import store_tree
 
 
 def _write_real(db: str) -> int:

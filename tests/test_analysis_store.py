@@ -25,9 +25,9 @@ from recording import db_rows
 import modtrace
 from modtrace.analysis import analyze_events
 from modtrace.analysis.events import EVENT_SCHEMA
-from modtrace.errors import StoreError
-from modtrace.materialize import compute, materialize
-from modtrace.materialize import stored as read_analysis
+from modtrace.core.errors import StoreError
+from modtrace.results.materialize import compute, materialize
+from modtrace.results.materialize import stored as read_analysis
 from modtrace.store.analysis_store import write_analysis, write_analysis_rounds
 from modtrace.store.engine import open_store
 from modtrace.store.reader import read_events, read_modules

@@ -9,8 +9,8 @@ from test_diff_cli import STEPS, record
 import modtrace
 import modtrace.api
 from modtrace.analysis import analyze_events
-from modtrace.contracts import EVENT_FRAME, ISSUE_FRAME, SPAN_FRAME
-from modtrace.errors import RunNotFound, UsageError
+from modtrace.core.contracts import EVENT_FRAME, ISSUE_FRAME, SPAN_FRAME
+from modtrace.core.errors import RunNotFound, UsageError
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import modtrace
-from modtrace.materialize import stored as read_analysis
+from modtrace.results.materialize import stored as read_analysis
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter

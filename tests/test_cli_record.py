@@ -390,7 +390,7 @@ def test_progress_line_on_a_terminal_only(work: Path, db_path: Path) -> None:
 def test_progress_line_draws_counts_and_clears() -> None:
     import io
 
-    from modtrace.progress import CLEAR_LINE, ProgressLine
+    from modtrace.recording.status_line import CLEAR_LINE, ProgressLine
 
     ticks = iter([10.0, 10.0, 12.5])  # start, first draw, second draw
     counts = {"events": 0, "steps": 0}

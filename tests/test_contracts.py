@@ -1,5 +1,5 @@
 """One definition of every row and frame: the tracker, the writer, the schema,
-the readers and the analysis all follow ``modtrace.contracts``."""
+the readers and the analysis all follow ``modtrace.core.contracts``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from sqlalchemy import BigInteger, Integer, SmallInteger, String, Text
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from modtrace import contracts
 from modtrace.analysis import analyze_events
 from modtrace.analysis.events import (
     DEVICE_SCHEMA,
@@ -23,8 +22,9 @@ from modtrace.analysis.events import (
 )
 from modtrace.analysis.nesting import ISSUE_SCHEMA
 from modtrace.analysis.spans import SPAN_ROW_SCHEMA
-from modtrace.codes import Kind, Phase, Status
-from modtrace.contracts import (
+from modtrace.core import contracts
+from modtrace.core.codes import Kind, Phase, Status
+from modtrace.core.contracts import (
     CALL_FRAME,
     DEVICE_FRAME,
     DEVICE_ROW,
@@ -52,7 +52,7 @@ from modtrace.store.writer import (
     THREAD_COLUMNS,
     RankWriter,
 )
-from modtrace.tracker import Tracker
+from modtrace.tracking.tracker import Tracker
 
 _SQL_TYPES = {"Int8": SmallInteger, "Int32": Integer, "Int64": BigInteger, "String": (String, Text)}
 
@@ -141,8 +141,8 @@ def test_writer_and_schema_follow_the_contracts() -> None:
 
 
 def test_root_calls_and_step_rules_follow_the_contracts() -> None:
-    from modtrace import step_rules
     from modtrace.analysis.steps import ROOT_SCHEMA
+    from modtrace.core import step_rules
 
     tracker, _ = _track()
     assert tracker.new_roots, "the net's call is a root call"

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from modtrace.device_clock import CudaClock, DeviceRow, DeviceTimer
+from modtrace.tracking.device_timer import CudaClock, DeviceRow, DeviceTimer
 from tests.device_clock import FakeDeviceClock, FakeStream
 
 A = FakeStream(0, 0x7F00)

@@ -16,9 +16,9 @@ from torch.utils.checkpoint import checkpoint
 
 from modtrace.analysis import analyze_events
 from modtrace.analysis.device import DEVICE_EVENT_SCHEMA, device_times
-from modtrace.contracts import MODULE_FRAME
-from modtrace.device_clock import DeviceRow
-from modtrace.tracker import Tracker
+from modtrace.core.contracts import MODULE_FRAME
+from modtrace.tracking.device_timer import DeviceRow
+from modtrace.tracking.tracker import Tracker
 from tests.device_clock import FakeDeviceClock
 from tests.recording import FakeClock
 

@@ -173,7 +173,7 @@ def test_the_stored_analysis_keeps_the_device_columns_and_a_cpu_run_stores_none(
     stored = _rows(db_path, "SELECT r.name, count(*) FROM span_device_rows d JOIN runs r ON r.id = d.run_id "
                             "GROUP BY r.name")
     assert stored == [("gpu", _rows(db_path, "SELECT count(*) FROM spans WHERE run_id = 1")[0][0])]
-    from modtrace.materialize import compute
+    from modtrace.results.materialize import compute
     from modtrace.store.engine import open_store
 
     store = open_store(str(db_path))
@@ -188,7 +188,7 @@ def test_the_stored_analysis_keeps_the_device_columns_and_a_cpu_run_stores_none(
     view = _rows(db_path, "SELECT sum(device_duration_ns), sum(mem_delta_bytes) FROM spans WHERE run_id = 1")[0]
     assert view == tuple(int(computed[c].sum()) for c in ("device_duration_ns", "mem_delta_bytes"))
     # analysed in many small rounds (as a long run is), it stores the same device rows
-    from modtrace.materialize import materialize
+    from modtrace.results.materialize import materialize
 
     before = _rows(db_path, "SELECT * FROM span_device_rows ORDER BY run_id, rank, span_id")
     store = open_store(str(db_path))

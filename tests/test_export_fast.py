@@ -21,10 +21,10 @@ from test_export import Pair
 
 import modtrace
 import modtrace.api
-from modtrace.materialize import load_spans
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
 from modtrace.renderers.trace_columns import TRACE_SPAN_COLUMNS
+from modtrace.results.materialize import load_spans
 from modtrace.store.analysis_store import read_span_rows
 from modtrace.store.engine import open_store
 from modtrace.store.span_columns import start_span_columns

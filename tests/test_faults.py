@@ -285,7 +285,7 @@ def test_postgres_terminated_backend_is_transient_a_constraint_is_not(pg_url: st
 
 
 def test_retry_deadline_comes_from_the_argument_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from modtrace.errors import UsageError
+    from modtrace.core.errors import UsageError
 
     monkeypatch.delenv("MODTRACE_RETRY_S", raising=False)
     assert retry_seconds() == 120.0 and retry_seconds(3) == 3.0

@@ -20,10 +20,10 @@ from torch import nn
 
 import modtrace
 from modtrace.analysis.steps import ROOT_SCHEMA, assign_steps, common_kind, kind_counts, step_kinds
-from modtrace.input_kind import input_kind
-from modtrace.step_rules import StepRuleError, resolve_rule
+from modtrace.core.step_rules import StepRuleError, resolve_rule
 from modtrace.store.engine import open_store
 from modtrace.store.runs import resolve_run, run_details
+from modtrace.tracking.step_kind import input_kind
 
 pytest.importorskip("transformers")
 

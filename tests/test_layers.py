@@ -15,55 +15,33 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "modtrace"
 
-# Layer of each module (longest matching prefix wins) and what each layer may import.
+# The layers are the package's folders: a module's layer is the folder it lives in
+# (longest matching prefix wins), and each layer imports only the layers below it.
 LAYERS: dict[str, str] = {
-    "modtrace._version": "base",
-    "modtrace.codes": "base",
-    "modtrace.contracts": "base",
-    "modtrace.errors": "base",
-    "modtrace.masking": "base",  # secrets masked in run rows: the recorder writes, the store shows
-    "modtrace.step_rules": "base",
-    "modtrace.tree_nodes": "base",  # the tree's node filters, pure Python: tree from a stored tree imports no polars
-    "modtrace.step_ranges": "base",  # step numbers as ranges: written by the recorder, read by the API  # pure rules over code names, shared by recorder, analysis, renderers, CLI
-    "modtrace.tracker": "tracker",
-    "modtrace.device_clock": "tracker",
-    "modtrace.input_kind": "tracker",  # the tracker's pre-hook of root calls (torch)
-    "modtrace.module_tracker": "tracker",
-    "modtrace.module_names": "tracker",
-    "modtrace.call_stack": "tracker",
-    "modtrace.devices": "tracker",
-    "modtrace.backward_hooks": "tracker",
-    "modtrace.recompute_links": "tracker",
+    "modtrace._version": "core",
+    "modtrace.core": "core",
+    "modtrace.tracking": "tracking",
     "modtrace.store": "store",
-    "modtrace.store.span_columns": "store",  # span rows read column by column, for the trace
     "modtrace.analysis": "analysis",
     "modtrace.renderers": "renderers",
-    "modtrace.renderers.perfetto_lines": "renderers",  # the trace's span lines, built column-wise
-    "modtrace.renderers.perfetto_tracks": "renderers",  # the trace's slice order and lanes
-    "modtrace.materialize": "join",
-    "modtrace.stored_tree": "join",  # the default module call tree, stored with the spans and read by tree
+    "modtrace.results": "results",
     "modtrace.api": "api",
-    "modtrace.forking": "recorder",
-    "modtrace.naming": "recorder",
-    "modtrace.progress": "recorder",
-    "modtrace.recorder": "recorder",
-    "modtrace.runner": "recorder",
-    "modtrace.recording": "recorder",
+    "modtrace.recording": "recording",
     "modtrace.cli": "cli",
     "modtrace.__main__": "cli",
     "modtrace": "package",
 }
 ALLOWED: dict[str, set[str]] = {
-    "base": {"base"},
-    "tracker": {"base", "tracker"},
-    "store": {"base", "store"},
-    "analysis": {"base", "analysis"},
-    "renderers": {"base", "renderers"},
-    "join": {"base", "store", "analysis", "join"},
-    "api": {"base", "store", "analysis", "join", "api"},
-    "recorder": {"base", "tracker", "store", "join", "recorder"},
-    "cli": {"base", "renderers", "api", "recorder", "cli"},
-    "package": {"base", "tracker", "recorder", "api", "package"},
+    "core": {"core"},
+    "tracking": {"core", "tracking"},
+    "store": {"core", "store"},
+    "analysis": {"core", "analysis"},
+    "renderers": {"core", "renderers"},
+    "results": {"core", "store", "analysis", "results"},
+    "api": {"core", "store", "analysis", "results", "api"},
+    "recording": {"core", "tracking", "store", "results", "recording"},
+    "cli": {"core", "renderers", "api", "recording", "cli"},
+    "package": {"core", "tracking", "recording", "api", "package"},
 }
 # Type-only imports a layer may make beyond ALLOWED: renderers name the analysis
 # results they render in annotations.
@@ -144,7 +122,7 @@ def test_the_walk_sees_imports_inside_functions_and_type_checking_blocks() -> No
     imports = _all_imports()
     assert len({i.source for i in imports}) > 30
     # the recorder imports the join layer inside a method; the CLI imports lazily inside commands
-    assert any(i.source == "modtrace.recording.analysing" and i.target == "modtrace.materialize" for i in imports)
+    assert any(i.source == "modtrace.recording.analysing" and i.target == "modtrace.results.materialize" for i in imports)
     assert any(i.type_only for i in imports)
     for module in {i.source for i in imports} | {i.target for i in imports}:
         assert _exists(module), module
@@ -211,13 +189,18 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 @pytest.mark.parametrize("module,layer", [
     ("modtrace.store.migrate", "store"), ("modtrace.analysis.stream", "analysis"), ("modtrace.cli._options", "cli"),
-    ("modtrace.contracts", "base"), ("modtrace", "package"), ("modtrace.materialize", "join"),
-    ("modtrace.step_rules", "base"), ("modtrace.input_kind", "tracker"), ("modtrace.store.roots", "store"),
-    ("modtrace.analysis.steps", "analysis"), ("modtrace.analysis.step_time", "analysis"),
-    ("modtrace.api._steps", "api"), ("modtrace.cli._steps", "cli"),
+    ("modtrace.core.contracts", "core"), ("modtrace", "package"), ("modtrace.results.materialize", "results"),
+    ("modtrace.core.step_rules", "core"), ("modtrace.tracking.step_kind", "tracking"), ("modtrace.store.roots", "store"),
+    ("modtrace.recording.script_runner", "recording"), ("modtrace._version", "core"),
 ])
 def test_modules_are_placed_in_their_layer(module: str, layer: str) -> None:
     assert layer_of(module) == layer
+
+
+def test_the_package_root_holds_only_its_entry_points() -> None:
+    """Every module lives in its layer's folder; the root keeps the package's own three files."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "_version.py"]
+    assert len({layer for layer in LAYERS.values()}) <= 10
 
 
 def test_the_cli_issues_no_sql() -> None:

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 import modtrace
 from modtrace.analysis.aggregate import step_samples
-from modtrace.materialize import compute
+from modtrace.results.materialize import compute
 from modtrace.store.engine import open_store
 from modtrace.store.query import library, library_query, run_query
 from modtrace.store.runs import resolve_run

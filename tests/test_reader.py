@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from modtrace.analysis.events import EVENT_SCHEMA
-from modtrace.codes import OUT_OF_RANGE_CODE
+from modtrace.core.codes import OUT_OF_RANGE_CODE
 from modtrace.store.engine import open_store
 from modtrace.store.reader import iter_event_chunks, read_events
 from modtrace.store.runs import add_rank, create_run

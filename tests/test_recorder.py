@@ -21,7 +21,7 @@ import torch.optim.optimizer as optimizer_hooks
 from torch import nn
 
 import modtrace
-from modtrace.errors import UsageError
+from modtrace.core.errors import UsageError
 from tests.recording import FakeClock
 from tests.recording import db_rows as rows
 

@@ -19,7 +19,7 @@ from torch import nn
 
 import modtrace
 from modtrace.analysis.step_time import step_table
-from modtrace.errors import UsageError
+from modtrace.core.errors import UsageError
 from modtrace.recording.schedule import StepAction
 
 

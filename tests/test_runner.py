@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from modtrace.errors import UsageError
-from modtrace.naming import default_run_name, process_start_time, shared_run_name
-from modtrace.runner import Target, check_target, execute, git_commit
+from modtrace.core.errors import UsageError
+from modtrace.recording.run_names import default_run_name, process_start_time, shared_run_name
+from modtrace.recording.script_runner import Target, check_target, execute, git_commit
 
 PROBE = textwrap.dedent(
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from modtrace.errors import UsageError
+from modtrace.core.errors import UsageError
 from modtrace.recording.schedule import Schedule, StepAction, parse_schedule, schedule
 
 OFF, WARMUP, RECORD = StepAction.OFF, StepAction.WARMUP, StepAction.RECORD

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from modtrace.masking import mask
+from modtrace.core.secrets import mask
 
 TARGET = textwrap.dedent(
     """

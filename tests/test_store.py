@@ -17,9 +17,9 @@ import sqlalchemy as sa
 from harness import update_rank_progress
 from sqlalchemy.exc import IntegrityError
 
-from modtrace.codes import Kind, Phase, Status
-from modtrace.errors import RunNotFound, StoreError, UsageError
-from modtrace.materialize import materialize
+from modtrace.core.codes import Kind, Phase, Status
+from modtrace.core.errors import RunNotFound, StoreError, UsageError
+from modtrace.results.materialize import materialize
 from modtrace.store.engine import DEFAULT_DB, open_store, read_revision, resolve_db
 from modtrace.store.runs import (
     RunNameTaken,

@@ -19,8 +19,8 @@ from sqlalchemy.pool import NullPool
 
 import modtrace
 from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS, module_tree
-from modtrace.contracts import TREE_NODE_FRAME
-from modtrace.materialize import load_spans, materialize
+from modtrace.core.contracts import TREE_NODE_FRAME
+from modtrace.results.materialize import load_spans, materialize
 from modtrace.store.engine import open_store
 from tests.device_clock import FakeDeviceClock
 from tests.recording import FakeClock
@@ -209,6 +209,6 @@ def test_tree_from_a_stored_tree_imports_no_polars(db_path: Path) -> None:
     heavy = ("polars", "torch", "alembic", "sqlalchemy.orm")
     for opts in (["--phase", "forward"], ["--format", "json", "--max-depth", "1"]):
         names = _imports("tree", "net", "--db", str(db_path), *opts)
-        assert "modtrace.stored_tree" in names
+        assert "modtrace.results.tree" in names
         assert sorted(n for n in names if any(n == h or n.startswith(h + ".") for h in heavy)) == [], opts
     assert "polars" in _imports("tree", "net", "--db", str(db_path), "--step", "0")  # from the spans

@@ -158,7 +158,7 @@ def _stored(db: str, run_id: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any
 
 
 def test_materialize_in_small_rounds_stores_what_one_round_does(any_db: str) -> None:
-    from modtrace.materialize import compute, materialize
+    from modtrace.results.materialize import compute, materialize
     from modtrace.store.engine import open_store
 
     run_id = _record(any_db, "small")
@@ -176,7 +176,7 @@ def test_materialize_in_small_rounds_stores_what_one_round_does(any_db: str) -> 
 
 
 def test_a_run_of_several_rounds_goes_to_the_store_only(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
-    from modtrace.materialize import materialize
+    from modtrace.results.materialize import materialize
     from modtrace.store.engine import open_store
 
     run_id = _record(str(db_path), "big")

@@ -399,7 +399,7 @@ def test_a_child_added_after_its_parent_was_named_gets_its_path() -> None:
 
 
 def test_two_trackers_at_once_each_see_every_call() -> None:
-    from modtrace.tracker import Tracker
+    from modtrace.tracking.tracker import Tracker
     from tests.recording import FakeClock, decode
 
     model = mlp()
@@ -521,7 +521,7 @@ def test_backward_nests_by_the_forward_call_tree(case: str) -> None:
 def test_a_module_built_in_every_forward_keeps_one_name_and_one_module_id() -> None:
     import gc
 
-    from modtrace.tracker import Tracker
+    from modtrace.tracking.tracker import Tracker
     from tests.recording import FakeClock, decode
 
     model = BuildsItsLoss()
@@ -672,7 +672,7 @@ def _rows_both_ways(run: object) -> tuple[list[tuple[object, ...]], list[tuple[o
     dispatched by the general one (forced: a forward that raised makes every node take it;
     no call here is inside one, so none is cancelled).  Graph task ids are numbered in
     order of appearance: each backward gets a new one."""
-    from modtrace.tracker import Tracker
+    from modtrace.tracking.tracker import Tracker
     from tests.recording import FakeClock
 
     out = []

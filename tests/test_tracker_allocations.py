@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from modtrace.call_stack import Call, NodeHook
-from modtrace.tracker import Tracker
+from modtrace.tracking.calls import Call, NodeHook
+from modtrace.tracking.tracker import Tracker
 
 BLOCKS = 50
 CALLS = 1 + 2 * BLOCKS  # the Sequential and each of its children

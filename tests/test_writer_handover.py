@@ -19,12 +19,12 @@ from torch import nn
 
 import modtrace
 from modtrace.recording.config import Batch
-from modtrace.recording.writer_frames import Inbox, frame, pack_batch, unpack_batch
+from modtrace.recording.writer_messages import Inbox, frame, pack_batch, unpack_batch
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run
 from modtrace.store.schema import runs
 from modtrace.store.writer import RankWriter
-from modtrace.tracker import Tracker
+from modtrace.tracking.tracker import Tracker
 from tests.models import Net
 from tests.recording import FakeClock
 from tests.recording import db_rows as _rows

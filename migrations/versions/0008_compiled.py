@@ -20,7 +20,7 @@ depends_on = None
 
 _COMPILED = ("1 when the module was seen running compiled (torch.compile): the module calls inside it are not"
              " recorded; 0 otherwise.")
-_OLD_STATUS = "0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter (modtrace.codes.Status)."
+_OLD_STATUS = "0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter (modtrace.core.codes.Status)."
 _STATUS = _OLD_STATUS.replace("4 no_enter", "4 no_enter, 5 unlinked")
 _OLD_KIND = ("no_enter | unclosed | crossed | reentered | duplicate_enter | duplicate_exit | error_exit | early_stop"
              " | closed_at_end_of_backward | invalid_row | time_reversed | seq_gap.")

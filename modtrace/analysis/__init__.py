@@ -12,7 +12,7 @@ The data flow, one module per step::
     diff.diff_runs            two runs' calls -> what changed
 
 Nothing here prints, plots, opens a database or imports ``modtrace.store``:
-``modtrace.materialize`` reads the frames from the store and writes the
+``modtrace.results.materialize`` reads the frames from the store and writes the
 results back, and ``modtrace.api`` is the public way in.
 """
 

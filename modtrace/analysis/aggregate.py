@@ -10,8 +10,8 @@ from __future__ import annotations
 import polars as pl
 
 from modtrace.analysis.step_time import total_step_time
-from modtrace.contracts import TREE_NODE_FRAME
-from modtrace.tree_nodes import shown_nodes
+from modtrace.core.contracts import TREE_NODE_FRAME
+from modtrace.core.tree_rows import shown_nodes
 
 SAMPLE_COLUMNS: tuple[str, ...] = ("rank", "step", "fqn", "module_type", "phase", "calls", "inclusive_ns", "self_ns")
 
@@ -151,7 +151,7 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
 
 def filter_tree(nodes: pl.DataFrame, *, phases: set[str] | None = None, max_depth: int | None = None,
                 min_percent: float | None = None) -> pl.DataFrame:
-    """Nodes (``module_tree``) -> the nodes to show, re-parented and re-levelled (``tree_nodes.shown_nodes``:
+    """Nodes (``module_tree``) -> the nodes to show, re-parented and re-levelled (``tree_rows.shown_nodes``:
     another phase's nodes hidden, their shown descendants moved up; nodes deeper than ``max_depth``
     or below ``min_percent`` dropped with their subtrees)."""
     rows = shown_nodes(

@@ -15,7 +15,7 @@ What the columns mean (all Int64, null when an input is missing):
 * ``device_start_ns`` / ``device_end_ns``: the device times of the span's
   enter and exit events -- when the stream current at the enter (exit)
   reached the point where the host entered (left) the module, on the rank's
-  clock (see ``modtrace.device_clock``).
+  clock (see ``modtrace.tracking.device_timer``).
 * ``device_duration_ns``: end minus start.  It includes the times the stream
   sat idle inside the module (a module whose host is slower than its
   kernels takes about its host time on the device too).  A module that
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from modtrace.contracts import CLOCKS, DEVICE_EVENT_FRAME, DEVICE_SPAN_COLUMNS
+from modtrace.core.contracts import CLOCKS, DEVICE_EVENT_FRAME, DEVICE_SPAN_COLUMNS
 
 DEVICE_EVENT_SCHEMA: dict[str, pl.DataType] = DEVICE_EVENT_FRAME.polars()
 

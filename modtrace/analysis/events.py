@@ -1,8 +1,8 @@
 """Event frames: the input contract of the analysis, and tie normalisation.
 
 An *event frame* holds one run's rows of the ``events`` table, with the
-store's integer codes (``modtrace.codes``), in these columns and dtypes
-(``EVENT_SCHEMA``, from ``modtrace.contracts.EVENT_FRAME``)::
+store's integer codes (``modtrace.core.codes``), in these columns and dtypes
+(``EVENT_SCHEMA``, from ``modtrace.core.contracts.EVENT_FRAME``)::
 
     run_id Int32, rank Int32, seq Int64, ts_ns Int64, kind Int8,
     module_id Int32, phase Int8, call_id Int64, step Int32, thread_id Int32,
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from modtrace.codes import Kind, Phase
-from modtrace.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME, PHASES, STATUSES
+from modtrace.core.codes import Kind, Phase
+from modtrace.core.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME, PHASES, STATUSES
 
 EVENT_SCHEMA: dict[str, pl.DataType] = EVENT_FRAME.polars()
 MODULE_SCHEMA: dict[str, pl.DataType] = MODULE_FRAME.polars()

@@ -7,7 +7,7 @@ The issues frame (``ISSUE_COLUMNS``) has::
     fqn String, phase Enum(forward|backward|recompute), call_id Int64,
     step Int32, thread_id Int32, message String
 
-Kinds (``modtrace.contracts.ISSUE_KINDS``, with their severity):
+Kinds (``modtrace.core.contracts.ISSUE_KINDS``, with their severity):
 
 - ``no_enter`` error: an exit with no open enter of its call (warning when
   the recorder itself marked the exit ``no_enter``);
@@ -42,8 +42,8 @@ import polars as pl
 
 from modtrace.analysis.events import ENTER, EXIT, MODULE_SCHEMA, PHASE_ENUM, conform, decode
 from modtrace.analysis.spans import Pairing
-from modtrace.codes import Status
-from modtrace.contracts import (
+from modtrace.core.codes import Status
+from modtrace.core.contracts import (
     CLOSED_AT_END_OF_BACKWARD,
     COMPILED,
     EARLY_STOP,

@@ -45,7 +45,7 @@ from modtrace.analysis.events import (
     normalize_events,
 )
 from modtrace.analysis.stack import walk_stack
-from modtrace.contracts import SPAN_FRAME, SPAN_ROW
+from modtrace.core.contracts import SPAN_FRAME, SPAN_ROW
 
 SPAN_COLUMNS: tuple[str, ...] = SPAN_FRAME.names
 

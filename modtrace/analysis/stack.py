@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from modtrace.codes import Kind, Phase, Status
+from modtrace.core.codes import Kind, Phase, Status
 
 # The structural issue kinds this walk reports (status-based kinds are found
 # in nesting.py from the exit rows themselves).
-from modtrace.contracts import (
+from modtrace.core.contracts import (
     CROSSED,
     DUPLICATE_ENTER,
     DUPLICATE_EXIT,

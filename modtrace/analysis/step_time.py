@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from modtrace.codes import Phase
+from modtrace.core.codes import Phase
 
 STEP_COLUMNS: tuple[str, ...] = (
     "rank", "step", "step_ns", "forward_ns", "backward_ns", "recompute_ns", "wall_ns", "spans", "unclosed",

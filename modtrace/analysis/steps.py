@@ -7,7 +7,7 @@ or by ``Recorder.step()`` alone under ``manual``), and root calls
 input shape).  Which of them makes the steps is decided here, after the
 fact, so ``tree``, ``diff`` and ``report`` can choose again (``--step-on``):
 
-``resolve_rule`` (``modtrace.step_rules``)
+``resolve_rule`` (``modtrace.core.step_rules``)
     ``auto`` (the recorder's default) -> the recorded steps when the run
     made any, else root calls.  A training loop keeps its optimizer steps
     (gradient accumulation: several root calls per step; Lightning: forward
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from modtrace.contracts import ROOT_FRAME, STEP_RULES
-from modtrace.step_rules import StepRuleError, resolve_rule
+from modtrace.core.contracts import ROOT_FRAME, STEP_RULES
+from modtrace.core.step_rules import StepRuleError, resolve_rule
 
 __all__ = ["STEP_RULES", "StepRuleError", "assign_steps", "common_kind", "kind_counts", "of_kind", "resolve_rule",
            "step_kinds"]

@@ -2,7 +2,7 @@
 
 ``analyze_events`` holds a whole run in memory: fine for millions of
 events, not for a long multi-rank recording.  Here one rank's events arrive
-as chunks in seq order (read by ``modtrace.materialize``: a server-side
+as chunks in seq order (read by ``modtrace.results.materialize``: a server-side
 cursor on PostgreSQL), and each *round* analyses what is safe to analyse so
 far with the same pure steps (normalise, pair, time, check):
 
@@ -42,7 +42,7 @@ on the same stack, sends the rank back through as one round (the one-piece
 analysis), so its result never depends on where the cuts fell, nor on the
 run's size (tests/test_stream.py checks it on healthy and corrupted streams).
 
-Pure: chunks in, rounds out.  ``modtrace.materialize`` reads the chunks from
+Pure: chunks in, rounds out.  ``modtrace.results.materialize`` reads the chunks from
 the store and writes the rounds back.
 """
 
@@ -57,7 +57,7 @@ from modtrace.analysis.events import EVENT_SCHEMA, conform, empty_events, normal
 from modtrace.analysis.nesting import collect_issues
 from modtrace.analysis.spans import pair_events, time_spans
 from modtrace.analysis.validate import validate
-from modtrace.contracts import CROSSED, DUPLICATE_ENTER, DUPLICATE_EXIT, NO_ENTER, REENTERED
+from modtrace.core.contracts import CROSSED, DUPLICATE_ENTER, DUPLICATE_EXIT, NO_ENTER, REENTERED
 
 _NO_END = 1 << 62
 

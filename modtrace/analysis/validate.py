@@ -20,8 +20,8 @@ from __future__ import annotations
 import polars as pl
 
 from modtrace.analysis.events import EVENT_SCHEMA, MODULE_SCHEMA, PHASE_ENUM, conform
-from modtrace.codes import OUT_OF_RANGE_CODE, Kind, Phase, Status
-from modtrace.contracts import ISSUE_FRAME, ISSUE_KINDS, VALIDATION_ISSUE_KINDS
+from modtrace.core.codes import OUT_OF_RANGE_CODE, Kind, Phase, Status
+from modtrace.core.contracts import ISSUE_FRAME, ISSUE_KINDS, VALIDATION_ISSUE_KINDS
 
 _ISSUE_SCHEMA: dict[str, pl.DataType] = ISSUE_FRAME.polars()
 VALIDATION_KINDS: dict[str, str] = {k: ISSUE_KINDS[k] for k in VALIDATION_ISSUE_KINDS}

@@ -15,7 +15,7 @@ A run is named as on the command line: a name, an id, ``@`` (the newest),
 ``@~N``, ``id:N``, ``name:X``; or a ``Run`` returned by ``run()``.  Spans and
 issues are the stored analysis when the run has one, otherwise computed
 from its events (nothing is written); ``analyze`` stores them.  Frames
-follow the contracts in ``modtrace.contracts``.
+follow the contracts in ``modtrace.core.contracts``.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class Database:
 
     def analysis(self, run: RunLike) -> Analysis:
         """The run's spans and issues: stored when analysed, else computed (and kept for this object)."""
-        from modtrace.materialize import load
+        from modtrace.results.materialize import load
 
         ref = self.run(run)
         if ref.id not in self._analyses:
@@ -215,7 +215,7 @@ class Database:
     def start_spans_with(self, run: RunLike, columns: tuple[str, ...]) -> Callable[[], pl.DataFrame]:
         """``spans_with`` begun: a stored analysis is read in threads from now on, while the caller
         does other work; calling the result gives the frame."""
-        from modtrace.materialize import start_spans
+        from modtrace.results.materialize import start_spans
 
         ref = self.run(run)
         if ref.id in self._analyses:
@@ -241,7 +241,7 @@ class Database:
 
     def issues(self, run: RunLike) -> pl.DataFrame:
         """The run's nesting issues frame (``contracts.ISSUE_FRAME``); stored ones are read without the spans."""
-        from modtrace.materialize import load_issues
+        from modtrace.results.materialize import load_issues
 
         ref = self.run(run)
         if ref.id in self._analyses:
@@ -264,7 +264,7 @@ class Database:
 
     def analyze(self, run: RunLike) -> AnalyzeSummary:
         """Rebuild and store the run's spans and nesting issues (idempotent)."""
-        from modtrace.materialize import materialize
+        from modtrace.results.materialize import materialize
         from modtrace.store.analysis_store import count_span_rows
 
         ref = self.run(run)
@@ -308,7 +308,7 @@ class Database:
         The whole run's tree (no ``step``, ``rank`` or ``step_kind``) is read
         from the stored one when the run has it (``api._tree``)."""
         from modtrace.api._tree import TreeOptions, nodes_from_spans, stored_nodes
-        from modtrace.stored_tree import nodes_frame
+        from modtrace.results.tree import nodes_frame
 
         opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind)
         opts.check()

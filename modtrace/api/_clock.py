@@ -1,7 +1,7 @@
 """Which clock a run's times are read on: host (when Python ran the hooks) or device.
 
 A run has device times when its ``device_events`` hold a timed row
-(``store.device_store.has_device_events``); its spans then carry the device
+(``store.device_times.has_device_events``); its spans then carry the device
 columns (``analysis.device``), and ``tree``, ``diff``, ``report`` and
 ``export`` read them by default.  ``--clock device`` on a run without them
 is a usage error, said in one line.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from modtrace.contracts import CLOCKS
-from modtrace.errors import UsageError
+from modtrace.core.contracts import CLOCKS
+from modtrace.core.errors import UsageError
 
 if TYPE_CHECKING:
     from modtrace.store.engine import Store
@@ -32,7 +32,7 @@ def _no_device_time(names: list[str]) -> UsageError:
 
 def resolve_clock(store: Store, run_id: int, run_name: str, clock: str | None) -> str:
     """``clock``, checked; None: ``device`` when the run has device times, else ``host``."""
-    from modtrace.store.device_store import has_device_events
+    from modtrace.store.device_times import has_device_events
 
     _check(clock)
     if clock == "host":
@@ -46,7 +46,7 @@ def resolve_clock(store: Store, run_id: int, run_name: str, clock: str | None) -
 def common_clock(sides: list[tuple[Store, int, str]], clock: str | None) -> str:
     """One clock for every run of a comparison ((store, run id, name) each): ``clock``, checked
     against every run; None: ``device`` when every run has device times, else ``host``."""
-    from modtrace.store.device_store import has_device_events
+    from modtrace.store.device_times import has_device_events
 
     _check(clock)
     if clock == "host":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from modtrace.errors import RunNotFound, UsageError
+from modtrace.core.errors import RunNotFound, UsageError
 
 if TYPE_CHECKING:
     from modtrace.analysis.diff import RunCalls
@@ -48,7 +48,7 @@ def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -
             read_modules(store, run_id, ranks=ranks),
             read_devices(store, run_id, ranks=ranks),
         )
-    from modtrace.materialize import compute
+    from modtrace.results.materialize import compute
 
     spans = compute(store, run_id, rank=rank).spans
     return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
@@ -121,7 +121,7 @@ def preload() -> None:
 
 def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
     """One line when both runs were recorded under schedules that share no recorded step; else None."""
-    from modtrace.step_ranges import parse_ranges
+    from modtrace.core.step_ranges import parse_ranges
 
     b, c = base.get("recorded_steps"), cand.get("recorded_steps")
     if b is None or c is None or parse_ranges(b) & parse_ranges(c):

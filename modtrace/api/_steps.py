@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from modtrace.errors import UsageError
+from modtrace.core.errors import UsageError
 
 if TYPE_CHECKING:
     import polars as pl
@@ -52,7 +52,7 @@ def restep(store: Store, run_id: int, run_name: str, frame: pl.DataFrame, step_o
     import polars as pl
 
     from modtrace.analysis.steps import ROOT_SCHEMA, assign_steps, step_kinds
-    from modtrace.step_rules import StepRuleError, resolve_rule
+    from modtrace.core.step_rules import StepRuleError, resolve_rule
     from modtrace.store.roots import read_step_basis
 
     basis = read_step_basis(store, run_id, ranks)
@@ -71,7 +71,7 @@ def restep(store: Store, run_id: int, run_name: str, frame: pl.DataFrame, step_o
 def run_steps(step_on: str, recorded: int, roots: int) -> tuple[str, int]:
     """(the rule a run's steps follow by default, how many there are): from its runs.step_on,
     its recorded step count and its root calls."""
-    from modtrace.step_rules import resolve_rule
+    from modtrace.core.step_rules import resolve_rule
 
     rule = resolve_rule(None, step_on, recorded > 0)
     return rule, roots if rule == "root" else recorded

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from modtrace.contracts import KINDS, PHASES, STATUSES
+from modtrace.core.contracts import KINDS, PHASES, STATUSES
 
 if TYPE_CHECKING:
     import polars as pl
@@ -37,7 +37,7 @@ def event_log(store: Store, run_id: int, anchors: dict[int, int]) -> Iterator[pl
     """The run's events, rank by rank in seq order, with names instead of codes (as ``event_log``)."""
     import polars as pl
 
-    from modtrace.contracts import EVENT_FRAME
+    from modtrace.core.contracts import EVENT_FRAME
     from modtrace.store.reader import iter_event_chunks, read_devices, read_modules, read_ranks
 
     modules = read_modules(store, run_id).select("rank", "module_id", "fqn", "module_type")

@@ -1,9 +1,9 @@
 """``Database.tree`` and ``tree_rows``: a run's module call tree, from its stored tree when
 that answers the options, else from its spans.
 
-A stored tree (``modtrace.stored_tree``) is the whole run's, on one clock, its
+A stored tree (``modtrace.results.tree``) is the whole run's, on one clock, its
 steps under the run's own rule: it answers any ``--phase``, ``--max-depth``
-and ``--min-percent`` (they filter nodes, ``tree_nodes.filter_nodes``) and a
+and ``--min-percent`` (they filter nodes, ``tree_rows.filter_nodes``) and a
 ``--step-on`` that resolves to that rule; ``--step``, ``--rank`` and
 ``--step-kind`` select spans, so they read the spans (as does a run without
 a stored tree: analysed by an older modtrace, or rank by rank).
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from modtrace.contracts import PHASES
-from modtrace.errors import UsageError
+from modtrace.core.contracts import PHASES
+from modtrace.core.errors import UsageError
 
 if TYPE_CHECKING:
     import polars as pl
@@ -51,8 +51,8 @@ class TreeOptions:
 
 def stored_nodes(db: Database, ref: Run, clock: str, opts: TreeOptions) -> list[dict[str, Any]] | None:
     """The nodes to show from the run's stored tree on ``clock``; None when it cannot answer ``opts``."""
-    from modtrace.stored_tree import read_tree_rows
-    from modtrace.tree_nodes import filter_nodes
+    from modtrace.core.tree_rows import filter_nodes
+    from modtrace.results.tree import read_tree_rows
 
     nodes = read_tree_rows(db._store, ref.id, clock, opts.step_on) if opts.whole_run else None
     if nodes is None:
@@ -66,7 +66,7 @@ def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> p
 
     from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS, filter_tree, module_tree
     from modtrace.api._steps import of_kind
-    from modtrace.materialize import load_spans
+    from modtrace.results.materialize import load_spans
 
     if clock != "host":  # device time: the spans with their device columns
         frame = db.spans_on(ref, clock)[0]

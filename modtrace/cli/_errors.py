@@ -8,8 +8,8 @@ from typing import NoReturn
 
 import click
 
-from modtrace.errors import ModtraceError
-from modtrace.masking import mask
+from modtrace.core.errors import ModtraceError
+from modtrace.core.secrets import mask
 
 
 def _debug_requested(argv: list[str]) -> bool:

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from modtrace.contracts import STEP_RULES
+from modtrace.core.contracts import STEP_RULES
 
 F = TypeVar("F", bound=Callable[..., Any])
 

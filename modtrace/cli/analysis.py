@@ -13,7 +13,7 @@ import click
 
 from modtrace.cli._options import clock_option, db_option, format_option, rank_option
 from modtrace.cli._steps import step_kind_option, step_on_option
-from modtrace.contracts import SEVERITIES
+from modtrace.core.contracts import SEVERITIES
 
 if TYPE_CHECKING:
     import polars as pl

@@ -8,7 +8,7 @@ import click
 
 from modtrace.cli._options import clock_option, db_option, format_option, rank_option
 from modtrace.cli._steps import step_kind_option, step_on_option
-from modtrace.contracts import PHASES
+from modtrace.core.contracts import PHASES
 
 if TYPE_CHECKING:
     from modtrace.api import RunCalls
@@ -104,7 +104,7 @@ def diff(
     findings (per --fail-on), 2 usage error.
     """
     from modtrace.api import DiffOptions, diff_calls, like_with_like_calls, no_common_step
-    from modtrace.errors import UsageError
+    from modtrace.core.errors import UsageError
     from modtrace.renderers import get_renderer
     from modtrace.renderers.diff import DiffView
     from modtrace.renderers.diff_document import document

@@ -82,7 +82,7 @@ def load_run(database: Database, ref: str, *, quiet: bool = False, trace: str | 
 
 
 def _progress_wanted(total: int, quiet: bool) -> bool:
-    from modtrace.progress import wanted
+    from modtrace.recording.status_line import wanted
 
     try:
         threshold = int(os.environ.get("MODTRACE_PROGRESS_MIN_ROWS", PROGRESS_MIN_ROWS))
@@ -164,7 +164,7 @@ def _write_frame(frame: pl.DataFrame, path: Path | str, fmt: str) -> None:
 
 
 def _check_output_dir(path: Path) -> None:
-    from modtrace.errors import UsageError
+    from modtrace.core.errors import UsageError
 
     if path.exists() and not path.is_dir():
         raise UsageError(f"-o {path}: exists and is not a directory (exporting spans and events writes a directory; "
@@ -174,7 +174,7 @@ def _check_output_dir(path: Path) -> None:
 
 
 def _check_output_file(path: str) -> None:
-    from modtrace.errors import UsageError
+    from modtrace.core.errors import UsageError
 
     if path == "-":
         return
@@ -243,7 +243,7 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, cl
 def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, clock: str | None,
             quiet: bool) -> None:
     import modtrace.api
-    from modtrace.errors import UsageError
+    from modtrace.core.errors import UsageError
 
     if fmt == "perfetto":
         if what not in (None, "spans"):
@@ -319,7 +319,7 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     from dataclasses import replace
 
     import modtrace.api
-    from modtrace.errors import UsageError
+    from modtrace.core.errors import UsageError
     from modtrace.renderers import get_renderer
     from modtrace.renderers.html_report import report_data
 

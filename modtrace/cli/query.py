@@ -8,7 +8,7 @@ from modtrace.cli._options import db_option, format_option
 
 
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
-    from modtrace.errors import UsageError
+    from modtrace.core.errors import UsageError
 
     out: dict[str, str] = {}
     for pair in pairs:
@@ -39,7 +39,7 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
     are refused, and the connection itself cannot write.
     """
     import modtrace.api
-    from modtrace.errors import UsageError
+    from modtrace.core.errors import UsageError
     from modtrace.renderers import Table, get_renderer
 
     if list_:

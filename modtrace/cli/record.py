@@ -19,8 +19,8 @@ from typing import Any
 import click
 
 from modtrace.cli._options import db_option, quiet_option
-from modtrace.errors import UsageError
-from modtrace.step_rules import STEP_RULES
+from modtrace.core.errors import UsageError
+from modtrace.core.step_rules import STEP_RULES
 
 AUTO_NAME_ATTEMPTS = 50
 
@@ -142,7 +142,7 @@ def record(
     (torchrun's own parser rejects --run as an abbreviation of its
     --run-path), or let the ranks derive one name from the launch.
     """
-    from modtrace.runner import Target, check_target
+    from modtrace.recording.script_runner import Target, check_target
 
     if module is not None:
         target = Target("module", module, tuple(target_args))
@@ -193,9 +193,9 @@ def _record(
 ) -> int:
     from datetime import datetime
 
-    from modtrace.errors import Terminated
-    from modtrace.naming import default_run_name, shared_run_name
-    from modtrace.runner import EXIT_TERMINATED, git_commit
+    from modtrace.core.errors import Terminated
+    from modtrace.recording.run_names import default_run_name, shared_run_name
+    from modtrace.recording.script_runner import EXIT_TERMINATED, git_commit
 
     auto = run_name is None
     if auto:
@@ -222,9 +222,9 @@ def _record_under(
     meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto", device_time: bool | None = None,
     schedule: Any = None,
 ) -> int:
-    from modtrace import progress as progress_mod
-    from modtrace.errors import Terminated
-    from modtrace.runner import EXIT_TERMINATED, Outcome, SigtermGuard, execute
+    from modtrace.core.errors import Terminated
+    from modtrace.recording import status_line as progress_mod
+    from modtrace.recording.script_runner import EXIT_TERMINATED, Outcome, SigtermGuard, execute
 
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze,
@@ -261,8 +261,8 @@ def _start_recorder(
     schedule: Any = None,
 ) -> Any:
     """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
-    from modtrace.errors import RunNameTaken
-    from modtrace.recorder import Recorder
+    from modtrace.core.errors import RunNameTaken
+    from modtrace.recording.recorder import Recorder
 
     attempt = 1
     while True:
@@ -284,7 +284,7 @@ def _summary(rec: Any, outcome: Any) -> None:
     state = outcome.status if not outcome.error else f"{outcome.status} ({outcome.error})"
     if rec.status == "failed" and outcome.status != "failed":  # the recording failed (a write error), not the target
         state = "failed (recording stopped by a write error; the program itself " + state + ")"
-    from modtrace.masking import mask
+    from modtrace.core.secrets import mask
 
     click.echo(mask(
         f"modtrace: {who}run {rec.run_name!r} (id {rec.run_id}) {state}: "

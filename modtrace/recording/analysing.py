@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from modtrace.errors import one_line
+from modtrace.core.errors import one_line
 from modtrace.recording.writer_process import WriterProcess
 from modtrace.store.engine import Store
 
@@ -56,7 +56,7 @@ class Analysing:
     def _materialize(self) -> bool:
         """Analyse the rank in this process; whether its analysis is stored."""
         try:
-            from modtrace.materialize import materialize
+            from modtrace.results.materialize import materialize
         except ImportError:  # analysis layer not installed in this build
             return False
         assert self._store is not None

@@ -10,9 +10,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from modtrace.naming import default_run_name, shared_run_name
-from modtrace.recording.writer_frames import unpack_batch
-from modtrace.step_ranges import ranges
+from modtrace.core.step_ranges import ranges
+from modtrace.recording.run_names import default_run_name, shared_run_name
+from modtrace.recording.writer_messages import unpack_batch
 
 DEFAULT_FLUSH_EVERY = 20_000
 FLUSH_INTERVAL_S = 1.0
@@ -53,7 +53,7 @@ class Batch:
     roots: list[tuple[Any, ...]]
     progress: tuple[int, int]  # (event_count, step_count) once this batch is written
     frame: bytes | None = None  # packed for the writer process
-    device_rows: list[tuple[Any, ...]] = field(default_factory=list)  # resolved device times (device_clock.DeviceRow)
+    device_rows: list[tuple[Any, ...]] = field(default_factory=list)  # resolved device times (device_timer.DeviceRow)
     count: int = field(init=False)  # its events
 
     def __post_init__(self) -> None:

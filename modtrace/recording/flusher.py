@@ -25,9 +25,9 @@ import time
 from collections import deque
 from typing import Any
 
-from modtrace import forking
-from modtrace.errors import StoreError, one_line
-from modtrace.masking import mask
+from modtrace.core.errors import StoreError, one_line
+from modtrace.core.secrets import mask
+from modtrace.recording import forking
 from modtrace.recording.config import (
     EAGER_BATCH,
     FLUSH_INTERVAL_S,
@@ -40,7 +40,7 @@ from modtrace.recording.config import (
 from modtrace.recording.writer_process import WriterProcess, WriterProcessError
 from modtrace.store.engine import Store
 from modtrace.store.retry import ResumingWriter, is_transient
-from modtrace.tracker import Tracker
+from modtrace.tracking.tracker import Tracker
 
 
 class Flushing:

@@ -19,12 +19,12 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from modtrace import forking
 from modtrace._version import __version__
-from modtrace.codes import Status
-from modtrace.device_clock import DeviceClock, drain_rows
-from modtrace.errors import StoreError, Terminated, UsageError, one_line
-from modtrace.masking import mask
+from modtrace.core.codes import Status
+from modtrace.core.errors import StoreError, Terminated, UsageError, one_line
+from modtrace.core.secrets import mask
+from modtrace.core.step_rules import STEP_RULES
+from modtrace.recording import forking
 from modtrace.recording.analysing import Analysing
 from modtrace.recording.config import (
     DEFAULT_FLUSH_EVERY,
@@ -42,13 +42,13 @@ from modtrace.recording.flusher import Flushing
 from modtrace.recording.reserve import DiskReserve
 from modtrace.recording.safety import SafetyNets
 from modtrace.recording.schedule import Schedule, StepAction, parse_schedule
-from modtrace.recording.scheduling import Scheduling
+from modtrace.recording.step_boundary import Scheduling
 from modtrace.recording.writer_process import WriterProcess
-from modtrace.step_rules import STEP_RULES
 from modtrace.store.engine import Store, open_store
 from modtrace.store.retry import ResumingWriter, call_retrying, retry_seconds
 from modtrace.store.runs import add_rank, create_run, finish_rank
-from modtrace.tracker import Tracker
+from modtrace.tracking.device_timer import DeviceClock, drain_rows
+from modtrace.tracking.tracker import Tracker
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -129,7 +129,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         self.step_on = step_on
         self.retry_s = retry_seconds(retry_s)
         self.max_buffered = max_buffered
-        # Device time (modtrace.device_clock): None or True = on once a CUDA
+        # Device time (modtrace.tracking.device_timer): None or True = on once a CUDA
         # device is seen, False = off; ``device_clock`` replaces CUDA (tests).
         self.device_time = device_time
         self._device_clock = device_clock
@@ -166,7 +166,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         self._shed_steps: set[int] = set()
         self._last_taken_step: int | None = None
         self._forks: forking.ForkCounter | None = None
-        self._forked_child = False  # this is a child forked while recording (see modtrace.forking)
+        self._forked_child = False  # this is a child forked while recording (see modtrace.recording.forking)
         self._started = 0.0
         self._reserve = DiskReserve(None)
         self._keeper: Connection | None = None

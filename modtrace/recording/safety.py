@@ -1,7 +1,7 @@
 """Process-level safety nets of a recording: SIGTERM raises ``Terminated``
 inside the program (unless it handles SIGTERM itself), ``atexit`` finishes a
 recording the program never left, and a child forked while recording lets go
-of the parent's hooks, pipes and connection (see ``modtrace.forking``)."""
+of the parent's hooks, pipes and connection (see ``modtrace.recording.forking``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from modtrace import forking
-from modtrace.errors import Terminated
+from modtrace.core.errors import Terminated
+from modtrace.recording import forking
 from modtrace.recording.writer_process import WriterProcess
 from modtrace.store.engine import Store
 from modtrace.store.retry import ResumingWriter
 from modtrace.store.writer import forget_connection
-from modtrace.tracker import Tracker
+from modtrace.tracking.tracker import Tracker
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -45,7 +45,7 @@ class SafetyNets:
     def _in_forked_child(self) -> None:
         """In a child forked while recording, right after the fork: let go of
         the parent's hooks, pipes and connection without a word to them;
-        count the child's module calls instead (see modtrace.forking)."""
+        count the child's module calls instead (see modtrace.recording.forking)."""
         self._forked_child = True
         if self._tracker is not None:
             self._tracker.stop()

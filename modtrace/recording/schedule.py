@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields
 
-from modtrace.errors import UsageError
+from modtrace.core.errors import UsageError
 
 
 class StepAction(enum.IntEnum):

@@ -11,7 +11,7 @@ had been sent is written first.
 
 On ``close`` it answers ``closed`` once everything is committed: the
 program goes on from there.  When the program asked for it (``analyze``,
-before ``close``), it then analyses the rank (``modtrace.materialize``: the
+before ``close``), it then analyses the rank (``modtrace.results.materialize``: the
 run's spans and nesting issues, stored) and answers ``analyzed``; the
 program may have exited by then, and a failure is reported on stderr.
 """
@@ -25,8 +25,8 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from modtrace.errors import one_line
-from modtrace.recording.writer_frames import PIPE_BYTES, Inbox, send
+from modtrace.core.errors import one_line
+from modtrace.recording.writer_messages import PIPE_BYTES, Inbox, send
 
 _MAX_DITHER_S = 0.5  # a batch waits at most this long before it is written
 
@@ -145,7 +145,7 @@ def _write(inbox: Inbox, out: Any, writer: Any) -> tuple[Any, ...] | None:
 def _analyze(store: Any, run_id: int, rank: int, complete: bool, run_name: str) -> tuple[bool, str | None]:
     """Analyse and store the rank's spans and issues; (done, why not)."""
     try:
-        from modtrace.materialize import materialize
+        from modtrace.results.materialize import materialize
 
         materialize(store, run_id, rank=rank, complete=complete)
     except ImportError:  # analysis layer not installed in this build

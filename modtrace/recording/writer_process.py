@@ -8,7 +8,7 @@ while the program runs: a flush after every step then slowed a CPU-bound
 step by more than the write itself, and the time landed in whichever module
 was running.  A writer process (``modtrace.recording.writer_child``) has its
 own interpreter: the program packs each batch (a pickle without memo, about
-0.1-0.25 us per event, ``writer_frames``; the event tuples are freed then,
+0.1-0.25 us per event, ``writer_messages``; the event tuples are freed then,
 ``config.Batch``) and writes the bytes to a pipe, between steps; the rest
 runs beside it.
 
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from modtrace.recording.writer_frames import PIPE_BYTES, Inbox, frame, pack_batch
+from modtrace.recording.writer_messages import PIPE_BYTES, Inbox, frame, pack_batch
 from modtrace.store.engine import Store
 
 try:

@@ -17,8 +17,8 @@ from typing import Any
 
 import polars as pl
 
-from modtrace.contracts import PHASES
-from modtrace.errors import UsageError
+from modtrace.core.contracts import PHASES
+from modtrace.core.errors import UsageError
 from modtrace.renderers.base import Progress, Renderer
 
 STATUSES: tuple[str, ...] = ("ok", "error", "early_stop", "closed_at_end_of_backward", "no_enter", "unclosed")

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, TextIO
 
 import polars as pl
 
-from modtrace.contracts import PHASES
+from modtrace.core.contracts import PHASES
 from modtrace.renderers.base import Renderer
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from modtrace.step_rules import RULE_TEXT
+from modtrace.core.step_rules import RULE_TEXT
 
 
 def kinds_text(kinds: list[Mapping[str, Any]]) -> str:

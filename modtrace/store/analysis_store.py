@@ -4,8 +4,8 @@
 and ``nesting_issues`` in one transaction, so a rebuild is idempotent and a
 reader never sees half of one; ``write_analysis_rounds`` does the same for
 results that arrive in parts.  ``read_span_rows`` and ``read_issues`` return
-them in their contracts (``modtrace.contracts.SPAN_ROW`` and ``ISSUE_FRAME``);
-naming the spans is the analysis' job, done by ``modtrace.materialize``.
+them in their contracts (``modtrace.core.contracts.SPAN_ROW`` and ``ISSUE_FRAME``);
+naming the spans is the analysis' job, done by ``modtrace.results.materialize``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import polars as pl
 from sqlalchemy import Connection
 
-from modtrace.contracts import ISSUE_FRAME, ISSUE_ROW, SPAN_ROW, SPAN_STORED_ROW
-from modtrace.errors import StoreError
-from modtrace.store.device_store import replace_span_device_rows
+from modtrace.core.contracts import ISSUE_FRAME, ISSUE_ROW, SPAN_ROW, SPAN_STORED_ROW
+from modtrace.core.errors import StoreError
+from modtrace.store.device_times import replace_span_device_rows
 from modtrace.store.engine import Store
 from modtrace.store.reader import copy_csv, driver_cursor, mark, sqlite_csv_chunks
 
@@ -256,7 +256,7 @@ def write_analysis_rounds(
         def clear_old() -> None:
             conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
             conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
-            conn.exec_driver_sql(f"DELETE FROM tree_nodes WHERE run_id = {int(run_id)}")  # the whole run's tree (store.tree_store)
+            conn.exec_driver_sql(f"DELETE FROM tree_nodes WHERE run_id = {int(run_id)}")  # the whole run's tree (store.tree_table)
             _check_run(conn, run_id)
 
         def write(spans: pl.DataFrame, issues: pl.DataFrame, clear: int | None) -> None:

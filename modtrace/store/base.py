@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from modtrace.errors import StoreError
+from modtrace.core.errors import StoreError
 from modtrace.store.schema import HEAD, REVISIONS, VERSION_TABLE
 
 

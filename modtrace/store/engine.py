@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import NullPool
 
-from modtrace.errors import StoreError, UsageError
+from modtrace.core.errors import StoreError, UsageError
 from modtrace.store.base import Store, check_revision, read_revision
 
 try:

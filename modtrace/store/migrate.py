@@ -15,7 +15,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from modtrace.errors import StoreError
+from modtrace.core.errors import StoreError
 from modtrace.store.base import SchemaTooOld, Store, check_revision, read_revision
 from modtrace.store.schema import HEAD, metadata
 

@@ -42,7 +42,7 @@ from typing import Any
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from modtrace.errors import ModtraceError, StoreError, UsageError
+from modtrace.core.errors import ModtraceError, StoreError, UsageError
 from modtrace.store.engine import Store, open_store
 from modtrace.store.sql_scan import (
     READ_KEYWORDS,

@@ -1,7 +1,7 @@
 """Reads of a run's rows as polars frames, with explicit dtypes.
 
 Events come back in the analysis input contract
-(``modtrace.contracts.EVENT_FRAME``), by rank and seq, fetched in
+(``modtrace.core.contracts.EVENT_FRAME``), by rank and seq, fetched in
 chunks, so memory holds the frame and one chunk in transit at most, each
 chunk as one CSV text the database formats (PostgreSQL: string_agg; SQLite:
 printf, group_concat); polars parses it (about twice as fast as a Python
@@ -17,8 +17,8 @@ from typing import Any
 
 import polars as pl
 
-from modtrace.codes import OUT_OF_RANGE_CODE
-from modtrace.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME
+from modtrace.core.codes import OUT_OF_RANGE_CODE
+from modtrace.core.contracts import DEVICE_FRAME, EVENT_FRAME, MODULE_FRAME
 
 # Defined in store.cursor (no polars there); re-exported, as the other readers import them from here.
 from modtrace.store.cursor import driver_cursor as driver_cursor

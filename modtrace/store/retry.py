@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from modtrace.errors import UsageError
+from modtrace.core.errors import UsageError
 from modtrace.store.engine import Store
 from modtrace.store.writer import RankWriter
 

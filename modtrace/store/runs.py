@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from modtrace.errors import RunNameTaken, RunNotFound, StoreError, UsageError
-from modtrace.masking import mask, mask_value
+from modtrace.core.errors import RunNameTaken, RunNotFound, StoreError, UsageError
+from modtrace.core.secrets import mask, mask_value
 from modtrace.store.engine import Store
 from modtrace.store.schema import run_ranks, runs
 
@@ -334,6 +334,6 @@ def recorded_steps(store: Store, run_id: int, rank: int | None = None) -> str | 
         found = [r[0] for r in conn.execute(q)]
     if not found:
         return None
-    from modtrace.step_ranges import parse_ranges, ranges
+    from modtrace.core.step_ranges import parse_ranges, ranges
 
     return ranges(set().union(*(parse_ranges(t) for t in found))) or ""

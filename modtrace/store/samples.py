@@ -1,7 +1,7 @@
 """Bulk read of a run's closed calls, for ``modtrace diff``.
 
 ``read_closed_calls`` returns the few span columns a diff needs
-(``modtrace.contracts.CALL_FRAME``) for every closed span of a run, or
+(``modtrace.core.contracts.CALL_FRAME``) for every closed span of a run, or
 of one rank, unordered.  It is the diff's only read of ``span_rows``, so it
 is built for speed: a run of a million events has half a million spans.
 
@@ -41,7 +41,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from modtrace.contracts import CALL_FRAME
+from modtrace.core.contracts import CALL_FRAME
 from modtrace.store.engine import Store
 from modtrace.store.reader import driver_cursor
 

@@ -30,7 +30,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from modtrace.contracts import RUN_STATUSES, SEVERITIES
+from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
@@ -141,15 +141,15 @@ events = Table(
     Column("rank", Integer, nullable=False, comment="Rank that recorded the event."),
     Column("seq", BigInteger, nullable=False, comment="Event number, strictly increasing per (run_id, rank)."),
     Column("ts_ns", BigInteger, nullable=False, comment="Monotonic nanoseconds since the rank started recording (run_ranks.wall_anchor_ns is ts_ns = 0)."),
-    Column("kind", SmallInteger, nullable=False, comment="0 enter, 1 exit (modtrace.codes.Kind)."),
+    Column("kind", SmallInteger, nullable=False, comment="0 enter, 1 exit (modtrace.core.codes.Kind)."),
     Column("module_id", Integer, nullable=False, comment="modules.module_id of the module."),
-    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.codes.Phase)."),
+    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.core.codes.Phase)."),
     Column("call_id", BigInteger, nullable=False, comment="One per forward module call; its backward and recompute events carry the same id."),
     Column("step", Integer, nullable=False, comment="Step number, from 0; advanced by Recorder.step() and after each optimizer step."),
     Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the hook ran on."),
     Column("device_id", Integer, nullable=True, comment="devices.device_id where the call computes; NULL when it has no tensor input, parameter or buffer."),
     Column("stream", BigInteger, nullable=True, comment="Current CUDA/accelerator stream handle on that device; NULL on CPU."),
-    Column("status", SmallInteger, nullable=False, server_default="0", comment="0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter, 5 unlinked (modtrace.codes.Status)."),
+    Column("status", SmallInteger, nullable=False, server_default="0", comment="0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter, 5 unlinked (modtrace.core.codes.Status)."),
     Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task id for backward and recompute events; NULL in forward."),
     Column("tie", SmallInteger, nullable=False, server_default="0", comment="1 when produced by the same autograd hook dispatch as the previous event of this thread (a tie to normalise), else 0."),
     PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_events"),
@@ -212,7 +212,7 @@ span_rows = Table(
     Column("span_id", BigInteger, nullable=False, comment="Span id: the seq of its enter event, unique per (run_id, rank)."),
     Column("depth", Integer, nullable=False, comment="Nesting depth on its stack, 0 at a root."),
     Column("module_id", Integer, nullable=False, comment="modules.module_id of the module called."),
-    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.codes.Phase)."),
+    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.core.codes.Phase)."),
     Column("call_id", BigInteger, nullable=False, comment="The forward call this span belongs to (events.call_id)."),
     Column("step", Integer, nullable=False, comment="Step at the span's enter."),
     Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the span ran on."),
@@ -222,7 +222,7 @@ span_rows = Table(
     Column("self_ns", BigInteger, nullable=True, comment="duration_ns minus the durations of its child spans (exclusive time); NULL when never exited."),
     Column("device_id", Integer, nullable=True, comment="devices.device_id at the enter; NULL when unknown."),
     Column("stream", BigInteger, nullable=True, comment="Accelerator stream at the enter; NULL on CPU."),
-    Column("status", SmallInteger, nullable=True, comment="Status of the exit event (modtrace.codes.Status); NULL when the span was never exited (shown as unclosed in the spans view)."),
+    Column("status", SmallInteger, nullable=True, comment="Status of the exit event (modtrace.core.codes.Status); NULL when the span was never exited (shown as unclosed in the spans view)."),
     Column("parent_gap", BigInteger, nullable=True, comment="span_id minus the span_id of the enclosing span on the same stack (the spans view's parent_span_id); NULL at a root. A recompute span's parent is the backward span open on its thread when it ran."),
     Column("exit_gap", BigInteger, nullable=True, comment="seq of the exit event minus span_id (the spans view's exit_seq); NULL when never exited."),
     PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_rows"),

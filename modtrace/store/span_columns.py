@@ -33,7 +33,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from modtrace.contracts import SPAN_ROW
+from modtrace.core.contracts import SPAN_ROW
 from modtrace.store.base import Store
 from modtrace.store.cursor import driver_cursor, mark
 

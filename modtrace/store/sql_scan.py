@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from modtrace.errors import UsageError
+from modtrace.core.errors import UsageError
 
 # Statements a query may be: they read.  EXPLAIN only describes a plan (on
 # PostgreSQL, EXPLAIN ANALYZE of a write still meets the read-only transaction).

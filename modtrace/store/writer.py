@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from modtrace.contracts import (
+from modtrace.core.contracts import (
     DEVICE_EVENT_ROW,
     DEVICE_ROW,
     EVENT_ROW,
@@ -40,7 +40,7 @@ from modtrace.contracts import (
 )
 from modtrace.store.engine import Store
 
-# Order of the values in the tuples the tracker builds (modtrace.contracts).
+# Order of the values in the tuples the tracker builds (modtrace.core.contracts).
 EVENT_COLUMNS: tuple[str, ...] = EVENT_ROW.names
 MODULE_COLUMNS: tuple[str, ...] = MODULE_ROW.names
 THREAD_COLUMNS: tuple[str, ...] = THREAD_ROW.names

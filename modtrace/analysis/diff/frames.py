@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import polars as pl
 
-from modtrace import contracts
-from modtrace.contracts import CALL_FRAME
+from modtrace.core import contracts
+from modtrace.core.contracts import CALL_FRAME
 
 PHASES: tuple[str, ...] = contracts.PHASES  # index = phase code (codes.Phase)
 VERDICTS: tuple[str, ...] = ("regression", "improvement", "inherited", "unchanged")

@@ -9,7 +9,7 @@ the main thread).  ``resolve_rule`` says which of them a run's steps are;
 
 from __future__ import annotations
 
-from modtrace.contracts import STEP_RULES
+from modtrace.core.contracts import STEP_RULES
 
 __all__ = ["RULE_TEXT", "STEP_RULES", "StepRuleError", "resolve_rule"]
 

@@ -10,7 +10,7 @@ would give.  What Python does at the end (print, exit) is turned into an
 
 This module knows nothing of the recorder or the database: ``execute``
 runs the target and classifies how it ended (``modtrace.cli.record`` puts
-the recorder around it).  Run names come from ``modtrace.naming``.
+the recorder around it).  Run names come from ``modtrace.recording.run_names``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal
 
-from modtrace.errors import Terminated, UsageError
+from modtrace.core.errors import Terminated, UsageError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM

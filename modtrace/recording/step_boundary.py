@@ -14,10 +14,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from modtrace.errors import StoreError
+from modtrace.core.errors import StoreError
 from modtrace.recording.config import ranges
 from modtrace.recording.schedule import Schedule, StepAction
-from modtrace.tracker import Tracker
+from modtrace.tracking.tracker import Tracker
 
 
 class Scheduling:

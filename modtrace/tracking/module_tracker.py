@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from modtrace.codes import Kind
-from modtrace.contracts import EVENT_ROW
-from modtrace.tracker import Tracker
+from modtrace.core.codes import Kind
+from modtrace.core.contracts import EVENT_ROW
+from modtrace.tracking.tracker import Tracker
 
 _KIND = EVENT_ROW.index("kind")
 _MODULE_ID = EVENT_ROW.index("module_id")

@@ -7,7 +7,7 @@ and exits with its ``exit_code`` (2 for usage errors, 1 for failures).
 
 from __future__ import annotations
 
-from modtrace.masking import mask
+from modtrace.core.secrets import mask
 
 
 class ModtraceError(Exception):

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from modtrace.masking import mask
+from modtrace.core.secrets import mask
 
 CLEAR_LINE = "\r\x1b[K"
 

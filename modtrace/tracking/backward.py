@@ -3,7 +3,7 @@ into enter and exit rows.
 
 For every call that built autograd graph, the node producing each output
 gets an *enter* entry and the node producing each input gets an *exit*
-entry.  One pre-hook per node (``call_stack.NodeHook``: the call that made
+entry.  One pre-hook per node (``calls.NodeHook``: the call that made
 the node, or a ``NodeHook`` of its own for a node no call made, kept in the
 node's metadata so later calls find it) dispatches all entries of that node
 at once, exits first
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from modtrace.call_stack import (
+from modtrace.tracking.calls import (
     _BACKWARD,
     _CLOSED_AT_END,
     _ENTER,

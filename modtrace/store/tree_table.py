@@ -1,6 +1,6 @@
 """The stored module call tree of a run (table ``tree_nodes``): plain rows in, plain rows out.
 
-``modtrace.stored_tree`` computes the tree that ``modtrace tree`` shows by
+``modtrace.results.tree`` computes the tree that ``modtrace tree`` shows by
 default when a run is analysed and writes it here; ``tree`` reads it back
 instead of half a million spans.  Every rewrite of a run's spans deletes the
 run's nodes in its own transaction (``store.analysis_store``), so nodes never
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from modtrace.contracts import TREE_NODE_FRAME
+from modtrace.core.contracts import TREE_NODE_FRAME
 from modtrace.store.base import Store
 from modtrace.store.cursor import driver_cursor, mark
 

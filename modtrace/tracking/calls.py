@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from modtrace.codes import Kind, Phase, Status
-from modtrace.module_names import ModuleInfo
+from modtrace.core.codes import Kind, Phase, Status
+from modtrace.tracking.module_names import ModuleInfo
 
 _ENTER = int(Kind.ENTER)
 _EXIT = int(Kind.EXIT)

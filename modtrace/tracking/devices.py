@@ -1,6 +1,6 @@
 """The tracker's devices: which device a module computes on, its current
 stream, and, with device time on, a timing event per enter and exit
-(``modtrace.device_clock``).
+(``modtrace.tracking.device_timer``).
 
 ``Tracker`` mixes this in; every event row names its device by a small id
 (``new_devices`` holds the rows not yet handed to the store) and, on a timed
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from modtrace.device_clock import DeviceClock, DeviceTimer
+    from modtrace.tracking.device_timer import DeviceClock, DeviceTimer
 
 
 class DeviceLookup:
@@ -60,7 +60,7 @@ class DeviceLookup:
         return device_id
 
     def _new_device_timer(self) -> None:
-        from modtrace.device_clock import CudaClock, DeviceTimer
+        from modtrace.tracking.device_timer import CudaClock, DeviceTimer
 
         try:
             clock = self._device_clock if self._device_clock is not None else CudaClock()

@@ -2,7 +2,7 @@
 
 A node (``contracts.TREE_NODE_FRAME``) is a call path with its timings, in
 tree pre-order with its ``level`` and ``parent_node_id``;
-``analysis.aggregate.module_tree`` builds them from spans, ``store.tree_store``
+``analysis.aggregate.module_tree`` builds them from spans, ``store.tree_table``
 keeps a run's default tree.  Which nodes ``--phase``, ``--max-depth`` and
 ``--min-percent`` leave, and where the shown ones hang, is decided here once,
 for the nodes frame (``analysis.aggregate.filter_tree``) and for plain rows

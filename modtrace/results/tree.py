@@ -5,7 +5,7 @@ steps under the run's own rule) is ``analysis.aggregate.module_tree`` of all
 of a run's spans: half a million spans read and grouped for a few thousand
 nodes.  ``store_tree`` computes those nodes once, when the spans are
 written (``materialize``), on the host clock and, for a run with device
-times, on the device clock, and ``store.tree_store`` keeps them;
+times, on the device clock, and ``store.tree_table`` keeps them;
 ``read_tree_rows`` gives them back as node rows (``nodes_frame``: as the
 nodes frame ``module_tree`` returns), for ``tree`` to filter (``--phase``,
 ``--max-depth`` and ``--min-percent`` apply to the whole tree's nodes).
@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from modtrace.store.tree_store import NODE_COLUMNS
-from modtrace.tree_nodes import Node
+from modtrace.core.tree_rows import Node
+from modtrace.store.tree_table import NODE_COLUMNS
 
 if TYPE_CHECKING:
     import polars as pl
@@ -45,7 +45,7 @@ def _with_own_steps(store: Store, run_id: int, spans: pl.DataFrame) -> tuple[str
     import polars as pl
 
     from modtrace.analysis.steps import ROOT_SCHEMA, assign_steps
-    from modtrace.step_rules import StepRuleError, resolve_rule
+    from modtrace.core.step_rules import StepRuleError, resolve_rule
     from modtrace.store.roots import read_step_basis
 
     basis = read_step_basis(store, run_id)
@@ -64,7 +64,7 @@ def tree_rows(store: Store, run_id: int, spans: pl.DataFrame) -> tuple[str, dict
     written: (its step rule, clock -> node rows); None when there is none to store."""
     from modtrace.analysis.aggregate import module_tree
     from modtrace.analysis.device import has_device_time, on_clock
-    from modtrace.store.device_store import has_device_events
+    from modtrace.store.device_times import has_device_events
 
     if spans.height == 0:
         return None
@@ -83,7 +83,7 @@ def write_tree(
 ) -> bool:
     """Store ``tree`` (``tree_rows``'s) as the run's default tree; ``rank`` as for ``store_tree``.
     Whether it was stored."""
-    from modtrace.store.tree_store import write_tree_nodes
+    from modtrace.store.tree_table import write_tree_nodes
 
     if tree is None:
         return False
@@ -100,7 +100,7 @@ def store_tree(
     tree is then stored only for a run of one rank, and a run of several keeps none (``tree``
     reads its spans, until ``modtrace analyze`` stores the whole run's).  Whether it was stored.
     """
-    from modtrace.store.tree_store import single_rank_run
+    from modtrace.store.tree_table import single_rank_run
 
     if rank is not None and not single_rank_run(store, run_id, rank):
         return False
@@ -121,8 +121,8 @@ def read_tree_rows(store: Store, run_id: int, clock: str, step_on: str | None) -
     """The run's stored tree on ``clock`` as node rows (dicts of ``TREE_NODE_FRAME``'s columns, in
     pre-order), when one is stored and its steps follow the rule ``step_on`` resolves to (None:
     the run's own); else None.  No polars: ``tree`` shows them as they are."""
-    from modtrace.step_rules import StepRuleError, resolve_rule
-    from modtrace.store.tree_store import read_recorded_rule, read_tree_nodes
+    from modtrace.core.step_rules import StepRuleError, resolve_rule
+    from modtrace.store.tree_table import read_recorded_rule, read_tree_nodes
 
     found = read_tree_nodes(store, run_id, clock)
     if found is None:
@@ -141,6 +141,6 @@ def nodes_frame(rows: list[Node]) -> pl.DataFrame:
     """Node rows -> the nodes frame ``module_tree`` returns (``TREE_NODE_FRAME``)."""
     import polars as pl
 
-    from modtrace.contracts import TREE_NODE_FRAME
+    from modtrace.core.contracts import TREE_NODE_FRAME
 
     return pl.DataFrame(rows, schema=TREE_NODE_FRAME.polars(), orient="row")

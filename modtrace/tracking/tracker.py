@@ -2,7 +2,7 @@
 
 ``Tracker`` installs global forward hooks (every ``nn.Module`` call in the
 process), a global optimizer step hook, and autograd node pre-hooks for the
-backward pass.  Each hook builds one tuple in ``modtrace.contracts.EVENT_ROW``
+backward pass.  Each hook builds one tuple in ``modtrace.core.contracts.EVENT_ROW``
 order (a test checks the tuples against it) and hands it to ``append`` -- a ``list.append`` for the
 recorder, a small state machine for ``ModuleTracker``.  Nothing here formats
 strings, touches a database or builds a hierarchy; that happens later.
@@ -13,10 +13,10 @@ How each phase is seen:
   registered with ``always_call=True`` closes it (status ``error`` when the
   forward raised, ``early_stop`` when checkpoint recomputation stopped
   itself).
-* backward (``modtrace.backward_hooks``, ``call_stack.NodeHook``): the
+* backward (``modtrace.tracking.backward``, ``calls.NodeHook``): the
   post-hook hangs the call on the autograd nodes of its inputs and outputs;
   one pre-hook per node writes the backward enter and exit rows.
-* recompute (``modtrace.recompute_links``): forward hooks firing inside a
+* recompute (``modtrace.tracking.recompute``): forward hooks firing inside a
   backward graph task are activation-checkpoint recomputation, linked to the
   original forward call's id.
 
@@ -49,8 +49,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
-from modtrace.backward_hooks import BackwardHooks, _leaf_node
-from modtrace.call_stack import (
+from modtrace.tracking.backward import BackwardHooks, _leaf_node
+from modtrace.tracking.calls import (
     _DYNAMO,
     _ENTER,
     _EXIT,
@@ -67,13 +67,13 @@ from modtrace.call_stack import (
     _sys_modules,
     joined,
 )
-from modtrace.devices import DeviceLookup
-from modtrace.input_kind import input_kind
-from modtrace.module_names import ModuleInfo, ModuleNames, as_list, grad_tensors
-from modtrace.recompute_links import RecomputeLinks
+from modtrace.tracking.devices import DeviceLookup
+from modtrace.tracking.module_names import ModuleInfo, ModuleNames, as_list, grad_tensors
+from modtrace.tracking.recompute import RecomputeLinks
+from modtrace.tracking.step_kind import input_kind
 
 if TYPE_CHECKING:
-    from modtrace.device_clock import DeviceClock
+    from modtrace.tracking.device_timer import DeviceClock
 
 Event = tuple[Any, ...]
 Append = Callable[[Event], Any]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from modtrace.codes import Kind, Phase, Status
+from modtrace.core.codes import Kind, Phase, Status
 
 if TYPE_CHECKING:
     import polars as pl
@@ -31,7 +31,7 @@ STATUSES: tuple[str, ...] = tuple(s.name.lower() for s in Status)
 # runs.status and run_ranks.status.
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "interrupted")
 
-# runs.step_on: what starts a step, as asked of the recorder (modtrace.step_rules says what each means).
+# runs.step_on: what starts a step, as asked of the recorder (modtrace.core.step_rules says what each means).
 STEP_RULES: tuple[str, ...] = ("auto", "optimizer", "root", "manual")
 
 # Nesting issue kinds, with their default severity (see analysis/nesting.py for
@@ -196,7 +196,7 @@ TREE_NODE_FRAME = Contract("tree node frame", (
 
 # One root call (the outermost module call on the main thread) as the tracker notes it (table
 # root_calls adds run_id and rank): the seq of its enter event, its call id, its input kind
-# (modtrace.input_kind, null when it took no tensor); and the root calls frame the step analysis reads.
+# (modtrace.tracking.step_kind, null when it took no tensor); and the root calls frame the step analysis reads.
 ROOT_ROW = Contract("root call row", (("seq", "Int64"), ("call_id", "Int64"), ("kind", "String")))
 ROOT_FRAME = Contract("root calls frame", (("rank", "Int32"), ("seq", "Int64"), ("kind", "String")))
 
@@ -207,7 +207,7 @@ CALL_FRAME = Contract("call frame", (
     ("device_id", "Int32"), ("stream", "Int64"),
 ))
 
-# Device time (modtrace.device_clock): one enter or exit whose device event
+# Device time (modtrace.tracking.device_timer): one enter or exit whose device event
 # resolved, as the recorder writes it (table device_events adds run_id and
 # rank; device_ts_ns null: the device could not time it, mem_bytes null: not
 # read), the frame the analysis takes, and a span's device columns as stored

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from modtrace.contracts import DEVICE_EVENT_FRAME, DEVICE_SPAN_COLUMNS, SPAN_DEVICE_ROW
+from modtrace.core.contracts import DEVICE_EVENT_FRAME, DEVICE_SPAN_COLUMNS, SPAN_DEVICE_ROW
 from modtrace.store.base import Store
 from modtrace.store.cursor import driver_cursor, mark
 

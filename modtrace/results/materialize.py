@@ -64,7 +64,7 @@ def compute(store: Store, run_id: int, *, rank: int | None = None, complete: boo
 def _with_device_times(store: Store, run_id: int, ranks: list[int] | None, result: Analysis) -> Analysis:
     """The spans with their device columns (``analysis.device``) when the run has device times;
     as they are otherwise (a CPU run pays one indexed probe)."""
-    from modtrace.store.device_store import has_device_events, read_device_events
+    from modtrace.store.device_times import has_device_events, read_device_events
 
     if not has_device_events(store, run_id):
         return result
@@ -91,7 +91,7 @@ def stored(store: Store, run_id: int) -> Analysis | None:
 def _stored_device_columns(store: Store, run_id: int, spans: pl.DataFrame) -> pl.DataFrame:
     """``spans`` with their stored device columns, for a run that has some (computed
     from ``device_events`` when none were stored: a run analysed in rounds)."""
-    from modtrace.store.device_store import read_span_device_rows
+    from modtrace.store.device_times import read_span_device_rows
 
     rows = read_span_device_rows(store, run_id)
     if rows.height == 0:
@@ -137,7 +137,7 @@ def _tree_spans(store: Store, run_id: int) -> pl.DataFrame:
     """The run's stored spans as ``tree`` reads them: the columns ``module_tree`` needs, and
     the device columns too when the run has device times."""
     from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS
-    from modtrace.store.device_store import has_device_events
+    from modtrace.store.device_times import has_device_events
 
     found = stored(store, run_id) if has_device_events(store, run_id) else None
     return found.spans if found is not None else load_spans(store, run_id, TREE_SPAN_COLUMNS)
@@ -226,7 +226,7 @@ def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
     """The span device rows of a run with device times, rank by rank, from its stored spans
     (only the columns ``device_times`` reads) and device events, once the rounds are stored
     (device and self times need a rank's whole call tree)."""
-    from modtrace.store.device_store import (
+    from modtrace.store.device_times import (
         has_device_events,
         read_device_events,
         write_span_device_rows,
@@ -255,7 +255,7 @@ def materialize(
     ``round_rows`` on SQLite; ``analysis.stream.analyze_rank``), whose results
     are those of the one-piece analysis whatever the size; each round is
     written while the next is read and analysed.  The run's default module call tree
-    is stored after them (``stored_tree.store_tree``).  The returned spans are named when
+    is stored after them (``results.tree.store_tree``).  The returned spans are named when
     every rank was at most ``round_rows`` events; a run with a larger rank comes back
     with its issues and an empty spans frame (its spans are in the store).
     """
@@ -264,9 +264,9 @@ def materialize(
     from modtrace.analysis import Analysis
     from modtrace.analysis.nesting import ISSUE_SCHEMA, empty_issues
     from modtrace.analysis.spans import empty_spans, name_spans
+    from modtrace.results.tree import store_tree, tree_rows, write_tree
     from modtrace.store.analysis_store import write_analysis_rounds
     from modtrace.store.reader import read_devices, read_modules, read_ranks
-    from modtrace.stored_tree import store_tree, tree_rows, write_tree
 
     ranks = read_ranks(store, run_id) if rank is None else [rank]
     found = _Found()

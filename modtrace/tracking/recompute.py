@@ -17,8 +17,8 @@ import itertools
 import weakref
 from collections import deque
 
-from modtrace.call_stack import _RECOMPUTE, Call
-from modtrace.module_names import ModuleInfo
+from modtrace.tracking.calls import _RECOMPUTE, Call
+from modtrace.tracking.module_names import ModuleInfo
 
 
 class RecomputeLinks:

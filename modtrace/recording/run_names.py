@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
-from modtrace.errors import UsageError
+from modtrace.core.errors import UsageError
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 
