@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from modtrace.tracking.device_timer import DeviceTimer  # noqa: E402
 from modtrace.tracking.tracker import Tracker  # noqa: E402
-from tests.device_clock import FakeDeviceClock, FakeStream  # noqa: E402
+from tests.helpers.device_clock import FakeDeviceClock, FakeStream  # noqa: E402
 
 N = 20_000
 STEP = 500  # marks between polls

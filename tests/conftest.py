@@ -4,14 +4,12 @@ outlives a test."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-PG_URL = os.environ.get("MODTRACE_TEST_PG_URL")
+from tests.helpers.postgres import fresh_schema
 
 
 @pytest.fixture(autouse=True)
@@ -27,36 +25,11 @@ def db_path(_isolated_db: Path) -> Path:
     return _isolated_db
 
 
-def _pg_server_url() -> str:
-    if not PG_URL:
-        if os.environ.get("CI") == "true":
-            pytest.fail("MODTRACE_TEST_PG_URL is not set under CI; PostgreSQL tests must run")
-        pytest.skip("MODTRACE_TEST_PG_URL not set")
-    return PG_URL
-
-
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A URL for a fresh, empty PostgreSQL schema, dropped after the test."""
-    import sqlalchemy as sa
-
-    base = _pg_server_url()
-    schema = f"mt_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base, poolclass=sa.pool.NullPool)
-    try:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    except sa.exc.OperationalError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL at {base} is unreachable under CI: {exc.orig}")
-        pytest.skip(f"PostgreSQL unreachable: {exc.orig}")
-    sep = "&" if "?" in base else "?"
-    try:
-        yield f"{base}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
+    with fresh_schema() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

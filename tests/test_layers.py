@@ -240,3 +240,25 @@ def test_rank_means_the_same_on_every_command(command: tuple[str, ...], run_cli)
     result = run_cli(*command, "--rank", "-1")
     assert result.code == 2
     assert "'--rank'" in result.err and "-1 is not in the range x>=0" in result.err
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_the_tests_mirror_the_package() -> None:
+    """tests/X/ tests modtrace/X/; besides those only the helpers, the data and the real clients."""
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders - packages == {"clients", "data", "helpers"}
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in tests/helpers/, never in another test module."""
+    wrong = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            wrong += [f"{path.relative_to(TESTS)} imports {n}" for n in names
+                      if n.rpartition(".")[2].startswith("test_") or n.split(".")[0] in {"conftest"}]
+    assert not wrong, "\n".join(wrong)

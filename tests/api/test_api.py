@@ -1,0 +1,128 @@
+"""The public Python API (``modtrace.open``) on real recordings, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+import modtrace
+import modtrace.api
+from modtrace.analysis import analyze_events
+from modtrace.core.contracts import EVENT_FRAME, ISSUE_FRAME, SPAN_FRAME
+from modtrace.core.errors import RunNotFound, UsageError
+from tests.helpers.diff_runs import STEPS, record
+
+
+@pytest.fixture
+def recorded(any_db: str) -> str:
+    record(any_db, "base")
+    record(any_db, "slow", {1: 150_000})
+    record(any_db, "raw", steps=3, analyze=False)  # events only: never analysed
+    return any_db
+
+
+def test_runs_and_run_references(recorded: str) -> None:
+    with modtrace.open(recorded) as db:
+        runs = db.runs()
+        assert runs["name"].to_list() == ["raw", "slow", "base"]
+        assert runs["status"].to_list() == ["completed"] * 3
+        assert db.run("@") == db.run("raw") == db.run(int(runs["id"][0]))
+        assert db.run("@~2").name == "base"
+        assert db.details("base")["steps"] == STEPS
+        assert db.ranks("base") == [0]
+        with pytest.raises(RunNotFound):
+            db.run("nope")
+
+
+def test_frames_follow_the_contracts_and_match_the_analysis_of_the_events(recorded: str) -> None:
+    with modtrace.open(recorded) as db:
+        events = db.events("base")
+        spans, issues = db.spans("base"), db.issues("base")
+        assert events.schema == pl.Schema(EVENT_FRAME.polars())
+        assert spans.schema == pl.Schema(SPAN_FRAME.polars())
+        assert issues.schema == pl.Schema(ISSUE_FRAME.polars())
+        assert db.has_analysis("base")
+        # the stored analysis is what analysing the events gives
+        computed = analyze_events(events, *_lookups(db, "base"))
+        assert spans.sort("rank", "span_id").equals(computed.spans.sort("rank", "span_id"))
+        assert spans.height * 2 == events.height
+
+
+def _lookups(db: modtrace.api.Database, run: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    from modtrace.store.reader import read_devices, read_modules
+
+    ref = db.run(run)
+    return read_modules(db._store, ref.id), read_devices(db._store, ref.id)
+
+
+def test_a_run_never_analysed_is_computed_without_writing_until_analyze(recorded: str) -> None:
+    with modtrace.open(recorded) as db:
+        assert not db.has_analysis("raw")
+        spans = db.spans("raw")
+        assert spans.height > 0 and spans.height * 2 == db.events("raw").height
+        assert not db.has_analysis("raw")  # reading computed it, wrote nothing
+        done = db.analyze("raw")
+        assert done.run.name == "raw" and done.spans == spans.height
+        assert done.issues.filter(pl.col("severity") != "info").height == 0
+        assert db.has_analysis("raw")
+        assert db.spans("raw").sort("span_id").equals(spans.sort("span_id"))
+
+
+def test_tree_filters_and_refuses_what_is_not_there(recorded: str) -> None:
+    with modtrace.open(recorded) as db:
+        tree = db.tree("base", phase="forward")
+        assert tree.height > 0
+        assert set(tree["phase"].to_list()) == {"forward"}
+        assert "Net.blocks.1.work" in tree["fqn"].to_list()
+        shallow = db.tree("base", max_depth=0)
+        assert set(shallow["level"].to_list()) == {0}
+        assert db.tree("base", step=2).height > 0
+        with pytest.raises(UsageError, match="no spans on rank 3"):
+            db.tree("base", rank=3)
+        with pytest.raises(UsageError, match="no spans in step 99"):
+            db.tree("base", step=99)
+        with pytest.raises(UsageError, match="phase 'sideways'"):
+            db.tree("base", phase="sideways")
+
+
+def test_diff_blames_the_slower_module_and_is_typed(recorded: str) -> None:
+    with modtrace.open(recorded) as db:
+        result = db.diff("base", "slow")
+        assert isinstance(result, modtrace.api.DiffResult)
+        blamed = result.timing.filter(pl.col("verdict") == "regression")
+        assert ("Net.blocks.1.work", "forward") in list(zip(blamed["fqn"], blamed["phase"], strict=True))
+        same = db.diff("base", "base")
+        assert same.timing.filter(pl.col("verdict") == "regression").height == 0
+        # a run never analysed is diffed from its events
+        assert db.diff("base", "raw").summary["cand_steps"]
+
+
+def test_event_log_and_spans_table_carry_names_and_wall_clock(recorded: str) -> None:
+    with modtrace.open(recorded) as db:
+        log = pl.concat(list(db.event_log("base")))
+        anchors = db.anchors("base")
+        assert log.height == db.events("base").height
+        assert set(log["kind"].unique().to_list()) == {"enter", "exit"}
+        assert (log["wall_ns"] - log["ts_ns"]).unique().to_list() == [anchors[0]]
+        table = db.spans_table("base")
+        assert table["phase"].dtype == pl.String and table["status"].null_count() == 0
+
+
+def test_schema_and_query_helpers(recorded: str) -> None:
+    assert modtrace.api.current_revision(recorded).state == "head"
+    assert modtrace.api.check_schema(recorded)
+    names = [q.name for q in modtrace.api.query_library()]
+    assert names
+    result = modtrace.api.query(recorded, "SELECT name FROM runs ORDER BY id")
+    assert [r[0] for r in result.rows] == ["base", "slow", "raw"]
+
+
+def test_importing_the_api_stays_light() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, modtrace, modtrace.api; modtrace.open; print(' '.join(sorted(sys.modules)))"
+    names = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split())
+    assert "modtrace.api" in names
+    heavy = ("torch", "polars", "alembic", "sqlalchemy.orm")
+    assert sorted(n for n in names if any(n == h or n.startswith(h + ".") for h in heavy)) == []

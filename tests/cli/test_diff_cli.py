@@ -1,0 +1,236 @@
+"""``modtrace diff`` end to end: real models recorded by the real Recorder into
+real databases, compared through the real command line.
+
+Timing tests use an injected clock that advances a fixed tick per event, plus
+what a ``Work`` module's own code "costs" (it advances the clock itself), so
+durations are exact and a slower module is slower by exactly its cost.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.diff_runs import STEPS, record
+from tests.helpers.golden import check_golden
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+
+
+
+
+
+
+def doc_of(out: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def regressions(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(r["fqn"], r["phase"]) for r in doc["timing"] if r["verdict"] == "regression"]
+
+
+
+@pytest.fixture(scope="module")
+def runs_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One database for the module: base, same (identical), slow (block 1's Work costs 150 us
+    instead of 100 us), and a two-rank run ``job`` whose rank 1 straggles in block 2."""
+    db = str(tmp_path_factory.mktemp("diff") / "runs.db")
+    record(db, "base")
+    record(db, "same")
+    record(db, "slow", {1: 150_000})
+    record(db, "job", rank=0, world_size=2)
+    record(db, "job", {2: 300_000}, rank=1, world_size=2)
+    return db
+
+
+def test_identical_runs_exit_0_with_no_findings(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("diff", "--db", runs_db, "base", "same", "--format", "json")
+    assert res.code == 0, res.err
+    doc = doc_of(res.out)
+    assert doc["format"] == "modtrace.diff/1"
+    assert doc["summary"]["regressions"] == doc["summary"]["improvements"] == doc["summary"]["structure_changes"] == 0
+    assert {r["verdict"] for r in doc["timing"]} == {"unchanged"}
+    assert {r["self"]["delta_us"] for r in doc["timing"]} == {0.0}
+    assert doc["base"]["steps"] == doc["cand"]["steps"] == STEPS - 1
+    table = run_cli("diff", "--db", runs_db, "base", "same")
+    assert table.code == 0 and "no changes found" in table.out
+
+
+def test_slower_module_is_blamed_exactly(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("diff", "--db", runs_db, "base", "slow", "--format", "json")
+    assert res.code == 1, res.err
+    doc = doc_of(res.out)
+    assert regressions(doc) == [("Net.blocks.1.work", "forward")]
+    row = doc["timing"][0]
+    assert row["self"]["delta_us"] == 50.0 and row["impact_us"] == 50.0
+    assert row["self"]["ratio"] > 1.1 and row["self"]["p_value"] < 0.01
+    inherited = sorted((r["fqn"], r["phase"]) for r in doc["timing"] if r["verdict"] == "inherited")
+    assert inherited == [("Net", "forward"), ("Net.blocks.1", "forward")]
+    assert doc["summary"]["failed"] is True and doc["summary"]["exit_code"] == 1
+    # --fail-on decides the exit status, not the findings.
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--fail-on", "never").code == 0
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--fail-on", "structure").code == 0
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--fail-on", "any").code == 1
+    # A 50 us change is under --min-delta-us 60 and under --threshold 200.
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--min-delta-us", "60").code == 0
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--threshold", "200").code == 0
+    # The other direction is an improvement, not a failure.
+    back = doc_of(run_cli("diff", "--db", runs_db, "slow", "base", "--format", "json").out)
+    assert [(r["fqn"], r["verdict"]) for r in back["timing"][:1]] == [("Net.blocks.1.work", "improvement")]
+    assert back["summary"]["exit_code"] == 0
+
+
+def test_outputs_match_golden_files(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    def norm(text: str) -> str:
+        return text.replace(runs_db, "<db>")
+
+    check_golden("diff_slow.txt", norm(run_cli("diff", "--db", runs_db, "base", "slow").out))
+    check_golden("diff_slow.md", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "markdown").out))
+    check_golden("diff_slow.csv", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "csv").out))
+    check_golden("diff_slow.json", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "json").out))
+
+
+def test_phase_filter_and_skip_steps(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    backward = doc_of(run_cli("diff", "--db", runs_db, "base", "slow", "--phase", "backward", "--format", "json").out)
+    assert regressions(backward) == [] and {r["phase"] for r in backward["timing"]} == {"backward"}
+    assert backward["options"]["phases"] == ["backward"]
+    skip = doc_of(run_cli("diff", "--db", runs_db, "base", "slow", "--skip-steps", "2", "--format", "json").out)
+    assert skip["base"]["steps"] == STEPS - 2 and regressions(skip) == [("Net.blocks.1.work", "forward")]
+    res = run_cli("diff", "--db", runs_db, "base", "slow", "--skip-steps", str(STEPS))
+    assert res.code == 2
+    assert res.err == "modtrace: error: run 'base' has no steps left to compare after skipping 10 (use --skip-steps 0)\n"
+
+
+def test_runs_in_different_databases(tmp_path: Path, any_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    other = str(tmp_path / "other.db")
+    record(other, "base")
+    record(any_db, "cand", {0: 200_000})
+    doc = doc_of(run_cli("diff", "base", "cand", "--db", other, "--cand-db", any_db, "--format", "json").out)
+    assert regressions(doc) == [("Net.blocks.0.work", "forward")]
+    assert doc["base"]["db"] == other and doc["cand"]["run"] == "cand"
+    res = run_cli("diff", "base", "cand", "--db", other)
+    assert res.code == 2 and res.err.startswith("modtrace: error: no run 'cand' in ")
+
+
+def test_two_ranks_of_one_run(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    # rank 1 of "job" straggles in block 2
+    doc = doc_of(run_cli("diff", "--db", runs_db, "job:0", "job:1", "--format", "json").out)
+    assert (doc["base"]["rank"], doc["cand"]["rank"]) == (0, 1)
+    assert regressions(doc) == [("Net.blocks.2.work", "forward")]
+    # --rank restricts both sides; RUN:RANK overrides it for one side.
+    assert run_cli("diff", "--db", runs_db, "job", "job", "--rank", "1").code == 0
+    assert regressions(doc_of(run_cli("diff", "--db", runs_db, "job", "job:1", "--rank", "0", "--format", "json").out)) == [
+        ("Net.blocks.2.work", "forward")
+    ]
+    # Without a rank, every (rank, step) is a sample of both runs.
+    pooled = doc_of(run_cli("diff", "--db", runs_db, "job", "job", "--format", "json").out)
+    assert pooled["base"]["steps"] == 2 * (STEPS - 1) and pooled["base"]["rank"] is None
+    res = run_cli("diff", "--db", runs_db, "job:0", "job:5")
+    assert res.code == 2 and res.err == "modtrace: error: run 'job' has no rank 5 (ranks: 0, 1)\n"
+
+
+def test_structure_changes_on_train_tiny(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    from modtrace import Recorder
+
+    train = runpy.run_path(str(REPO / "scripts" / "train_tiny.py"), run_name="train_tiny")
+    args = ["--steps", "3", "--blocks", "2", "--d-model", "16", "--seq", "8", "--batch", "2", "--quiet", "--threads", "1"]
+    for name, extra in (("plain", []), ("ckpt", ["--checkpoint"]), ("short", ["--blocks", "1"])):
+        with Recorder(db=str(db_path), run=name, handle_sigterm=False) as _rec:
+            train["main"](args + extra)
+        _rec.wait_analyzed()  # the writer process analyses the run after the with
+    res = run_cli("diff", "--db", str(db_path), "plain", "ckpt", "--format", "json", "--fail-on", "structure")
+    assert res.code == 1, res.err
+    doc = doc_of(res.out)
+    found = [(s["kind"], s["fqn"], s["phase"]) for s in doc["structure"]]
+    assert found == [
+        ("phase_added", "TinyLM.blocks.0", "recompute"),
+        ("phase_added", "TinyLM.blocks.1", "recompute"),
+        ("order_changed", None, None),
+    ]
+    order = doc["order"]
+    first = [e for e in order["excerpt"] if e["op"] != "="][0]
+    assert first["op"] == "+" and first["cand"].split() == ["recompute", "TinyLM.blocks.1"]
+    md = run_cli("diff", "--db", str(db_path), "plain", "short", "--format", "markdown", "--fail-on", "any")
+    assert md.code == 1
+    assert "| module_removed | TinyLM.blocks.1 |  | called | not called | TinyLM.blocks.1 (and 9 submodules) is not called in the candidate |" in md.out
+    assert "```diff\n" in md.out and "- forward     TinyLM.blocks.1\n" in md.out
+
+
+def test_usage_errors_are_one_line_exit_2(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("diff", "--db", runs_db, "base", "nosuch")
+    assert (res.code, res.out) == (2, "")
+    assert res.err == f"modtrace: error: no run 'nosuch' in {runs_db}\n"
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--format", "xml").code == 2
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--phase", "sideways").code == 2
+    assert run_cli("diff", "--db", runs_db, "base", "slow", "--threshold", "-1").code == 2
+    assert run_cli("diff", "--db", runs_db, "base").code == 2
+    missing = Path(runs_db).parent / "missing.db"
+    res = run_cli("diff", "--db", str(missing), "base", "slow")
+    assert res.code != 0 and res.err.startswith("modtrace: error: ") and res.err.count("\n") == 1
+    assert not missing.exists()
+
+
+def test_stored_calls_are_the_closed_stored_spans(tmp_path: Path, any_db: str) -> None:
+    """The diff's bulk read (text packed by the database) returns exactly the stored closed spans,
+    on SQLite and PostgreSQL, whole or by rank, in one window or many."""
+    import polars as pl
+
+    from modtrace.analysis.diff import CALL_SCHEMA
+    from modtrace.store.analysis_store import read_span_rows
+    from modtrace.store.engine import open_store
+    from modtrace.store.runs import resolve_run
+    from modtrace.store.samples import read_closed_calls
+
+    record(any_db, "job", rank=0, world_size=2, steps=3)
+    record(any_db, "job", {2: 300_000}, rank=1, world_size=2, steps=3)
+    store = open_store(any_db)
+    try:
+        run = resolve_run(store, "job")
+        cols = list(CALL_SCHEMA)
+        stored = read_span_rows(store, run.id).filter(pl.col("duration_ns").is_not_null())
+        expected = stored.select(cols).cast(CALL_SCHEMA).sort("rank", "span_id")  # type: ignore[arg-type]
+        assert expected.height > 50 and expected["rank"].n_unique() == 2
+        for window in (4_000_000, 7):  # 7 seqs: a window holds a few spans, many windows
+            got = read_closed_calls(store, run.id, window_seq=window)
+            assert got.schema == pl.Schema(CALL_SCHEMA)
+            assert got.sort("rank", "span_id").equals(expected)
+            one = read_closed_calls(store, run.id, rank=1, window_seq=window)
+            assert one.sort("span_id").equals(expected.filter(pl.col("rank") == 1))
+        assert read_closed_calls(store, run.id + 99).height == 0
+    finally:
+        store.dispose()
+
+
+def test_a_run_never_analysed_is_diffed_from_its_events(runs_db: str, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    db = str(tmp_path / "copy.db")
+    shutil.copy(runs_db, db)
+    record(db, "raw", {1: 150_000}, analyze=False)
+    stored = doc_of(run_cli("diff", "--db", db, "base", "slow", "--format", "json").out)
+    raw = doc_of(run_cli("diff", "--db", db, "base", "raw", "--format", "json").out)
+    assert regressions(raw) == [("Net.blocks.1.work", "forward")]
+    # the same recording, analysed in memory or read back from the store, diffs the same
+    assert raw["timing"] == stored["timing"]
+
+
+def test_absolute_judges_absolute_times_only(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    # Against the slow run, every module but the slow one takes a smaller share of the step.
+    doc = doc_of(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "json").out)
+    assert doc["options"]["absolute"] is False
+    row = doc["timing"][0]
+    assert row["self_share"]["vs_rest_ratio"] == row["self"]["ratio"]  # everything else is unchanged
+    assert row["self_share"]["cand_pct"] > row["self_share"]["base_pct"]
+    assert doc["summary"]["step_changed"] is True
+    absolute = doc_of(run_cli("diff", "--db", runs_db, "base", "slow", "--absolute", "--format", "json").out)
+    assert absolute["options"]["absolute"] is True and regressions(absolute) == regressions(doc)
+    table = run_cli("diff", "--db", runs_db, "base", "slow", "--absolute").out
+    assert "beyond the typical module" not in table
+    assert "beyond the typical module" in run_cli("diff", "--db", runs_db, "base", "slow").out

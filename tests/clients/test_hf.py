@@ -1,0 +1,86 @@
+"""Hugging Face models (built from small configs, nothing downloaded) recorded
+in training: the record matches what torch's own hooks see."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import modtrace
+from tests.helpers.clients import (
+    backward_fqns,
+    check_rows,
+    forward_sequence,
+    modules_with_grads,
+    query,
+    spans_nest_in_time,
+    torch_hook_log,
+)
+
+pytestmark = pytest.mark.slow  # real clients: transformers, Lightning, inductor
+
+VOCAB, SEQ, BATCH = 64, 8, 2
+
+
+def gpt2() -> tuple[nn.Module, Callable[[], dict[str, torch.Tensor]]]:
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    return transformers.GPT2LMHeadModel(cfg), lambda: {"input_ids": ids, "labels": ids}
+
+
+def bert() -> tuple[nn.Module, Callable[[], dict[str, torch.Tensor]]]:
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=16)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    labels = torch.full_like(ids, -100)
+    labels[:, 2] = ids[:, 2]
+    return transformers.BertForMaskedLM(cfg), lambda: {"input_ids": ids, "labels": labels}
+
+
+def t5() -> tuple[nn.Module, Callable[[], dict[str, torch.Tensor]]]:
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+                                decoder_start_token_id=0, pad_token_id=0)
+    ids = torch.randint(1, VOCAB, (BATCH, SEQ))
+    return transformers.T5ForConditionalGeneration(cfg), lambda: {"input_ids": ids, "labels": ids.flip(1)}
+
+
+MODELS = {"gpt2": gpt2, "bert_mlm": bert, "t5": t5}
+
+
+def train(model: nn.Module, batch: Callable[[], dict[str, torch.Tensor]], steps: int) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        opt.zero_grad()
+        out: Any = model(**batch())
+        out.loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_hugging_face_training_steps(name: str, db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model, batch = MODELS[name]()
+    model.train()
+    with torch_hook_log() as (seen, called), modtrace.Recorder(db=str(db_path), run=name) as _rec:
+        train(model, batch, steps=3)
+    _rec.wait_analyzed()  # the writer process analyses the run after the with
+    # the forward enter/exit sequence is what torch's global hooks saw, named as torch's ModuleTracker names them
+    recorded = forward_sequence(str(db_path))
+    assert len(recorded) == len(seen) > 0
+    assert recorded == seen
+    assert query(str(db_path), "SELECT DISTINCT step FROM events ORDER BY step") == [(0,), (1,), (2,)]
+    # every called module whose own parameters got a gradient has a backward span
+    with_grads = modules_with_grads(called)
+    assert with_grads and with_grads <= backward_fqns(str(db_path))
+    assert spans_nest_in_time(str(db_path)) == []
+    check_rows(run_cli, str(db_path))
+    # one modules row per name: a module built in every forward (BERT's CrossEntropyLoss) keeps its name
+    names = [f for (f,) in query(str(db_path), "SELECT fqn FROM modules")]
+    assert len(names) == len(set(names))
+    assert not [n for n in names if "#" in n]

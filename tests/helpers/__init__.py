@@ -1,0 +1,1 @@
+"""What the tests share: the one home of fixtures' helpers, toy models, recording helpers and golden files."""

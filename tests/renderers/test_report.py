@@ -1,0 +1,191 @@
+"""modtrace report: one self-contained HTML file holding the run's model, on
+runs recorded from real models (the bundled tiny transformer, and a toy model
+on an injected clock so that a slowed module is an exact, known regression).
+
+Also home of the recording helpers the export and browser tests share.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.report import embedded, record_tiny, record_toy, sql
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# -- the file ----------------------------------------------------------------------
+
+
+def test_report_is_one_self_contained_file_with_the_runs_data(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_tiny(db, "ck", steps=3, checkpoint=True)
+    out = tmp_path / "report.html"
+    result = run_cli("report", "ck", "--db", db, "-o", str(out))
+    assert result.code == 0, result
+    assert result.out == ""
+    assert result.err == f"modtrace: wrote report of run 'ck' to {out}\n"
+    html = out.read_text()
+
+    # Nothing to fetch: no URL, no external resource, no stylesheet or script by reference.
+    assert "http://" not in html and "https://" not in html and "//" not in re.sub(r"<script.*?</script>", "", html, flags=re.S)
+    assert not re.search(r"<(link|img|iframe|object|embed)\b", html, re.I)
+    assert not re.search(r"\b(src|href)\s*=", html, re.I)
+    assert "@import" not in html and "url(" not in html
+    assert html.count("<script") == 2 and "<style>" in html
+
+    data = embedded(html)
+    assert data["run"]["name"] == "ck" and data["run"]["status"] == "completed"
+    spans_per_step = dict(sql(db, "SELECT step, COUNT(*) FROM spans WHERE run_id = 1 GROUP BY step"))
+    assert data["span_count"] == sum(spans_per_step.values())
+    assert [s["step"] for s in data["steps"]] == sorted(spans_per_step) == [0, 1, 2]
+    assert [s["spans"] for s in data["steps"]] == [spans_per_step[s] for s in sorted(spans_per_step)]
+    # Every embedded step's flame chart holds exactly that step's spans, every phase present.
+    assert data["default_step"] in spans_per_step
+    for step in data["flame"]["steps"]:
+        assert len(step["spans"]) == spans_per_step[step["step"]]
+        phases = {data["phases"][s[6]] for s in step["spans"]}
+        assert phases == {"forward", "backward", "recompute"}
+        assert all(s[0] >= 0 and s[0] + s[1] <= step["duration_ns"] for s in step["spans"])
+    # Per-step times (docs/schema.md, "Step time"): the root spans' durations, split by self time.
+    roots = dict(sql(db, "SELECT step, SUM(duration_ns) FROM spans WHERE run_id = 1 AND depth = 0 GROUP BY step"))
+    assert {s["step"]: s["step_ns"] for s in data["steps"]} == roots
+    for phase in ("forward", "backward", "recompute"):
+        selfs = dict(sql(db, f"SELECT step, SUM(self_ns) FROM spans WHERE run_id = 1 AND phase = '{phase}' GROUP BY step"))
+        assert {s["step"]: s[f"{phase}_ns"] for s in data["steps"]} == selfs
+    assert all(s["recompute_ns"] > 0 and s["forward_ns"] + s["backward_ns"] + s["recompute_ns"] == s["step_ns"]
+               for s in data["steps"])
+    # Issues: what nesting_issues holds (checkpoint early stops and closes at the end of backward).
+    issues = sql(db, "SELECT severity, kind, COUNT(*) FROM nesting_issues WHERE run_id = 1 GROUP BY severity, kind")
+    assert {(c["severity"], c["kind"], c["n"]) for c in data["issues"]["counts"]} == set(issues)
+    assert data["issues"]["total"] == len(data["issues"]["rows"]) == sum(n for *_, n in issues)
+    assert data["diff"] is None
+
+
+def test_report_vs_base_carries_the_diff_with_the_regression_first(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "base", steps=8)
+    record_toy(db, "slow", steps=8, slow_ns=400_000)
+    out = tmp_path / "r.html"
+    result = run_cli("report", "slow", "--vs", "base", "--db", db, "-o", str(out))
+    assert result.code == 0, result
+    html = out.read_text()
+    assert "<title>modtrace report: slow vs base</title>" in html
+    diff = embedded(html)["diff"]
+    assert diff["base"]["name"] == "base"
+    assert diff["summary"]["regressions"] == 1
+    first = diff["timing"][0]
+    assert (first["fqn"], first["phase"], first["verdict"]) == ("Toy.body.2", "forward", "regression")
+    assert first["impact_ns"] == 400_000  # exact: the injected clock charged it
+    assert [r for r in diff["timing"] if r["verdict"] == "regression"] == [first]
+    assert diff["structure"] == []
+
+    # The same run on both sides is a usage error, not an empty diff.
+    same = run_cli("report", "slow", "--vs", "slow", "--db", db, "-o", str(tmp_path / "x.html"))
+    assert (same.code, same.err) == (2, "modtrace: error: --vs slow: is the same run as slow\n")
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_report_of_a_run_never_analysed_is_analysed_on_the_fly_without_writing(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "raw", steps=2, analyze=False)
+    assert sql(db, "SELECT COUNT(*) FROM span_rows") == [(0,)]
+    out = tmp_path / "r.html"
+    result = run_cli("report", "raw", "--db", db, "-o", str(out))
+    assert result.code == 0, result
+    assert "has no stored analysis; analysing its events now" in result.err
+    data = embedded(out.read_text())
+    assert data["span_count"] == sql(db, "SELECT COUNT(*) FROM events")[0][0] // 2
+    assert sql(db, "SELECT COUNT(*) FROM span_rows") == [(0,)]  # a read command writes nothing
+    quiet = run_cli("report", "raw", "--db", db, "-o", str(out), "--quiet")
+    assert (quiet.code, quiet.err) == (0, "")
+
+
+def test_names_cannot_break_out_of_the_page(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    name = "a</script><script>alert(1)</script><!--"
+    record_toy(db, name, steps=1)
+    out = tmp_path / "r.html"
+    assert run_cli("report", name, "--db", db, "-o", str(out)).code == 0
+    html = out.read_text()
+    assert "alert(1)</script>" not in html and "<!--" not in html
+    assert "<title>modtrace report: a&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;!--</title>" in html
+    assert embedded(html)["run"]["name"] == name
+
+
+def test_step_and_rank_choose_the_flame_chart(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "toy", steps=4)
+    out = tmp_path / "r.html"
+    assert run_cli("report", "toy", "--db", db, "-o", str(out), "--step", "3").code == 0
+    data = embedded(out.read_text())
+    assert data["default_step"] == 3 and 3 in [s["step"] for s in data["flame"]["steps"]]
+
+    for args, message in [
+        (("--step", "9"), "--step 9: run 'toy' has no spans in step 9 on rank 0"),
+        (("--rank", "3"), "--rank 3: run 'toy' has no spans on that rank"),
+    ]:
+        bad = run_cli("report", "toy", "--db", db, "-o", str(tmp_path / "bad.html"), *args)
+        assert (bad.code, bad.err) == (2, f"modtrace: error: {message}\n")
+        assert not (tmp_path / "bad.html").exists()
+
+
+def test_report_of_two_ranks_lists_both_and_charts_the_chosen_one(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    for rank in (0, 1):
+        record_toy(db, "dist", steps=3, join=True, rank=rank, world_size=2)
+    out = tmp_path / "r.html"
+    assert run_cli("report", "dist", "--db", db, "-o", str(out), "--rank", "1").code == 0
+    data = embedded(out.read_text())
+    assert data["ranks"] == [0, 1] and data["rank"] == 1
+    assert [(s["rank"], s["step"]) for s in data["steps"]] == [(r, s) for r in (0, 1) for s in range(3)]
+    per_step = dict(sql(db, "SELECT step, COUNT(*) FROM spans WHERE rank = 1 GROUP BY step"))
+    assert {s["step"]: len(s["spans"]) for s in data["flame"]["steps"]} == per_step
+
+
+def test_report_errors_are_one_line(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "toy", steps=1)
+    missing = run_cli("report", "nope", "--db", db, "-o", str(tmp_path / "r.html"))
+    assert missing.code == 2 and missing.err.startswith("modtrace: error: no run 'nope'") and missing.err.count("\n") == 1
+    nodir = run_cli("report", "toy", "--db", db, "-o", str(tmp_path / "no" / "r.html"))
+    assert (nodir.code, nodir.err) == (2, f"modtrace: error: -o {tmp_path / 'no' / 'r.html'}: directory {tmp_path / 'no'} does not exist\n")
+    no_o = run_cli("report", "toy", "--db", db)
+    assert no_o.code == 2 and "Missing option '-o'" in no_o.err
+
+
+def test_report_to_stdout(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "toy", steps=2)
+    result = run_cli("report", "toy", "--db", db, "-o", "-")
+    assert result.code == 0 and result.err == ""
+    assert result.out.startswith("<!DOCTYPE html>") and embedded(result.out)["run"]["name"] == "toy"
+
+
+@pytest.mark.postgres
+def test_report_from_postgresql(pg_url: str, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    record_toy(pg_url, "base", steps=8)
+    record_toy(pg_url, "slow", steps=8, slow_ns=400_000)
+    out = tmp_path / "r.html"
+    result = run_cli("report", "slow", "--vs", "base", "--db", pg_url, "-o", str(out))
+    assert result.code == 0, result
+    data = embedded(out.read_text())
+    assert data["diff"]["timing"][0]["fqn"] == "Toy.body.2" and data["diff"]["timing"][0]["verdict"] == "regression"
+    assert data["span_count"] == sql(pg_url, "SELECT COUNT(*) FROM spans WHERE run_id = 2")[0][0]

@@ -1,0 +1,222 @@
+"""The HTML report in a real headless Chromium, driven through chromedriver's
+W3C WebDriver HTTP API (urllib; no Selenium): it renders, logs no console
+error, and its screenshot is a real picture.
+
+Chromium and chromedriver come from Debian's packages (``.ci/run`` installs
+them).  Locally the test skips when they are missing; under CI=true it fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.report import record_tiny
+
+CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.slow
+
+
+def _require_browser() -> tuple[str, str]:
+    if CHROMIUM and CHROMEDRIVER:
+        return CHROMIUM, CHROMEDRIVER
+    msg = "chromium and chromedriver are needed (apt-get install -y chromium chromium-driver)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{msg}; under CI the browser test must run")
+    pytest.skip(msg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class WebDriver:
+    """The few W3C WebDriver commands the test needs, over HTTP to chromedriver."""
+
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.session: str | None = None
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 60) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read().decode())["value"]
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"WebDriver {method} {path} failed: {exc.read().decode()[:2000]}") from None
+
+    def wait_ready(self, proc: subprocess.Popen[bytes], deadline_s: float = 30) -> None:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise AssertionError(f"chromedriver exited with {proc.returncode}")
+            try:
+                if self.call("GET", "/status", timeout=2).get("ready"):
+                    return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.1)  # polling a process that is starting, not making time pass in a test
+        raise AssertionError("chromedriver did not become ready")
+
+    def start(self, chromium: str, profile: Path) -> None:
+        caps = {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-background-networking", "--no-first-run", "--window-size=1280,1600",
+                    f"--user-data-dir={profile}",
+                ],
+            },
+            "goog:loggingPrefs": {"browser": "ALL"},
+        }
+        value = self.call("POST", "/session", {"capabilities": {"alwaysMatch": caps}}, timeout=120)
+        self.session = value["sessionId"]
+
+    def s(self, path: str) -> str:
+        return f"/session/{self.session}{path}"
+
+    def navigate(self, url: str) -> None:
+        self.call("POST", self.s("/url"), {"url": url})
+
+    def execute(self, script: str, *args: Any) -> Any:
+        return self.call("POST", self.s("/execute/sync"), {"script": script, "args": list(args)})
+
+    def browser_log(self) -> list[dict[str, Any]]:
+        return list(self.call("POST", self.s("/se/log"), {"type": "browser"}))
+
+    def screenshot(self) -> bytes:
+        return base64.b64decode(self.call("GET", self.s("/screenshot")))
+
+    def quit(self) -> None:
+        if self.session:
+            try:
+                self.call("DELETE", self.s(""), timeout=30)
+            finally:
+                self.session = None
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    chromium, chromedriver = _require_browser()
+    port = _free_port()
+    proc = subprocess.Popen([chromedriver, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = WebDriver(port)
+    try:
+        driver.wait_ready(proc)
+        driver.start(chromium, tmp_path / "profile")
+        yield driver
+    finally:
+        try:
+            driver.quit()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+def test_report_renders_in_chromium_without_console_errors(browser: WebDriver, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "trace.db")
+    record_tiny(db, "base", steps=3)
+    record_tiny(db, "slow", steps=3, slow_block=1, checkpoint=True)
+    page = tmp_path / "report.html"
+    result = run_cli("report", "slow", "--vs", "base", "--db", db, "-o", str(page))
+    assert result.code == 0, result
+
+    browser.navigate(page.as_uri())
+    state = browser.execute(
+        """
+        var flame = document.getElementById('flame');
+        var ctx = flame.getContext('2d');
+        var img = ctx.getImageData(0, 0, flame.width, flame.height).data;
+        var painted = 0;
+        for (var i = 0; i < img.length; i += 4) { if (img[i + 3] > 0) painted++; }
+        return {
+          rendered: document.body.getAttribute('data-rendered'),
+          title: document.getElementById('title').textContent,
+          canvas: [flame.width, flame.height],
+          painted: painted,
+          steps: document.querySelectorAll('#steps-table tbody tr').length,
+          options: document.getElementById('step-select').options.length,
+          diffShown: !document.getElementById('diff-section').hidden,
+          timingRows: document.querySelectorAll('#diff-timing tbody tr').length,
+          modules: document.querySelectorAll('#modules-table tbody tr').length,
+          issuesText: document.getElementById('issues').textContent,
+          resources: performance.getEntriesByType('resource').map(function (r) { return r.name; }),
+        };
+        """
+    )
+    # Interaction: hover the forward root (tooltip), click it (zoom), pick another step.
+    after = browser.execute(
+        """
+        var flame = document.getElementById('flame');
+        var r = flame.getBoundingClientRect();
+        var tip = document.getElementById('tooltip');
+        // Along the forward lane's first row, left to right, until the pointer is over a span: the
+        // step's wall time can begin before its forward root (what ran between steps), so the root
+        // is not always at the same pixel.
+        var at = null, shown = false, text = '';
+        for (var dx = 2; dx < r.width && !shown; dx += 4) {
+          at = {clientX: r.left + dx, clientY: r.top + 22 + 18 + 6, bubbles: true};
+          flame.dispatchEvent(new MouseEvent('mousemove', at));
+          shown = !tip.hidden;
+          text = tip.textContent;
+        }
+        flame.dispatchEvent(new MouseEvent('click', at));
+        var select = document.getElementById('step-select');
+        select.value = '0';
+        select.dispatchEvent(new Event('change'));
+        return {shown: shown, text: text, selected: select.options[select.selectedIndex].text, hiddenAfter: tip.hidden};
+        """
+    )
+    assert after["shown"] and after["text"].startswith("TinyLM\nforward"), after
+    assert after["selected"].startswith("step 0 (") and after["hiddenAfter"]
+    log = browser.browser_log()
+    errors = [e for e in log if e.get("level") in ("SEVERE", "ERROR")]
+    assert errors == [], errors
+    assert state["rendered"] == "true"
+    assert state["title"] == "modtrace report: slow"
+    assert state["canvas"][0] > 400 and state["canvas"][1] > 100
+    assert state["painted"] > 0.2 * state["canvas"][0] * state["canvas"][1]  # the flame chart is drawn
+    assert state["steps"] == 3 and state["options"] == 3
+    assert state["diffShown"] and state["timingRows"] > 0
+    assert state["modules"] > 5
+    assert "early_stop" in state["issuesText"]  # checkpoint recompute shows its info issues
+    assert state["resources"] == []  # nothing was fetched
+
+    shot = browser.screenshot()
+    (tmp_path / "report.png").write_bytes(shot)
+    if os.environ.get("MODTRACE_KEEP_SCREENSHOT"):
+        Path(os.environ["MODTRACE_KEEP_SCREENSHOT"]).write_bytes(shot)
+    width, height = png_size(shot)
+    assert width >= 1000 and height >= 600, (width, height)
+    assert len(shot) > 20_000, len(shot)
