@@ -8,7 +8,7 @@ CUDA calls themselves (which need a GPU: scripts/gpu_check.py point (d)):
   memory calls do nothing -- modtrace's own code on the hot path; beside
   ``call_noop``, a call of a no-op function with the same arguments (the
   least any hook call costs; the ratio travels between machines);
-* ``mark_fake``: the same over the test device clock (tests/device_clock.py),
+* ``mark_fake``: the same over the test device clock (tests/helpers/device_clock.py),
   which does a little bookkeeping per record;
 * ``poll_null``: ``DeviceTimer.poll`` per event resolved (at step boundaries,
   off the modules' time);

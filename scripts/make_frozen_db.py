@@ -5,7 +5,7 @@
 
 Run this once when a schema revision is released (right after its migration
 is final), and commit the file it writes: ``tests/data/frozen/<revision>.db``.
-tests/test_migrations.py upgrades every frozen file to head and checks the
+tests/store/test_migrations.py upgrades every frozen file to head and checks the
 data survived, so each released schema stays upgradable forever.
 
 A frozen file is never regenerated: the script refuses to overwrite one.

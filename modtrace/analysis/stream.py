@@ -28,7 +28,7 @@ Memory is bounded by a chunk (and the lookahead), the carried stack and one
 round's spans; the result is the same as the one-piece analysis for any
 stream whose stacks nest (healthy or cut short by a crash), and for a
 corrupted one whose one-piece issues hold no ``crossed``, ``duplicate_enter``
-or ``duplicate_exit`` (tests/test_stream.py).  What rounds alone get wrong:
+or ``duplicate_exit`` (tests/analysis/test_stream.py).  What rounds alone get wrong:
 they do not remember calls closed in earlier rounds, so a call exited again
 across a cut is reported ``no_enter`` (not ``duplicate_exit``) and one
 entered again is not reported; and the calls a ``crossed`` exit sets aside
@@ -40,7 +40,7 @@ where a cut could matter.  A round that reports a crossed, no_enter,
 duplicate or reentered call, or enters again a call an earlier round closed
 on the same stack, sends the rank back through as one round (the one-piece
 analysis), so its result never depends on where the cuts fell, nor on the
-run's size (tests/test_stream.py checks it on healthy and corrupted streams).
+run's size (tests/analysis/test_stream.py checks it on healthy and corrupted streams).
 
 Pure: chunks in, rounds out.  ``modtrace.results.materialize`` reads the chunks from
 the store and writes the rounds back.

@@ -5,7 +5,7 @@ indexes from ``schema.metadata`` and the views below, and stamps the
 Alembic version table at ``HEAD``, all in one transaction (Alembic's
 upgrade through every revision took 100-200 ms and a commit per step).
 The migrations keep their own copies of each view as it was released;
-tests/test_migrations.py proves a database created here equals one upgraded
+tests/store/test_migrations.py proves a database created here equals one upgraded
 through every migration.
 """
 

@@ -27,7 +27,7 @@ is early by the same constant, and durations are unaffected.
 
 ``DeviceClock`` is the one boundary with the hardware: ``CudaClock`` is a few
 lines over ``torch.cuda.Event``; tests use a clock whose events complete late
-and out of order (``tests/device_clock.py``).  torch is imported only by
+and out of order (``tests/helpers/device_clock.py``).  torch is imported only by
 ``CudaClock``.
 """
 
