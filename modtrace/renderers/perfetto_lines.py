@@ -11,8 +11,8 @@ instead of fifty, and polars' ``concat_str`` costs about the same per piece
 whatever its length, so the pieces are what is counted.
 
 The text is byte for byte what the renderer's one-expression-per-field form
-wrote before (``tests/renderers/test_export_reference.py`` and the reference trace of
-the benchmark recording check it), including its nulls: a span whose phase,
+wrote before (the golden traces of ``tests/renderers/test_perfetto_golden.py``
+check it), including its nulls: a span whose phase,
 rank, track, times or status is missing gets no line (an empty one), as
 before.
 """
