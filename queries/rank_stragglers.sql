@@ -1,16 +1,19 @@
 -- Rank stragglers: for each step, how far apart the ranks' step times are and
 -- which rank was slowest.
 --
--- Step time per rank is defined as in step_breakdown (first span start to the
--- next step's first start on that rank; the last step, and one whose next step
--- was not recorded, ends at its last span's end). Ranks' clocks are not compared, only their step durations. A rank
--- that never reached a step is missing from that step's row (see ranks).
+-- Steps follow the run's step rule and a rank's step time is its wall time as
+-- step_breakdown defines it (both read the steps view: first span start to the
+-- next step's first start on that rank, or to the step's own last end when
+-- that is later; the last step, and one whose next step was not recorded, ends
+-- at its last span's end). Ranks' clocks are not compared, only their step
+-- durations. A rank that never reached a step is missing from that step's row
+-- (see ranks).
 --
 -- Parameters:
 --   :run_id  the run (modtrace query --run RUN)
 --
 -- Columns:
---   step            step number, from 0
+--   step            step number under the run's step rule, from 0
 --   ranks           ranks that recorded the step
 --   fastest_ms      shortest step time among the ranks, milliseconds
 --   mean_ms         mean step time over the ranks, milliseconds
@@ -18,22 +21,13 @@
 --   spread_ms       slowest_ms - fastest_ms, milliseconds
 --   spread_pct      spread as a share of the fastest step time, percent
 --   slowest_rank    the rank with the longest step time (lowest rank on ties)
-WITH per_step AS (
+WITH walls AS (
     SELECT
         rank,
         step,
-        MIN(start_ns) AS start_ns,
-        MAX(COALESCE(end_ns, start_ns)) AS last_ns
-    FROM spans
+        CAST(wall_ns AS DOUBLE PRECISION) AS wall_ns
+    FROM steps
     WHERE run_id = :run_id
-    GROUP BY rank, step
-),
-walls AS (
-    SELECT
-        rank,
-        step,
-        CAST(COALESCE(CASE WHEN LEAD(step) OVER (PARTITION BY rank ORDER BY step) = step + 1 THEN LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step) END, last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns
-    FROM per_step
 ),
 ranked AS (
     SELECT

@@ -2,7 +2,8 @@
 -- step, comparing a baseline run with a candidate run.
 --
 -- Modules are matched by fully qualified name and phase. Times are self time
--- per step (summed over ranks, divided by the run's number of rank-steps), so
+-- per step (summed over ranks, divided by the run's number of rank-steps, its
+-- steps under its step rule as the steps view counts them), so
 -- runs of different lengths compare, and the extra time shows up on the module
 -- that spends it rather than on every ancestor. change is slower or faster when
 -- the per-step self time moved by more than :threshold_pct percent, else same;
@@ -27,11 +28,13 @@
 --   delta_pct              delta as a share of the baseline, percent (NULL when added)
 WITH base_steps AS (
     SELECT CAST(COUNT(*) AS DOUBLE PRECISION) AS n
-    FROM (SELECT DISTINCT rank, step FROM spans WHERE run_id = :base_run) s
+    FROM steps
+    WHERE run_id = :base_run
 ),
 cand_steps AS (
     SELECT CAST(COUNT(*) AS DOUBLE PRECISION) AS n
-    FROM (SELECT DISTINCT rank, step FROM spans WHERE run_id = :cand_run) s
+    FROM steps
+    WHERE run_id = :cand_run
 ),
 base AS (
     SELECT fqn, phase, COUNT(*) AS calls, CAST(SUM(COALESCE(self_ns, 0)) AS DOUBLE PRECISION) AS self_ns

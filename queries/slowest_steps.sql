@@ -1,9 +1,11 @@
 -- Slowest steps: the steps with the longest wall time, and the module that took
 -- the most self time in each.
 --
--- Step wall time is defined as in step_breakdown: from the step's first span
--- start to the next step's first start on the same rank (the last step, and one
--- whose next step was not recorded, ends at its last span's end). Each rank's steps are ranked separately and listed
+-- Steps follow the run's step rule and their wall time is defined as in
+-- step_breakdown (both read the steps view): from the step's first span start
+-- to the next step's first start on the same rank, or to its own last end when
+-- that is later; the last step, and one whose next step was not recorded, ends
+-- at its last span's end. Each rank's steps are ranked separately and listed
 -- together, slowest first.
 --
 -- Parameters:
@@ -12,31 +14,23 @@
 --
 -- Columns:
 --   rank           rank that recorded the step
---   step           step number, from 0
+--   step           step number under the run's step rule, from 0
+--   step_rule      what makes a step: optimizer, manual or root (see docs/schema.md)
 --   wall_ms        step wall time, milliseconds
---   module_ms      time inside module spans (sum of self time), milliseconds
+--   module_ms      time inside module spans (sum of self time; threads running at once add up), milliseconds
 --   vs_median_pct  wall time relative to the rank's median step, percent (100 = a typical step)
 --   top_module     module with the most self time in the step
 --   top_phase      phase of that time: forward, backward or recompute
 --   top_ms         that module's self time in that phase, milliseconds
-WITH per_step AS (
+WITH walls AS (
     SELECT
         rank,
         step,
-        MIN(start_ns) AS start_ns,
-        MAX(COALESCE(end_ns, start_ns)) AS last_ns,
-        SUM(COALESCE(self_ns, 0)) AS module_ns
-    FROM spans
+        step_rule,
+        CAST(wall_ns AS DOUBLE PRECISION) AS wall_ns,
+        CAST(forward_ns + backward_ns + recompute_ns AS DOUBLE PRECISION) AS module_ns
+    FROM steps
     WHERE run_id = :run_id
-    GROUP BY rank, step
-),
-walls AS (
-    SELECT
-        rank,
-        step,
-        CAST(COALESCE(CASE WHEN LEAD(step) OVER (PARTITION BY rank ORDER BY step) = step + 1 THEN LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step) END, last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns,
-        CAST(module_ns AS DOUBLE PRECISION) AS module_ns
-    FROM per_step
 ),
 ordered AS (
     SELECT
@@ -55,14 +49,15 @@ medians AS (
 ),
 module_time AS (
     SELECT
-        rank,
-        step,
-        fqn,
-        phase,
-        SUM(COALESCE(self_ns, 0)) AS self_ns
-    FROM spans
-    WHERE run_id = :run_id
-    GROUP BY rank, step, fqn, phase
+        s.rank,
+        t.step,
+        s.fqn,
+        s.phase,
+        SUM(COALESCE(s.self_ns, 0)) AS self_ns
+    FROM spans s
+    JOIN span_steps t ON t.run_id = s.run_id AND t.rank = s.rank AND t.span_id = s.span_id
+    WHERE s.run_id = :run_id AND t.run_id = :run_id
+    GROUP BY s.rank, t.step, s.fqn, s.phase
 ),
 top_module AS (
     SELECT
@@ -77,6 +72,7 @@ top_module AS (
 SELECT
     w.rank,
     w.step,
+    w.step_rule,
     w.wall_ns / 1000000 AS wall_ms,
     w.module_ns / 1000000 AS module_ms,
     100 * w.wall_ns / NULLIF(m.median_ns, 0) AS vs_median_pct,

@@ -1,23 +1,28 @@
 -- Per-step breakdown: how each step's wall time splits into forward, backward,
 -- recompute and time outside any module.
 --
--- Step time is defined once for every view of a step (docs/schema.md, "Step
--- time"): the summed duration of the step's root spans (depth 0, every phase),
--- i.e. the time inside module calls. It splits into phases by self time, so
--- nested modules are not counted twice: forward + backward + recompute = step
--- time (recompute runs inside backward spans and is counted only as
--- recompute). A step's wall time runs from its first span's start to the next
--- step's first start on the same rank (so the optimizer step and data loading
--- that follow a step's backward count as its outside time); the last step ends
--- at its last span's end. outside = wall - step time. Threads that run modules
--- concurrently can make outside negative.
+-- Steps follow the run's step rule (optimizer steps, or root calls for an
+-- inference or serving run, as modtrace runs counts them; step_rule says
+-- which), and their times are defined once for every view of a step
+-- (docs/schema.md, "Step time"); this query reads them from the steps view.
+-- Step time is the time inside module calls: the union of the step's root
+-- spans (depth 0, every phase), so root calls that threads ran at once count
+-- once. It splits into phases by self time: forward + backward + recompute =
+-- step time when the step's root spans do not overlap (recompute runs inside
+-- backward spans and is counted only as recompute). A step's wall time runs
+-- from its first span's start to the next step's first start on the same rank
+-- (so the optimizer step and data loading that follow a step's backward count
+-- as its outside time), or to its own last end when that is later (requests
+-- overlapping on threads); the last step ends at its last span's end.
+-- outside = wall - step time.
 --
 -- Parameters:
 --   :run_id  the run (modtrace query --run RUN)
 --
 -- Columns:
 --   rank          rank that recorded the step
---   step          step number, from 0
+--   step          step number under the run's step rule, from 0
+--   step_rule     what makes a step: optimizer, manual or root (see docs/schema.md)
 --   wall_ms       step wall time (see above), milliseconds
 --   step_ms       step time: time inside root module spans, milliseconds
 --   forward_ms    time in forward module code, milliseconds
@@ -26,43 +31,18 @@
 --   outside_ms    wall time outside any module span, milliseconds
 --   module_pct    share of wall time inside module spans (step / wall), percent
 --   spans         spans entered in the step (all phases)
-WITH per_step AS (
-    SELECT
-        rank,
-        step,
-        MIN(start_ns) AS start_ns,
-        MAX(COALESCE(end_ns, start_ns)) AS last_ns,
-        SUM(CASE WHEN phase = 'forward' THEN COALESCE(self_ns, 0) ELSE 0 END) AS forward_ns,
-        SUM(CASE WHEN phase = 'backward' THEN COALESCE(self_ns, 0) ELSE 0 END) AS backward_ns,
-        SUM(CASE WHEN phase = 'recompute' THEN COALESCE(self_ns, 0) ELSE 0 END) AS recompute_ns,
-        SUM(CASE WHEN depth = 0 THEN COALESCE(duration_ns, 0) ELSE 0 END) AS step_ns,
-        COUNT(*) AS spans
-    FROM spans
-    WHERE run_id = :run_id
-    GROUP BY rank, step
-),
-bounded AS (
-    SELECT
-        rank,
-        step,
-        CAST(COALESCE(CASE WHEN LEAD(step) OVER (PARTITION BY rank ORDER BY step) = step + 1 THEN LEAD(start_ns) OVER (PARTITION BY rank ORDER BY step) END, last_ns) - start_ns AS DOUBLE PRECISION) AS wall_ns,
-        CAST(forward_ns AS DOUBLE PRECISION) AS forward_ns,
-        CAST(backward_ns AS DOUBLE PRECISION) AS backward_ns,
-        CAST(recompute_ns AS DOUBLE PRECISION) AS recompute_ns,
-        CAST(step_ns AS DOUBLE PRECISION) AS step_ns,
-        spans
-    FROM per_step
-)
 SELECT
     rank,
     step,
-    wall_ns / 1000000 AS wall_ms,
-    step_ns / 1000000 AS step_ms,
-    forward_ns / 1000000 AS forward_ms,
-    backward_ns / 1000000 AS backward_ms,
-    recompute_ns / 1000000 AS recompute_ms,
-    (wall_ns - step_ns) / 1000000 AS outside_ms,
-    100 * step_ns / NULLIF(wall_ns, 0) AS module_pct,
+    step_rule,
+    CAST(wall_ns AS DOUBLE PRECISION) / 1000000 AS wall_ms,
+    CAST(step_ns AS DOUBLE PRECISION) / 1000000 AS step_ms,
+    CAST(forward_ns AS DOUBLE PRECISION) / 1000000 AS forward_ms,
+    CAST(backward_ns AS DOUBLE PRECISION) / 1000000 AS backward_ms,
+    CAST(recompute_ns AS DOUBLE PRECISION) / 1000000 AS recompute_ms,
+    CAST(wall_ns - step_ns AS DOUBLE PRECISION) / 1000000 AS outside_ms,
+    100 * CAST(step_ns AS DOUBLE PRECISION) / NULLIF(wall_ns, 0) AS module_pct,
     spans
-FROM bounded
+FROM steps
+WHERE run_id = :run_id
 ORDER BY rank, step

@@ -1,24 +1,32 @@
 """Step time: the one definition every view of a step uses.
 
 The *step time* of a (rank, step) is the time the step spent inside module
-calls: the summed duration of its closed root spans (depth 0), every phase.
-Self times partition the root spans, so the step time is also the sum of
-the self times of all the step's closed spans, and it splits into phases by
-self time: forward + backward + recompute = step time (recompute runs inside
-backward spans and counts once, as recompute).
+calls: the union of the intervals of its closed root spans (depth 0), every
+phase.  Root spans of one thread never overlap, so on one thread this is
+their summed duration; root calls that threads make at once (a serving
+pool's requests in one optimizer step, say) count the time any of them ran
+once.  Self times partition the root spans, so it splits into phases by self
+time: forward + backward + recompute = step time when the step's root spans
+do not overlap (recompute runs inside backward spans and counts once, as
+recompute); where they overlap, the phases sum the threads' time and exceed
+it.
 
 A step's *wall* time runs from its first span's start to the next step's
 first start on the same rank (so the optimizer step and data loading that
-follow a step's backward are its own); the last step, and the last before a
-step not recorded (a schedule's), ends at its last span's end (or start, for
-a span never exited).  ``wall - step`` is the time
-outside module calls.
+follow a step's backward are its own), or to its own last span's end when
+that is later (steps that overlap on threads: a request still running when
+the next one starts); the last step, and the last before a step not
+recorded (a schedule's), ends at its last span's end (or start, for a span
+never exited).  ``wall - step`` is the time outside module calls, never
+negative.
 
 ``modtrace tree`` shows inclusive time as a percent of the step time,
 ``modtrace diff`` compares step times and shares of them, the HTML report's
 per-step table and ``queries/step_breakdown.sql`` (like ``slowest_steps``
-and ``rank_stragglers`` for the wall time) show both, with the phase split.
-``docs/schema.md`` writes the same down for SQL users.
+and ``rank_stragglers`` for the wall time) show both, with the phase split;
+the queries read the ``steps`` view (``modtrace.store.create``), which
+computes the same in SQL.  ``docs/schema.md`` writes the same down for SQL
+users.
 """
 
 from __future__ import annotations
@@ -33,7 +41,25 @@ STEP_COLUMNS: tuple[str, ...] = (
 
 
 def step_time() -> pl.Expr:
-    """Aggregation over a (rank, step)'s spans: its step time (summed root-span durations)."""
+    """Aggregation over a (rank, step)'s spans (``depth``, ``start_ns``, ``duration_ns``): its step
+    time, the union of its closed root spans' intervals.
+
+    Taken in start order, each root span adds the part of it past the latest end of those before
+    it: all of it when it starts after them, nothing when they cover it.
+    """
+    root = (pl.col("depth") == 0) & pl.col("duration_ns").is_not_null()
+    start = pl.col("start_ns").filter(root)
+    end = (pl.col("start_ns") + pl.col("duration_ns")).filter(root)
+    order = start.arg_sort()
+    start, end = start.gather(order), end.gather(order)
+    covered = end.cum_max().shift(1)
+    return pl.max_horizontal(end - pl.max_horizontal(start, covered), pl.lit(0, pl.Int64)).sum()
+
+
+def summed_step_time() -> pl.Expr:
+    """Aggregation over a (rank, step)'s calls that carry no start times (``modtrace diff``'s): the
+    summed duration of its closed root spans, the step time of a step whose root spans do not
+    overlap (every step whose root calls one thread made)."""
     return pl.col("duration_ns").filter(pl.col("depth") == 0).sum()
 
 
@@ -60,12 +86,16 @@ def step_table(spans: pl.DataFrame) -> pl.DataFrame:
         .sort("rank", "step")
     )
     # The next step's start ends this one only when it is the next step: a schedule's recorded
-    # steps come in windows, and the steps between them were not recorded.
+    # steps come in windows, and the steps between them were not recorded.  A step still
+    # running when the next starts (threads) ends at its own last end.
     nxt = pl.when(pl.col("step").shift(-1).over("rank") == pl.col("step") + 1).then(pl.col("_start").shift(-1).over("rank"))
-    wall = pl.coalesce(nxt, pl.col("_last")) - pl.col("_start")
+    wall = pl.max_horizontal(pl.coalesce(nxt, pl.col("_last")), pl.col("_last")) - pl.col("_start")
     return per_step.with_columns(wall.alias("wall_ns")).select(STEP_COLUMNS)
 
 
 def total_step_time(spans: pl.DataFrame) -> int:
     """The summed step time of every (rank, step) in ``spans``."""
-    return int(spans.select(step_time()).item() or 0)
+    if spans.height == 0:
+        return 0
+    per_step = spans.group_by("rank", "step").agg(step_time().alias("_t"))
+    return int(per_step["_t"].sum() or 0)

@@ -3,7 +3,7 @@
 The recorder writes two things a step can be made of: the recorded step
 counter (``events.step``, advanced by optimizer steps and ``Recorder.step()``,
 or by ``Recorder.step()`` alone under ``manual``), and root calls
-(``root_calls``: each outermost module call on the main thread, with its
+(``root_calls``: each outermost module call of any thread, with its
 input shape).  Which of them makes the steps is decided here, after the
 fact, so ``tree``, ``diff`` and ``report`` can choose again (``--step-on``):
 
@@ -17,8 +17,8 @@ fact, so ``tree``, ``diff`` and ``report`` can choose again (``--step-on``):
     A frame with ``rank``, ``span_id`` and ``step`` (spans, or a diff's
     calls) -> the same frame with ``step`` under the rule.  Under ``root`` a
     step starts at every root call and at every recorded step boundary, and
-    holds every span entered until the next one (the backward of a forward
-    included); steps are numbered from 0 per rank, in order.
+    holds every span its thread entered until the next one (the backward of
+    a forward included); steps are numbered from 0 per rank, in order.
 ``step_kinds``
     The kind of each step: the input shape of the first root call in it
     (``input_ids=1x7`` for a prompt, ``input_ids=1x1`` for a decode step),
@@ -50,30 +50,45 @@ def assign_steps(frame: pl.DataFrame, roots: pl.DataFrame, rule: str) -> pl.Data
 
     The recorded steps (``optimizer``, ``manual``) are the frame's own.
     Under ``root`` (``roots``: ``ROOT_SCHEMA``) a step is a pair (recorded
-    step, root calls entered so far), numbered densely per rank; rows keep
-    their order.
+    step, root call), numbered densely per rank, root calls in start order
+    whatever thread made them; rows keep their order.  A span belongs to the
+    latest root call its own thread (``thread_id``) entered before it: a
+    request's calls stay with their request while other threads serve
+    others.  Spans of a thread that entered none before them (autograd's
+    device threads running a backward) belong to the latest root call of
+    the rank.  The ``span_steps`` view of the schema (``modtrace.store.create``)
+    applies the same rule in SQL.
     """
     if rule != "root" or frame.height == 0:
         return frame
     dtype = frame.schema["step"]
     bounds = (
-        roots.select(pl.col("rank").cast(pl.Int32), pl.col("seq").cast(pl.Int64).alias("_root"))
-        .sort("rank", "_root")
-        .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over("rank").alias("_ord"))
+        roots.select(pl.col("rank").cast(pl.Int32).alias("_rk"), pl.col("seq").cast(pl.Int64).alias("_root"),
+                     pl.col("thread_id").cast(pl.Int32).alias("_th"))
+        .sort("_rk", "_root")
+        .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over("_rk").alias("_ord"))
         .sort("_root")
     )
-    tagged = frame.with_row_index("_row").with_columns(pl.col("rank").cast(pl.Int32).alias("_rk"),
-                                                       pl.col("span_id").cast(pl.Int64).alias("_at"))
-    joined = tagged.sort("_at").join_asof(
-        bounds.rename({"rank": "_rk"}), left_on="_at", right_on="_root", by="_rk", strategy="backward",
+    threaded = "thread_id" in frame.columns
+    tagged = frame.with_row_index("_row").with_columns(
+        pl.col("rank").cast(pl.Int32).alias("_rk"), pl.col("span_id").cast(pl.Int64).alias("_at"),
+        (pl.col("thread_id").cast(pl.Int32) if threaded else pl.lit(None, pl.Int32)).alias("_th"),
+    ).sort("_at")
+    on_thread = tagged.join_asof(
+        bounds.filter(pl.col("_th").is_not_null()).select("_rk", "_th", "_root", pl.col("_ord").alias("_ord_t")),
+        left_on="_at", right_on="_root", by=["_rk", "_th"], strategy="backward", check_sortedness=False,
+    ).drop("_root")
+    joined = on_thread.join_asof(
+        bounds.select("_rk", "_root", "_ord"), left_on="_at", right_on="_root", by="_rk", strategy="backward",
         check_sortedness=False,
     )
     width = int(bounds.height) + 1
-    pair = pl.col("step").cast(pl.Int64) * width + pl.col("_ord").fill_null(0)
+    root = pl.coalesce("_ord_t", "_ord", pl.lit(0, pl.Int64))
+    pair = pl.col("step").cast(pl.Int64) * width + root
     return (
         joined.with_columns((pair.rank("dense").over("_rk") - 1).cast(dtype).alias("step"))
         .sort("_row")
-        .drop("_row", "_rk", "_at", "_root", "_ord")
+        .drop("_row", "_rk", "_at", "_th", "_root", "_ord", "_ord_t")
     )
 
 

@@ -43,6 +43,7 @@ from modtrace.api._functions import (
     step_table,
 )
 from modtrace.api._steps import Stepped
+from modtrace.core.errors import UsageError
 
 if TYPE_CHECKING:
     import polars as pl
@@ -240,13 +241,20 @@ class Database:
         return on_clock(self.spans(run), chosen), chosen
 
     def issues(self, run: RunLike) -> pl.DataFrame:
-        """The run's nesting issues frame (``contracts.ISSUE_FRAME``); stored ones are read without the spans."""
+        """The run's nesting issues frame (``contracts.ISSUE_FRAME``), ``step`` under the run's own step
+        rule as ``runs`` counts its steps (an issue's event belongs to the step of the span it is in);
+        stored ones are read without the spans."""
         from modtrace.results.materialize import load_issues
 
         ref = self.run(run)
-        if ref.id in self._analyses:
-            return self._analyses[ref.id].issues
-        return load_issues(self._store, ref.id)
+        issues = self._analyses[ref.id].issues if ref.id in self._analyses else load_issues(self._store, ref.id)
+        if issues.height == 0:
+            return issues
+        try:
+            stepped = self.steps(ref, issues.rename({"seq": "span_id"}))
+        except UsageError:  # a rule its recording cannot follow: the recorded steps
+            return issues
+        return stepped.frame.rename({"span_id": "seq"})
 
     def issue_summary(self, run: RunLike) -> pl.DataFrame:
         """The run's issues as ``modtrace check`` lists them: every error and warning, and one row per

@@ -62,8 +62,9 @@ def restep(store: Store, run_id: int, run_name: str, frame: pl.DataFrame, step_o
         raise UsageError(f"--step-on {step_on}: run {run_name!r}: {exc}") from None
     roots = pl.DataFrame(basis.roots, schema=ROOT_SCHEMA, orient="row")
     if rule == "root" and roots.height == 0 and frame.height:
-        raise UsageError(f"run {run_name!r} has no root calls recorded (recorded before modtrace knew them); "
-                         "its steps are its optimizer steps (--step-on optimizer)")
+        raise UsageError(f"run {run_name!r} has module calls but no root calls recorded: modtrace noted none before "
+                         "schema revision 0003, and before 0011 only those of the main thread (a run serving on "
+                         "worker threads); record it again, or use its recorded steps (--step-on optimizer)")
     stepped = assign_steps(frame, roots, rule)
     return Stepped(stepped, step_kinds(stepped, roots), rule, basis.step_on)
 

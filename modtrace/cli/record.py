@@ -96,7 +96,7 @@ def check_run_name(name: str) -> str:
 @click.option("--no-analyze", is_flag=True, help="Skip building spans and nesting issues when the run ends.")
 @click.option("--step-on", type=click.Choice(STEP_RULES), default="auto", show_default=True,
               help="What makes a step: optimizer steps when the run makes any, else each root call (auto); "
-                   "optimizer; root (each outermost module call on the main thread: one per generate() token, "
+                   "optimizer; root (each outermost module call of any thread: one per generate() token, "
                    "per request, per batch); manual (Recorder.step() only). Root calls are always recorded, "
                    "so tree, diff and report can choose again with --step-on.")
 @click.option("--schedule", "schedule_text", metavar="KEY=N,...", default=None,

@@ -194,11 +194,11 @@ TREE_NODE_FRAME = Contract("tree node frame", (
     ("self_median_ns", "Float64"), ("percent", "Float64"),
 ))
 
-# One root call (the outermost module call on the main thread) as the tracker notes it (table
+# One root call (the outermost module call on its thread) as the tracker notes it (table
 # root_calls adds run_id and rank): the seq of its enter event, its call id, its input kind
 # (modtrace.tracking.step_kind, null when it took no tensor); and the root calls frame the step analysis reads.
 ROOT_ROW = Contract("root call row", (("seq", "Int64"), ("call_id", "Int64"), ("kind", "String")))
-ROOT_FRAME = Contract("root calls frame", (("rank", "Int32"), ("seq", "Int64"), ("kind", "String")))
+ROOT_FRAME = Contract("root calls frame", (("rank", "Int32"), ("seq", "Int64"), ("thread_id", "Int32"), ("kind", "String")))
 
 # One closed call as diff compares it (codes), read from span_rows or a spans frame.
 CALL_FRAME = Contract("call frame", (

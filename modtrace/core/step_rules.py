@@ -3,7 +3,7 @@
 The recorder writes the recorded step counter (``events.step``: optimizer
 steps and ``Recorder.step()``, or ``Recorder.step()`` alone under
 ``manual``) and root calls (``root_calls``: each outermost module call on
-the main thread).  ``resolve_rule`` says which of them a run's steps are;
+any thread).  ``resolve_rule`` says which of them a run's steps are;
 ``modtrace.analysis.steps`` builds them.  No torch or polars here.
 """
 

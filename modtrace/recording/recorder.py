@@ -63,7 +63,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
 
     Steps advance after every optimizer step and on ``rec.step()``;
     ``step_on`` chooses: ``"auto"`` (optimizer steps when the run makes any,
-    else every root call: each outermost module call on the main thread, as
+    else every root call: each outermost module call of any thread, as
     ``generate()`` makes one per token), ``"optimizer"``, ``"root"`` or
     ``"manual"`` (``rec.step()`` only).  Root calls are always recorded, so
     ``modtrace tree``, ``diff`` and ``report`` can choose again later.

@@ -12,29 +12,37 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 
 from modtrace.store.engine import Store
-from modtrace.store.schema import root_calls, run_ranks, runs
+from modtrace.store.schema import events, root_calls, run_ranks, runs
 
 
 @dataclass(frozen=True)
 class StepBasis:
     """A run's (or some ranks') step rule as recorded, whether its recorded
-    step counter ever advanced, and its root calls (rank, seq, kind)."""
+    step counter ever advanced, and its root calls (rank, seq, thread_id, kind; the thread of a
+    root call whose enter event is gone is None)."""
 
     step_on: str
     made_steps: bool
-    roots: list[tuple[int, int, str | None]]
+    roots: list[tuple[int, int, int | None, str | None]]
 
 
 def read_step_basis(store: Store, run_id: int, ranks: Sequence[int] | None = None) -> StepBasis:
     with store.engine.connect() as conn:
         step_on = conn.execute(select(runs.c.step_on).where(runs.c.id == run_id)).scalar()
         counted = select(func.max(run_ranks.c.step_count)).where(run_ranks.c.run_id == run_id)
-        rows = select(root_calls.c.rank, root_calls.c.seq, root_calls.c.kind).where(root_calls.c.run_id == run_id)
+        # root_calls keeps no thread: its enter event has it (a key lookup per root call)
+        thread = events.c.thread_id
+        rows = (select(root_calls.c.rank, root_calls.c.seq, thread, root_calls.c.kind)
+                .select_from(root_calls.outerjoin(events, (events.c.run_id == root_calls.c.run_id)
+                                                  & (events.c.rank == root_calls.c.rank)
+                                                  & (events.c.seq == root_calls.c.seq)))
+                .where(root_calls.c.run_id == run_id))
         if ranks is not None:
             counted = counted.where(run_ranks.c.rank.in_(list(ranks)))
             rows = rows.where(root_calls.c.rank.in_(list(ranks)))
         made = conn.execute(counted).scalar()
-        roots = [(int(r), int(s), k) for r, s, k in conn.execute(rows.order_by(root_calls.c.rank, root_calls.c.seq))]
+        roots = [(int(r), int(s), None if t is None else int(t), k)
+                 for r, s, t, k in conn.execute(rows.order_by(root_calls.c.rank, root_calls.c.seq))]
     return StepBasis(str(step_on or "optimizer"), bool(made), roots)
 
 

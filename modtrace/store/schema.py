@@ -34,7 +34,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -169,7 +169,7 @@ root_calls = Table(
     PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_root_calls"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_root_calls_run"),
     sqlite_with_rowid=False,
-    comment="Root calls: the outermost module calls on the main thread (each model(...) of a generate() or serving loop). Steps start at them when a run's steps follow root calls.",
+    comment="Root calls: the outermost module calls of each thread (each model(...) of a generate() loop, each request a serving loop handles on any thread). Steps start at them when a run's steps follow root calls.",
 )
 
 device_events = Table(
@@ -301,5 +301,10 @@ PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
     ),
     "nesting_issues": (
         "run_id", "rank", "seq", "kind", "severity", "fqn", "phase", "call_id", "step", "thread_id", "message",
+    ),
+    "span_steps": ("run_id", "rank", "span_id", "step", "recorded_step", "step_rule"),
+    "steps": (
+        "run_id", "rank", "step", "step_rule", "start_ns", "wall_ns", "step_ns", "forward_ns", "backward_ns",
+        "recompute_ns", "spans", "unclosed",
     ),
 }

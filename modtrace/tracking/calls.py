@@ -271,12 +271,11 @@ Entries = Call | list[Call] | None  # one call (the usual case: no list kept per
 
 
 class ThreadState:
-    __slots__ = ("tid", "stack", "main")
+    __slots__ = ("tid", "stack")
 
     def __init__(self, tid: int) -> None:
         self.tid = tid
         self.stack: list[Call] = []
-        self.main = threading.current_thread() is threading.main_thread()
 
 
 class ForwardUnwind:

@@ -91,7 +91,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
     ``append`` receives every event; ``clock`` returns nanoseconds (injected
     in tests).  ``new_modules``, ``new_threads`` and ``new_devices`` collect
     lookup rows not yet handed to the store, ``new_roots`` the root calls
-    (outermost on the main thread, unless ``roots`` is false); the owner
+    (outermost on their thread, unless ``roots`` is false); the owner
     drains them.
     """
 
@@ -131,7 +131,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         self._recomputed: dict[int, set[int]] = {}
         self.new_threads: list[tuple[int, int, str]] = []
         self.new_devices: list[tuple[int, str]] = []
-        # root calls (outermost on the main thread): (enter seq, call id, kind)
+        # root calls (outermost on their thread: a serving pool's worker threads make them
+        # too): (enter seq, call id, kind)
         self.new_roots: list[tuple[int, int, str | None]] = []
         self.roots = 0
         self._note_roots = roots
@@ -281,7 +282,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
                 info.recent_parents.append(0)
                 frame = Call(mod, info, None, call_id, device_id, phase, None, exit_nodes)
                 self._live_roots.add(frame)
-                root = st.main and self._note_roots
+                root = self._note_roots
             else:
                 info.recent_parents.append(parent.call_id)
                 # Call(mod, info, parent, call_id, device_id, phase, None, exit_nodes) without the
@@ -309,7 +310,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
                       device_id, self._stream(device_id, seq) if self._cuda_devices else None, status, task_col, 0))
 
     def _root(self, seq: int, call_id: int, mod: nn.Module, args: tuple[Any, ...]) -> None:
-        """Note a root call (outermost on the main thread) and its input shape.
+        """Note a root call (outermost on its thread) and its input shape.
         Only root calls come here, before their enter event's timestamp is
         taken, so this costs no module time."""
         # A global pre-hook is not given the call's keyword arguments; its
@@ -317,7 +318,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         caller = sys._getframe(2)
         kwargs = caller.f_locals.get("kwargs") if caller.f_globals.get("__name__") == _module_hooks.__name__ else None
         self.new_roots.append((seq, call_id, input_kind(mod, args, kwargs)))
-        self.roots += 1
+        with self._lock:  # threads may note root calls at once; only root calls take the lock
+            self.roots += 1
 
     def _forward_post(self, mod: nn.Module, args: tuple[Any, ...], kwargs: Any, output: Any = _RAISED) -> None:
         # torch calls this with (module, args, kwargs, output) after a forward

@@ -292,7 +292,8 @@ def test_assign_steps_cuts_at_root_calls_and_recorded_boundaries() -> None:
          "step": [0, 0, 0, 0, 0, 1, 1, 1, 0, 0], "x": list(range(10))},
         schema_overrides={"rank": pl.Int32, "step": pl.Int32},
     )
-    roots = pl.DataFrame({"rank": [0, 0, 0, 1], "seq": [2, 6, 12, 0], "kind": ["a", "b", "b", "a"]}, schema=ROOT_SCHEMA)
+    roots = pl.DataFrame({"rank": [0, 0, 0, 1], "seq": [2, 6, 12, 0], "thread_id": [0, 0, 0, 0],
+                          "kind": ["a", "b", "b", "a"]}, schema=ROOT_SCHEMA)
     assert assign_steps(frame, roots, "optimizer") is frame
     out = assign_steps(frame.reverse(), roots, "root").reverse()  # row order is kept
     assert out["x"].to_list() == list(range(10))
@@ -302,6 +303,18 @@ def test_assign_steps_cuts_at_root_calls_and_recorded_boundaries() -> None:
     kinds = step_kinds(out, roots)
     assert kinds.rows() == [(0, 0, None), (0, 1, "a"), (0, 2, "b"), (0, 3, None), (0, 4, "b"), (1, 0, "a")]
     assert kind_counts(kinds) == [("a", 2), ("b", 2), (None, 2)]
+
+
+def test_assign_steps_keeps_each_thread_with_its_own_root_call() -> None:
+    # two worker threads serving interleaved requests (roots at 0 and 1), then thread 0's next request
+    # (root at 5); thread 2 made no root call (autograd's device thread): the rank's latest
+    frame = pl.DataFrame(
+        {"rank": [0] * 7, "span_id": [0, 1, 2, 3, 4, 5, 6], "thread_id": [0, 1, 0, 1, 2, 0, 1], "step": [0] * 7},
+        schema_overrides={"rank": pl.Int32, "step": pl.Int32, "thread_id": pl.Int32},
+    )
+    roots = pl.DataFrame({"rank": [0, 0, 0], "seq": [0, 1, 5], "thread_id": [0, 1, 0], "kind": [None] * 3},
+                         schema=ROOT_SCHEMA)
+    assert assign_steps(frame, roots, "root")["step"].to_list() == [0, 1, 0, 1, 1, 2, 1]
 
 
 def test_common_kind_is_the_most_steps_among_kinds_both_runs_have() -> None:

@@ -152,7 +152,9 @@ def test_root_calls_and_step_rules_follow_the_contracts() -> None:
         assert isinstance(row["seq"], int) and isinstance(row["call_id"], int)
         assert row["kind"] == "x=2x4"
     assert ROOT_SCHEMA == ROOT_FRAME.polars()
-    assert ROOT_FRAME.names == ("rank", *(c for c in ROOT_ROW.names if c != "call_id"))
+    # the frame adds the rank and the thread (read from the call's enter event) and drops the call id
+    assert ROOT_FRAME.names == ("rank", "seq", "thread_id", "kind")
+    assert set(ROOT_ROW.names) - {"call_id"} <= set(ROOT_FRAME.names)
     assert step_rules.STEP_RULES is contracts.STEP_RULES
 
 

@@ -232,7 +232,7 @@ def check_step_breakdown(rec: Recording) -> None:
         inside = exp["forward"] + exp["backward"] + exp["recompute"]
         assert inside == exp["step_ns"]  # self times partition the root spans
         assert got == _approx([{
-            "rank": exp["rank"], "step": exp["step"], "wall_ms": exp["wall_ns"] / 1e6,
+            "rank": exp["rank"], "step": exp["step"], "step_rule": "optimizer", "wall_ms": exp["wall_ns"] / 1e6,
             "step_ms": exp["step_ns"] / 1e6, "forward_ms": exp["forward"] / 1e6, "backward_ms": exp["backward"] / 1e6,
             "recompute_ms": exp["recompute"] / 1e6, "outside_ms": (exp["wall_ns"] - exp["step_ns"]) / 1e6,
             "module_pct": 100 * exp["step_ns"] / exp["wall_ns"], "spans": exp["spans"],

@@ -31,7 +31,7 @@ from modtrace.analysis.diff.frames import (
     pack_key,
 )
 from modtrace.analysis.events import lookup_key
-from modtrace.analysis.step_time import step_time
+from modtrace.analysis.step_time import summed_step_time
 
 # Group keys are packed into one Int64 below this bound (else grouped on three columns).
 _PACKED_LIMIT = 2**62
@@ -94,7 +94,7 @@ def step_units(compared: pl.DataFrame) -> pl.DataFrame:
     """Compared calls (every phase) -> (rank, step, step_ns), sorted: one row per compared step."""
     return (
         compared.group_by("rank", "step")
-        .agg(step_time().cast(pl.Int64).alias("step_ns"))
+        .agg(summed_step_time().cast(pl.Int64).alias("step_ns"))
         .with_columns(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32))
         .sort("rank", "step")
     )
