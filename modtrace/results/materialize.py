@@ -222,6 +222,19 @@ def _rounds(
             found.spans = None if seen[0] > round_rows else [*found.spans, *(spans for spans, _ in parts)]
 
 
+def analysed_rounds(store: Store, run_id: int) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
+    """(spans, issues) of each round ``materialize`` would write for the whole run, read and
+    analysed as it does, with nothing written: the floor a benchmark sets beside
+    ``modtrace analyze`` (``benchmarks/bench_analysis.py``).  A rank analysed again in one
+    piece yields its rounds and then the whole."""
+    from modtrace.store.reader import read_ranks
+
+    found = _Found()
+    complete = _complete(store, run_id, None, None)
+    for spans, issues, _ in _rounds(store, run_id, read_ranks(store, run_id), complete, ROUND_ROWS, CHUNK_ROWS, found):
+        yield spans, issues
+
+
 def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
     """The span device rows of a run with device times, rank by rank, from its stored spans
     (only the columns ``device_times`` reads) and device events, once the rounds are stored
