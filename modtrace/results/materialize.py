@@ -25,9 +25,8 @@ if TYPE_CHECKING:
 # whole (its spans returned and its tree computed from them), as the one-piece analysis
 # would hold it.  The rounds' results are the one-piece analysis' (``analysis.stream``).
 # On PostgreSQL rounds are PART_ROWS events: the server writes one round's spans in its own
-# process while this one reads and analyses the next (1M events, load 3.8, medians of 4
-# fresh processes: 4.91 -> 4.65 s).  SQLite's writes are this process's CPU, and rounds
-# that small cost more than the overlap gave back (3.26 -> 3.47 s; CPU 3.16 -> 3.40 s).
+# process while this one reads and analyses the next.  SQLite's writes are this process's
+# CPU, and rounds that small cost more than the overlap gave back (docs/performance.md).
 ROUND_ROWS = 2_000_000
 CHUNK_ROWS = 200_000
 PART_ROWS = 200_000
