@@ -193,7 +193,7 @@ def test_code_passes_ruff() -> None:
     if not ruff.exists():
         pytest.skip("ruff is not installed (it comes with the dev extra)")
     proc = subprocess.run(
-        [str(ruff), "check", "--output-format", "concise", "modtrace", "tests", "scripts", "migrations/env.py"],
+        [str(ruff), "check", "--output-format", "concise", "modtrace", "tests", "scripts", "benchmarks", "migrations/env.py"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -190,11 +190,11 @@ def cycle_collector_paused() -> Iterator[None]:
     """The cycle collector off while a command reads and renders a run, then as it was.
 
     Such a command builds many containers (the modules it imports, rows) and frees them by
-    reference count; the collector's passes over them found nothing to free yet cost about
-    0.1 s of a 1M-event export (157 passes), all of it on the thread that drives the work.
+    reference count; the collector's passes over them found nothing to free yet cost a
+    noticeable part of a large export, all of it on the thread that drives the work.
     When the process ends with the command (``modtrace.cli.ENDS_WITH_COMMAND``), what it made
-    is frozen instead: the interpreter's last collection at exit skips it (that pass cost
-    0.1-0.4 s after a 1M-event export) and the exit frees it all the same.
+    is frozen instead: the interpreter's last collection at exit skips it (that pass is
+    as costly after a large export) and the exit frees it all the same (docs/performance.md).
     """
     import modtrace.cli
 

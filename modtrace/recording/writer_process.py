@@ -1,14 +1,14 @@
 """One rank's batches written by a separate process: the program's side.
 
 A recording's hot path only appends tuples; writing them (binding every
-value, the database's own work) costs about 1 us per event of CPU (0.8 in
-the writer process, which binds None faster, ``writer_child``).  Done
-by a thread of the recorded program, that work holds the interpreter lock
-while the program runs: a flush after every step then slowed a CPU-bound
+value, the database's own work) costs CPU for every event (less in the
+writer process, which binds None faster, ``writer_child``;
+docs/performance.md).  Done by a thread of the recorded program, that work
+holds the interpreter lock while the program runs: a flush after every step then slowed a CPU-bound
 step by more than the write itself, and the time landed in whichever module
 was running.  A writer process (``modtrace.recording.writer_child``) has its
-own interpreter: the program packs each batch (a pickle without memo, about
-0.1-0.25 us per event, ``writer_messages``; the event tuples are freed then,
+own interpreter: the program packs each batch (a pickle without memo, a
+fraction of the write's cost, ``writer_messages``; the event tuples are freed then,
 ``config.Batch``) and writes the bytes to a pipe, between steps; the rest
 runs beside it.
 

@@ -25,9 +25,8 @@ if TYPE_CHECKING:
 # whole (its spans returned and its tree computed from them), as the one-piece analysis
 # would hold it.  The rounds' results are the one-piece analysis' (``analysis.stream``).
 # On PostgreSQL rounds are PART_ROWS events: the server writes one round's spans in its own
-# process while this one reads and analyses the next (1M events, load 3.8, medians of 4
-# fresh processes: 4.91 -> 4.65 s).  SQLite's writes are this process's CPU, and rounds
-# that small cost more than the overlap gave back (3.26 -> 3.47 s; CPU 3.16 -> 3.40 s).
+# process while this one reads and analyses the next.  SQLite's writes are this process's
+# CPU, and rounds that small cost more than the overlap gave back (docs/performance.md).
 ROUND_ROWS = 2_000_000
 CHUNK_ROWS = 200_000
 PART_ROWS = 200_000
@@ -220,6 +219,19 @@ def _rounds(
         found.issues.extend(issues for _, issues in parts)
         if found.spans is not None:
             found.spans = None if seen[0] > round_rows else [*found.spans, *(spans for spans, _ in parts)]
+
+
+def analysed_rounds(store: Store, run_id: int) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
+    """(spans, issues) of each round ``materialize`` would write for the whole run, read and
+    analysed as it does, with nothing written: the floor a benchmark sets beside
+    ``modtrace analyze`` (``benchmarks/bench_analysis.py``).  A rank analysed again in one
+    piece yields its rounds and then the whole."""
+    from modtrace.store.reader import read_ranks
+
+    found = _Found()
+    complete = _complete(store, run_id, None, None)
+    for spans, issues, _ in _rounds(store, run_id, read_ranks(store, run_id), complete, ROUND_ROWS, CHUNK_ROWS, found):
+        yield spans, issues
 
 
 def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:

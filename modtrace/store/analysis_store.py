@@ -30,7 +30,7 @@ SPAN_STORED_COLUMNS = SPAN_STORED_ROW.names
 ISSUE_COLUMNS = ISSUE_ROW.names
 
 # SQLite: rows per INSERT statement, their values in one flat parameter list
-# (one Python tuple per statement, not per row: half the binding work).
+# (one Python tuple per statement, not per row: less binding work; docs/performance.md).
 ROWS_PER_INSERT = 256
 # SQLite: the write transaction's page cache (negative: KiB), see ``_write_transaction``.
 WRITE_CACHE_KIB = -65536
@@ -150,12 +150,12 @@ def _write_transaction(store: Store) -> Iterator[Connection]:
     SQLite: with foreign keys off for this connection (the pragma is a no-op
     inside a transaction, so around it) and the one key they would check,
     the run, checked once instead (``_check_run``): per row, a foreign key
-    check made a DELETE of a run's spans three times slower and an INSERT a
-    tenth (span_rows has no foreign key since revision 0010; nesting_issues
+    check made a DELETE of a run's spans several times slower and an INSERT
+    slower too (span_rows has no foreign key since revision 0010; nesting_issues
     and span_device_rows keep theirs).  And with a page cache of
     ``WRITE_CACHE_KIB`` for the transaction: the B-trees of a run's spans
     outgrow SQLite's default 2 MiB, and pages spilled before the commit are
-    written twice (500k spans: the INSERT about a tenth faster)."""
+    written twice (docs/performance.md)."""
     if store.dialect != "sqlite":
         with store.engine.begin() as conn:
             yield conn

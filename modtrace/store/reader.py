@@ -4,9 +4,8 @@ Events come back in the analysis input contract
 (``modtrace.core.contracts.EVENT_FRAME``), by rank and seq, fetched in
 chunks, so memory holds the frame and one chunk in transit at most, each
 chunk as one CSV text the database formats (PostgreSQL: string_agg; SQLite:
-printf, group_concat); polars parses it (about twice as fast as a Python
-tuple per row; ADBC's SQLite driver measured no faster,
-scripts/bench_analysis.py's notes).
+printf, group_concat); polars parses it (faster than a Python tuple per
+row; ADBC's SQLite driver was no faster: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ _FETCHED_SCHEMA = {c: EVENT_SCHEMA[c] for c in _FETCHED}
 # PostgreSQL: the planner's settings for a read in primary-key order (SET LOCAL: this
 # transaction's only).  Without statistics (a table never analysed, autovacuum off or not
 # yet run) the planner guesses a few rows and picks a bitmap scan and a sort of every row
-# matched, spilled to disk past work_mem -- twice the time of the ordered index scan these
-# settings leave it (1M events: 2.1 s -> 1.1 s; scripts/bench_analysis.py's recording).
+# matched, spilled to disk past work_mem -- much slower than the ordered index scan these
+# settings leave it (docs/performance.md).
 _KEY_ORDER = "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off"
 
 
@@ -161,9 +160,8 @@ def csv_text(store: Store, select: str, columns: list[str], *, key_order: bool =
     the server (``string_agg`` of each row's ``columns`` joined by commas, NULL an empty
     field as polars reads it), in ``select``'s order, without a header; empty when no row.
     One row comes back: a ``COPY`` sends a message per row, each a step of Python's
-    (1M events in chunks of 200k: client CPU 0.57 -> 0.17 s, the server's 0.49 -> 0.81 s,
-    wall about the same on a loaded machine; the client's is the CPU the analysis and
-    the writes share).  ``key_order`` as for ``copy_csv``."""
+    (this moves CPU from the client to the server for about the same wall time; the
+    client's is the CPU the analysis and the writes share: docs/performance.md).  ``key_order`` as for ``copy_csv``."""
     line = " || ',' || ".join(f"coalesce({c}::text, '')" for c in columns)
     with driver_cursor(store) as cur:
         if key_order:

@@ -5,18 +5,18 @@
 of one rank, unordered.  It is the diff's only read of ``span_rows``, so it
 is built for speed: a run of a million events has half a million spans.
 
-Why not fetch rows, or aggregate per step in SQL?  Measured on 500k spans
-(SQLite, one core): fetching 11 columns as Python rows costs 1.8 s of CPU,
-most of it building a Python int per value; ``GROUP BY step, module_id,
+Why not fetch rows, or aggregate per step in SQL?  Fetching 11 columns as
+Python rows costs most of the read's CPU in building a Python int per value
+(docs/performance.md); ``GROUP BY step, module_id,
 phase`` in SQLite costs more than it saves, because SQLite groups by sorting
 and a real model calls most modules once per step, so there is about one
 span per group.  What is cheap is letting the database write the values as
-text in bulk and parsing that text with polars (0.5 s):
+text in bulk and parsing that text with polars:
 
 - SQLite: one ``group_concat`` per column, all in the same aggregate query:
   SQLite steps every aggregate of a query through the same rows in the same
   loop, so the k-th item of every column comes from the same row (one
-  ``printf`` line per row would not rely on that, but costs 15% more).  Four small
+  ``printf`` line per row would not rely on that, but costs more).  Four small
   columns are packed two by two into integers (``step`` with ``thread_id``,
   ``module_id`` with ``depth`` and ``phase``) so there are fewer strings to
   build; the packings fit in 64 bits for every value of the columns' 32-bit

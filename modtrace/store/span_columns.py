@@ -6,12 +6,12 @@ The same frame as ``analysis_store.read_span_rows`` (span rows in
 * SQLite: each part of a rank's spans (a range of span ids) is one query
   whose every column is one ``group_concat`` text, one value a line; polars
   parses a part's texts, one after another, as one column of values, cut
-  back into columns.  SQLite spends about three quarters of the CPU that
-  formatting each row as a CSV line with ``printf`` (and deriving columns in
-  SQL) costs it; all of a part's columns come from one scan, so their lines
+  back into columns.  SQLite spends less CPU on that than on formatting each
+  row as a CSV line with ``printf`` (and deriving columns in SQL;
+  docs/performance.md); all of a part's columns come from one scan, so their lines
   line up.
 * PostgreSQL: the same, with ``string_agg`` over the part's rows by span id (one row of
-  texts: a ``COPY`` sends a message per row, each a step of Python's, twice the client CPU).
+  texts: a ``COPY`` sends a message per row, each a step of Python's, more client CPU).
 
 Parts are read by a pool of threads, each with its own connection: SQLite
 and PostgreSQL work (and polars parses) without Python's lock, so the reads

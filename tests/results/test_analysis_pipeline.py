@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import modtrace
-from modtrace.results.materialize import compute, materialize
+from modtrace.results.materialize import analysed_rounds, compute, materialize
 from modtrace.results.tree import store_tree
 from modtrace.store.analysis_store import write_analysis, writes_beside_reads
 from modtrace.store.engine import open_store
@@ -124,3 +124,21 @@ def test_a_rank_larger_than_round_rows_goes_to_the_store_only_in_parts_too(any_d
         store.dispose()
     assert result.spans.height == 0 and result.issues.equals(whole.issues)
     assert got == expected
+
+
+def test_analysed_rounds_are_the_spans_analyze_stores_and_write_nothing(db_path: Path) -> None:
+    """The floor benchmarks/bench_analysis.py times beside ``modtrace analyze``: analyze's
+    reading and analysing, its spans and issues, with nothing stored."""
+    db = str(db_path)
+    run_id = _write_real(db)
+    store = open_store(db)
+    try:
+        rounds = list(analysed_rounds(store, run_id))
+        nothing = _rows(store, run_id)
+        whole = materialize(store, run_id)
+    finally:
+        store.dispose()
+    assert nothing == {"span_rows": [], "nesting_issues": [], "tree_nodes": []}
+    spans = [row for s, _ in rounds for row in s.select("rank", "span_id", "start_ns", "end_ns").rows()]
+    assert sorted(spans) == sorted(whole.spans.select("rank", "span_id", "start_ns", "end_ns").rows())
+    assert sum(i.height for _, i in rounds) == whole.issues.height

@@ -7,26 +7,27 @@ analysed before the stored tree existed gets.  Repeats are interleaved and
 the figures are medians: under load compare the ratio, not the times.  Both
 outputs are checked equal.  The last line is a JSON summary.
 
-    python scripts/bench_tree.py --db DB [--db URL]... [--run bench] [--repeats 7] [--pause 1] [-- TREE OPTIONS]
+    python benchmarks/bench_tree.py --db DB [--db URL]... [--run bench] [--repeats 7] [--pause 1] [-- TREE OPTIONS]
 
-Make a 1M-event analysed run with scripts/bench_analysis.py's recording:
-``python -c 'import sys; sys.path.insert(0, "scripts"); import bench_analysis as b; b._write_recording("e2e.db", 1_000_000)'``
-then ``modtrace analyze bench --db e2e.db``.
+Make a 1M-event analysed run of the analysis benchmarks' shape with
+``python benchmarks/_common.py e2e.db --events 1000000``, then ``modtrace analyze bench --db e2e.db``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's modtrace and benchmarks
+
+from benchmarks._common import load_average, median, run_modtrace  # noqa: E402
 
 
 def _engine(db: str) -> sa.Engine:
@@ -34,12 +35,7 @@ def _engine(db: str) -> sa.Engine:
 
 
 def _tree(db: str, run: str, options: list[str]) -> tuple[float, str]:
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "modtrace", "tree", run, "--db", db, *options],
-                          capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"modtrace tree failed ({done.returncode}): {done.stderr[-2000:]}")
+    wall, done = run_modtrace(["tree", run, "--db", db, *options])
     return wall, done.stdout
 
 
@@ -60,7 +56,7 @@ def measure(db: str, run: str, repeats: int, options: list[str], pause: float) -
     engine = _engine(db)
     try:
         with engine.connect() as conn:
-            run_id = conn.exec_driver_sql(f"SELECT id FROM runs WHERE name = '{run}'").scalar()
+            run_id = conn.exec_driver_sql(f"SELECT id FROM runs WHERE name = '{run}'").scalar_one()
             nodes = conn.exec_driver_sql(f"SELECT count(*) FROM tree_nodes WHERE run_id = {run_id}").scalar()
             spans = conn.exec_driver_sql(f"SELECT count(*) FROM span_rows WHERE run_id = {run_id}").scalar()
         if not nodes:
@@ -82,7 +78,7 @@ def measure(db: str, run: str, repeats: int, options: list[str], pause: float) -
                 raise SystemExit("the stored tree's output differs from the spans'")
     finally:
         engine.dispose()
-    a, b = statistics.median(stored), statistics.median(from_spans)
+    a, b = median(stored), median(from_spans)
     return {"dialect": engine.dialect.name, "spans": spans, "nodes": nodes, "stored_median_s": a,
             "spans_median_s": b, "speedup": b / a, "stored_runs_s": stored, "spans_runs_s": from_spans}
 
@@ -95,13 +91,13 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between two calls")
     parser.add_argument("options", nargs="*", help="tree options (after --)")
     args = parser.parse_args()
-    summary: dict[str, Any] = {"benchmark": "tree", "options": args.options, "load_average_start": os.getloadavg()}
+    summary: dict[str, Any] = {"benchmark": "tree", "options": args.options, "load_average_start": load_average()}
     results = [measure(db, args.run, args.repeats, args.options, args.pause) for db in args.db]
     for r in results:
         print(f"{r['dialect']:<11} {r['spans']:>9,} spans -> {r['nodes']:,} nodes: tree from the stored tree "
               f"{r['stored_median_s']:.3f}s, from the spans {r['spans_median_s']:.3f}s ({r['speedup']:.1f}x)")
     summary["results"] = results
-    summary["load_average_end"] = os.getloadavg()
+    summary["load_average_end"] = load_average()
     print(json.dumps(summary, separators=(",", ":")))
 
 

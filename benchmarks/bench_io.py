@@ -25,7 +25,7 @@ file, and time themselves there.  They are skipped when ``adbc_driver_sqlite``
 (``adbc_driver_postgresql``) is not installed; modtrace does not depend on it.
 
 Prints one JSON summary on the last line.
-Usage: scripts/bench_io.py [--events N] [--repeats R] [--pg URL]
+Usage: benchmarks/bench_io.py [--events N] [--repeats R] [--pg URL]
 """
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's modtrace and benchmarks
 
+from benchmarks._common import event_rows, interleave  # noqa: E402
 from modtrace.analysis.spans import SPAN_ROW_COLUMNS, SPAN_ROW_SCHEMA  # noqa: E402
 from modtrace.core.contracts import ISSUE_FRAME  # noqa: E402
 from modtrace.store.analysis_store import stored_span_rows, write_analysis  # noqa: E402
@@ -54,15 +54,6 @@ from modtrace.store.runs import add_rank, create_run  # noqa: E402
 from modtrace.store.writer import RankWriter  # noqa: E402
 
 MULTI_ROWS = 64
-
-
-def synthetic_events(n: int) -> list[tuple[Any, ...]]:
-    # seq, ts_ns, kind, module_id, phase, call_id, step, thread_id, device_id, stream, status, graph_task, tie
-    return [
-        (i, 1000 * i, i & 1, (i >> 1) % 400, (i // 802) & 1, i >> 1, i // 1604, 0, 0, None, 0,
-         None if (i // 802) & 1 == 0 else 7, 0)
-        for i in range(n)
-    ]
 
 
 def synthetic_spans(run_id: int, n: int) -> pl.DataFrame:
@@ -99,7 +90,7 @@ def prepare(url: str, events: int) -> tuple[Store, int]:
     run_id, _ = create_run(store, f"io-{random.randrange(1 << 30)}", {})
     add_rank(store, run_id, 0, 0)
     writer = RankWriter(store, run_id, 0)
-    rows = synthetic_events(events)
+    rows = event_rows(events)
     for i in range(0, len(rows), 20_000):
         writer.write(rows[i:i + 20_000])
     return store, run_id
@@ -254,38 +245,31 @@ def measure(store: Store, run_id: int, events: int, spans_n: int, repeats: int, 
         writers["polars_write_database"] = write_polars
     if store.dialect == "postgresql":
         writers["psycopg_copy_rows"] = write_copy
-    timed_reads: dict[str, Callable[[], float]] = {}
-    timed_writes: dict[str, Callable[[], float]] = {}
+    # the ADBC candidates run in a child process and time themselves there
+    read_calls: dict[str, Callable[[], object]] = dict(readers)
+    write_calls: dict[str, Callable[[], object]] = {name: partial(write, store, spans) for name, write in writers.items()}
     if _adbc_available(store):
-        timed_reads["adbc_child"] = lambda: _adbc(store, "read", run_id)
-        timed_writes["adbc_ingest_child"] = lambda: _adbc(store, "write", run_id, parquet)
-    reads: dict[str, list[float]] = {k: [] for k in [*readers, *timed_reads]}
-    writes: dict[str, list[float]] = {k: [] for k in [*writers, *timed_writes]}
+        read_calls["adbc_child"] = lambda: _adbc(store, "read", run_id)
+        write_calls["adbc_ingest_child"] = lambda: _adbc(store, "write", run_id, parquet)
+    self_timed = ("adbc_child", "adbc_ingest_child")
+
+    def read_back(name: str, frame: object) -> None:
+        if name not in self_timed:
+            assert isinstance(frame, pl.DataFrame) and frame.height == events, (name, frame)
+
+    def written(name: str, _: object) -> None:
+        with store.engine.connect() as conn:
+            count = conn.exec_driver_sql(f"SELECT COUNT(*) FROM span_rows WHERE run_id = {run_id}").scalar()
+        assert count == spans_n, (name, count)
+
     rng = random.Random(0)
-    for _ in range(repeats):
-        for name in rng.sample(list(reads), len(reads)):
-            if name in timed_reads:
-                reads[name].append(timed_reads[name]())
-                continue
-            t0 = time.perf_counter()
-            frame = readers[name]()
-            reads[name].append(time.perf_counter() - t0)
-            assert frame.height == events, (name, frame.height)
-        for name in rng.sample(list(writes), len(writes)):
-            _clear(store, run_id)
-            if name in timed_writes:
-                writes[name].append(timed_writes[name]())
-            else:
-                t0 = time.perf_counter()
-                writers[name](store, spans)
-                writes[name].append(time.perf_counter() - t0)
-            with store.engine.connect() as conn:
-                count = conn.exec_driver_sql(f"SELECT COUNT(*) FROM span_rows WHERE run_id = {run_id}").scalar()
-            assert count == spans_n, (name, count)
+    reads = interleave(read_calls, repeats, rng=rng, after=read_back, own_time=self_timed).medians()
+    writes = interleave(write_calls, repeats, rng=rng, before=lambda _: _clear(store, run_id), after=written,
+                        own_time=self_timed).medians()
     _clear(store, run_id)
     return {
-        "read_events_s": {k: round(statistics.median(v), 3) for k, v in reads.items()},
-        "write_spans_us_per_span": {k: round(statistics.median(v) / spans_n * 1e6, 3) for k, v in writes.items()},
+        "read_events_s": {k: round(v, 3) for k, v in reads.items()},
+        "write_spans_us_per_span": {k: round(v / spans_n * 1e6, 3) for k, v in writes.items()},
         "events": events,
         "spans": spans_n,
     }

@@ -1,8 +1,8 @@
 """Benchmark: analysing a large run read from PostgreSQL, streamed versus in one piece.
 
 Loads a synthetic run of ``--events`` events (default 10 million) into its
-own schema on a PostgreSQL server with COPY (rows of the shape
-scripts/bench_analysis.py generates: a ~600-module model, forward and tied
+own schema on a PostgreSQL server with COPY (rows of the analysis benchmarks'
+shape, ``_common.analysis_events``: a ~600-module model, forward and tied
 backward every step, roots closed at the end of backward), then analyses it
 (``modtrace analyze``: read the events, rebuild spans and nesting issues,
 store them) in a fresh child process per mode and repeat, measuring wall
@@ -18,7 +18,7 @@ Modes are interleaved per repeat.  The loaded run is kept (``--keep``) and
 reused by a later invocation with the same ``--events`` and ``--schema``.
 Prints one JSON summary.
 
-    python scripts/bench_stream_pg.py [--url postgresql+psycopg://postgres@127.0.0.1:5432/test]
+    python benchmarks/bench_stream_pg.py [--url postgresql+psycopg://postgres@127.0.0.1:5432/test]
         [--events 10000000] [--chunk-rows 200000] [--repeats 1] [--modes stream,whole] [--keep]
 """
 
@@ -28,7 +28,6 @@ import argparse
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -37,18 +36,19 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's modtrace and benchmarks
 
-from bench_analysis import build_model, step_template  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    analysis_modules,
+    drop_schema,
+    fresh_schema,
+    median,
+    schema_url,
+    step_template,
+)
 
 DEFAULT_URL = os.environ.get("MODTRACE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 RUN_NAME = "bench-stream"
-
-
-def schema_url(url: str, schema: str) -> str:
-    sep = "&" if "?" in url else "?"
-    return f"{url}{sep}options=-csearch_path%3D{schema}"
 
 
 def existing_run(url: str, schema: str, n_events: int) -> int | None:
@@ -75,26 +75,19 @@ def existing_run(url: str, schema: str, n_events: int) -> int | None:
 
 def loaded_size(n_events: int) -> int:
     """Events ``load`` writes for ``n_events``: whole steps only."""
-    _, tree = build_model()
+    _, tree = analysis_modules()
     per_step = len(step_template(dict(tree)))
     return max(1, n_events // per_step) * per_step
 
 
 def load(url: str, schema: str, n_events: int, chunk_steps: int = 200) -> tuple[int, int, float]:
     """(run id, events loaded, seconds): a fresh schema holding one completed run."""
-    import sqlalchemy as sa
-
     from modtrace.store.engine import open_store
     from modtrace.store.runs import add_rank, create_run, finish_rank
 
-    admin = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    admin.dispose()
-    store = open_store(schema_url(url, schema), create=True)
+    store = open_store(fresh_schema(url, schema), create=True)
     t0 = time.perf_counter()
-    mods, tree = build_model()
+    mods, tree = analysis_modules()
     template = np.array(step_template(dict(tree)), dtype=np.int64)
     per_step = len(template)
     steps = max(1, n_events // per_step)
@@ -177,7 +170,7 @@ def measure(url: str, run_id: int, mode: str, chunk_rows: int) -> dict[str, Any]
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} analysis failed:\n{proc.stderr}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     out["peak_rss_mib"] = round(out.pop("peak_kib") / 1024, 1)
     return out
 
@@ -213,18 +206,13 @@ def main() -> None:
     }
     for mode, rs in results.items():
         summary["modes"][mode] = {
-            "median_seconds": round(statistics.median(r["seconds"] for r in rs), 2),
+            "median_seconds": round(median(r["seconds"] for r in rs), 2),
             "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
             "spans": rs[0]["spans"], "issues": rs[0]["issues"], "stored_spans": rs[0]["stored_spans"],
         }
     print(json.dumps(summary, indent=2))
     if not args.keep:
-        import sqlalchemy as sa
-
-        admin = sa.create_engine(args.url, poolclass=sa.pool.NullPool)
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{args.schema}" CASCADE')
-        admin.dispose()
+        drop_schema(args.url, args.schema)
 
 
 if __name__ == "__main__":

@@ -20,25 +20,23 @@ CUDA calls themselves (which need a GPU: scripts/gpu_check.py point (d)):
   calls.  ``added_vs_plain`` is the median of paired differences.
 
 Interleaved samples (chunk by chunk, step by step), medians, one process.  Prints a JSON summary on the last
-line.  Usage: scripts/bench_device_clock.py [--repeats N]
+line.  Usage: benchmarks/bench_device_clock.py [--repeats N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's modtrace and benchmarks
 
+from benchmarks._common import linear_relu_stack, median  # noqa: E402
 from modtrace.tracking.device_timer import DeviceTimer  # noqa: E402
 from modtrace.tracking.tracker import Tracker  # noqa: E402
 from tests.helpers.device_clock import FakeDeviceClock, FakeStream  # noqa: E402
@@ -77,7 +75,7 @@ def mark_chunks(clocks: dict[str, Any], chunks: int) -> dict[str, list[float]]:
     """ns per mark and per event polled, one sample per chunk of STEP marks,
     the clocks taking turns chunk by chunk."""
     timers = {name: DeviceTimer(clock, lambda: 0) for name, clock in clocks.items()}
-    out: dict[str, list[float]] = {f"mark_{n}": [] for n in clocks} | {f"poll_{n}": [] for n in clocks}
+    out: dict[str, list[float]] = {f"{what}_{n}": [] for what in ("mark", "poll") for n in clocks}
     out["call_noop"] = []
     stream = FakeStream(0, 1)
     seq = 0
@@ -111,7 +109,7 @@ def tracker_steps(steps: int) -> dict[str, list[float]]:
     """ns per event of a Tracker over forward + backward steps, without and with device time
     (the null clock injected), the two taking turns step by step."""
     torch.manual_seed(0)
-    model = nn.Sequential(*[m for _ in range(200) for m in (nn.Linear(16, 16), nn.ReLU())])
+    model = linear_relu_stack(200)
     x = torch.randn(4, 16)
     rows: list[tuple[Any, ...]] = []
     trackers = {"tracker_plain": Tracker(rows.append), "tracker_device": Tracker(rows.append, device_clock=NullClock())}
@@ -144,9 +142,9 @@ def main() -> None:
     samples = mark_chunks({"null": NullClock(), "fake": FakeDeviceClock()}, args.repeats)
     samples.pop("poll_fake")
     samples |= tracker_steps(args.repeats)
-    med = {k: round(statistics.median(v), 1) for k, v in samples.items()}
+    med = {k: round(median(v), 1) for k, v in samples.items()}
     med["mark_null_over_call_noop"] = round(med["mark_null"] / med["call_noop"], 2)
-    med["added_vs_plain"] = round(statistics.median(
+    med["added_vs_plain"] = round(median(
         m - p for m, p in zip(samples["tracker_device"], samples["tracker_plain"], strict=True)), 1)
     med["device_over_plain"] = round(med["tracker_device"] / med["tracker_plain"], 3)
     for k, v in med.items():

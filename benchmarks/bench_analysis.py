@@ -20,7 +20,7 @@ rows back from SQLite through modtrace.store.reader is timed separately.
 Reports the polars thread pool size (set POLARS_MAX_THREADS to choose it)
 and the load average around each measurement.  Prints one JSON summary.
 
-    python scripts/bench_analysis.py [--sizes 1000000,10000000] [--repeats 5]
+    python benchmarks/bench_analysis.py [--sizes 1000000,10000000] [--repeats 5]
         [--python-repeats 3] [--read-sizes 1000000] [--read-repeats 3] [--skip-read]
 """
 
@@ -31,124 +31,27 @@ import gc
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
-BLOCKS, GROUPS, LEAVES = 12, 7, 6  # 1 + 12 * (1 + 7 * (1 + 6)) + 1 = 602 modules
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's modtrace and benchmarks
 
-
-def build_model() -> tuple[pl.DataFrame, list[tuple[int, list[int]]]]:
-    """Modules frame, and the call tree as (module, children) for each module."""
-    rows: list[tuple[int, str, str, int | None]] = [(0, "Net", "Net", None)]
-    children: dict[int, list[int]] = {0: []}
-
-    def add(fqn: str, kind: str, parent: int) -> int:
-        mid = len(rows)
-        rows.append((mid, fqn, kind, parent))
-        children[mid] = []
-        children[parent].append(mid)
-        return mid
-
-    for b in range(BLOCKS):
-        blk = add(f"Net.blocks.{b}", "Block", 0)
-        for g in range(GROUPS):
-            grp = add(f"Net.blocks.{b}.g{g}", "Group", blk)
-            for leaf in range(LEAVES):
-                add(f"Net.blocks.{b}.g{g}.fc{leaf}", "Linear", grp)
-    add("Net.head", "Linear", 0)
-    mods = pl.DataFrame(
-        [(0, *r) for r in rows],
-        schema={"rank": pl.Int32, "module_id": pl.Int32, "fqn": pl.String, "module_type": pl.String,
-                "parent_module_id": pl.Int32},
-        orient="row",
-    )
-    return mods, list(children.items())
-
-
-def step_template(children: dict[int, list[int]]) -> list[tuple[int, int, int, int, int]]:
-    """One step's events as (kind, module, phase, tie, status); call id = module id."""
-    out: list[tuple[int, int, int, int, int]] = []
-
-    def fwd(m: int) -> None:
-        out.append((0, m, 0, 0, 0))
-        for c in children[m]:
-            fwd(c)
-        out.append((1, m, 0, 0, 0))
-
-    fwd(0)
-    bwd: list[tuple[int, int, int, int, int]] = []
-
-    def back(m: int) -> None:
-        bwd.append((0, m, 1, 0, 0))
-        for c in reversed(children[m]):
-            back(c)
-        bwd.append((1, m, 1, 0, 0))
-
-    back(0)
-    # The root and the first block's first group close at the end of the graph
-    # task (their inputs need no grad): move their exits to the end, innermost first.
-    late = [0, 1, 2]
-    moved = [e for e in bwd if e[0] == 1 and e[1] in late]
-    bwd = [e for e in bwd if not (e[0] == 1 and e[1] in late)]
-    bwd += [(1, m, 1, 0, 3) for m in (2, 1, 0)]
-    assert len(moved) == 3
-    # Hook dispatches: an enter followed by its child's enter fires child first;
-    # a child's exit followed by its parent's exit fires parent first.
-    i = 0
-    while i + 1 < len(bwd):
-        a, b = bwd[i], bwd[i + 1]
-        if a[0] == 0 and b[0] == 0 and a[4] == 0:
-            bwd[i], bwd[i + 1] = (b[0], b[1], 1, 0, b[4]), (a[0], a[1], 1, 1, a[4])
-            i += 2
-        elif a[0] == 1 and b[0] == 1 and a[4] == 0 and b[4] == 0:
-            bwd[i], bwd[i + 1] = (b[0], b[1], 1, 0, b[4]), (a[0], a[1], 1, 1, a[4])
-            i += 2
-        else:
-            i += 1
-    return out + bwd
-
-
-def generate(n_events: int, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    mods, tree = build_model()
-    template = np.array(step_template(dict(tree)), dtype=np.int64)
-    per_step = len(template)
-    steps = max(1, n_events // per_step)
-    n = steps * per_step
-    rng = np.random.default_rng(seed)
-    tiled = np.tile(template, (steps, 1))
-    step = np.repeat(np.arange(steps, dtype=np.int32), per_step)
-    n_modules = mods.height
-    call = step.astype(np.int64) * n_modules + tiled[:, 1]
-    ts = np.cumsum(rng.integers(1, 2000, n, dtype=np.int64))
-    phase = tiled[:, 2].astype(np.int8)
-    events = pl.DataFrame({
-        "run_id": np.ones(n, dtype=np.int32),
-        "rank": np.zeros(n, dtype=np.int32),
-        "seq": np.arange(n, dtype=np.int64),
-        "ts_ns": ts,
-        "kind": tiled[:, 0].astype(np.int8),
-        "module_id": tiled[:, 1].astype(np.int32),
-        "phase": phase,
-        "call_id": call,
-        "step": step,
-        "thread_id": np.zeros(n, dtype=np.int32),
-        "device_id": np.zeros(n, dtype=np.int32),
-        "stream": pl.Series([None] * 0, dtype=pl.Int64).extend_constant(None, n),
-        "status": tiled[:, 4].astype(np.int8),
-        "graph_task": pl.Series(np.where(phase == 1, step.astype(np.int64) + 1, 0)).set(
-            pl.Series(phase == 0), None),  # type: ignore[arg-type]
-        "tie": tiled[:, 3].astype(np.int8),
-    })
-    devices = pl.DataFrame({"rank": [0], "device_id": [0], "name": ["cpu"]})
-    return events, mods, devices
-
+from benchmarks._common import (  # noqa: E402
+    analysis_events,
+    analysis_modules,
+    interleave,
+    load_average,
+    median,
+    run_modtrace,
+    timed,
+    write_recording,
+)
 
 # ----------------------------------------------------------- plain Python path
 
@@ -252,10 +155,6 @@ def rss_mb(field: str = "VmHWM") -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def child_polars(events_path: str) -> None:
     """Fresh process: read the events (parquet), analyse once, report time and memory."""
     from modtrace.analysis import analyze_events
@@ -265,9 +164,7 @@ def child_polars(events_path: str) -> None:
     devs = pl.DataFrame({"rank": [0], "device_id": [0], "name": ["cpu"]})
     gc.collect()
     before = rss_mb("VmRSS")
-    t0 = time.perf_counter()
-    result = analyze_events(events, mods, devs)
-    elapsed = time.perf_counter() - t0
+    elapsed, result = timed(partial(analyze_events, events, mods, devs))
     print(json.dumps({"events": events.height, "spans": result.spans.height, "issues": result.issues.height,
                       "seconds": elapsed, "peak_rss_mb": rss_mb(), "rss_with_input_mb": before,
                       "input_frame_mb": events.estimated_size() / 2**20, "polars_threads": pl.thread_pool_size()}))
@@ -281,7 +178,7 @@ def measure_sizes(sizes: list[int], repeats: int, python_repeats: int, tmp: str)
 
     data = []
     for n in sizes:
-        events, mods, devs = generate(n)
+        events, mods, devs = analysis_events(n)
         events_path = os.path.join(tmp, f"events_{n}.parquet")
         events.write_parquet(events_path)
         mods.write_parquet(events_path + ".modules")
@@ -298,17 +195,15 @@ def measure_sizes(sizes: list[int], repeats: int, python_repeats: int, tmp: str)
             check = checks[k]
             if i < repeats:
                 gc.collect()
-                t0 = time.perf_counter()
-                result = analyze_events(events, mods, devs)
-                polars_s[k].append(time.perf_counter() - t0)
+                seconds, result = timed(partial(analyze_events, events, mods, devs))
+                polars_s[k].append(seconds)
                 check["polars_spans"], check["polars_issues"] = result.spans.height, result.issues.height
                 check["polars_self_ns"] = int(result.spans["self_ns"].sum())
                 del result
             if i < python_repeats:
                 gc.collect()
-                t0 = time.perf_counter()
-                spans, issues = python_analysis(rows, depth_of)
-                python_s[k].append(time.perf_counter() - t0)
+                seconds, (spans, issues) = timed(partial(python_analysis, rows, depth_of))
+                python_s[k].append(seconds)
                 check["python_spans"], check["python_issues"] = len(spans), len(issues)
                 check["python_self_ns"] = sum(s[-1] for s in spans if s[-1] is not None)
                 del spans, issues
@@ -331,11 +226,11 @@ def measure_sizes(sizes: list[int], repeats: int, python_repeats: int, tmp: str)
             "events": height,
             "spans": check["polars_spans"],
             "issues": check["polars_issues"],
-            "polars_median_s": statistics.median(polars_s[k]),
+            "polars_median_s": median(polars_s[k]),
             "polars_runs_s": polars_s[k],
-            "python_median_s": statistics.median(python_s[k]),
+            "python_median_s": median(python_s[k]),
             "python_runs_s": python_s[k],
-            "speedup": statistics.median(python_s[k]) / statistics.median(polars_s[k]),
+            "speedup": median(python_s[k]) / median(polars_s[k]),
             "child": {
                 "seconds": peak["seconds"],
                 "peak_rss_mb": peak["peak_rss_mb"],
@@ -352,64 +247,31 @@ def measure_read(n: int, repeats: int, tmp: str) -> dict[str, Any]:
     """Write n events to a SQLite file with the recorder's writer, then time modtrace.store.reader.read_events."""
     from modtrace.store.engine import open_store
     from modtrace.store.reader import read_events
-    from modtrace.store.runs import add_rank, create_run
-    from modtrace.store.writer import EVENT_COLUMNS, RankWriter
 
-    events, mods, devs = generate(n)
+    events, mods, _ = analysis_events(n)
+    expected = events.height
     path = os.path.join(tmp, f"read_{n}.db")
-    store = open_store(path, create=True)
+    write_s, run_id = timed(partial(write_recording, path, n, frames=(events, mods)))
+    del events
+    store = open_store(path)
     try:
-        run_id, _ = create_run(store, "bench", {})
-        add_rank(store, run_id, 0, 0)
-        writer = RankWriter(store, run_id, 0)
-        writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
-        t0 = time.perf_counter()
-        for start in range(0, events.height, 500_000):
-            writer.write(events.slice(start, 500_000).select(EVENT_COLUMNS).rows())
-        write_s = time.perf_counter() - t0
-        expected = events.height
-        del events
-        read_s: list[float] = []
-        load_before = load_average()
-        for _ in range(repeats):
-            gc.collect()
-            t0 = time.perf_counter()
-            frame = read_events(store, run_id)
-            read_s.append(time.perf_counter() - t0)
+
+        def check(_: str, frame: pl.DataFrame) -> None:
             assert frame.height == expected
-            del frame
+
+        load_before = load_average()
+        read_s = interleave({"read": lambda: read_events(store, run_id)}, repeats, before=lambda _: gc.collect(),
+                            after=check).wall["read"]
         load_after = load_average()
     finally:
         store.dispose()
-    median = statistics.median(read_s)
-    return {"events": expected, "sqlite_write_s": write_s, "sqlite_read_median_s": median, "sqlite_read_runs_s": read_s,
-            "read_events_per_s": expected / median, "read_us_per_event": median / expected * 1e6,
+    seconds = median(read_s)
+    return {"events": expected, "sqlite_write_s": write_s, "sqlite_read_median_s": seconds, "sqlite_read_runs_s": read_s,
+            "read_events_per_s": expected / seconds, "read_us_per_event": seconds / expected * 1e6,
             "load_average_before": load_before, "load_average_after": load_after}
 
 
 # ------------------------------------------------------- end to end, on a store
-
-
-def _write_recording(url: str, n: int) -> int:
-    """A run of n events (generate()'s shape) written by the recorder's writer; its run id."""
-    from modtrace.store.engine import open_store
-    from modtrace.store.runs import add_rank, create_run, finish_rank
-    from modtrace.store.writer import EVENT_COLUMNS, RankWriter
-
-    events, mods, _ = generate(n)
-    store = open_store(url, create=True)
-    try:
-        run_id, _ = create_run(store, "bench", {})
-        add_rank(store, run_id, 0, 0)
-        writer = RankWriter(store, run_id, 0)
-        writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
-        for start in range(0, events.height, 250_000):
-            part = events.slice(start, 250_000)
-            writer.write(part.select(EVENT_COLUMNS).rows(), progress=(start + part.height, int(part["step"].max()) + 1))
-        finish_rank(store, run_id, 0, "completed")
-    finally:
-        store.dispose()
-    return run_id
 
 
 def plain_loop(path: str, run_id: int) -> int:
@@ -421,50 +283,27 @@ def plain_loop(path: str, run_id: int) -> int:
         rows = conn.execute(
             "SELECT seq, ts_ns, kind, module_id, phase, call_id, step, thread_id, status, graph_task, tie "
             "FROM events WHERE run_id = ? AND rank = 0 ORDER BY seq", (run_id,)).fetchall()
-        depth_of = {m: 0 for m in range(build_model()[0].height)}
+        depth_of = {m: 0 for m in range(analysis_modules()[0].height)}
         spans, _ = python_analysis(rows, depth_of)
     finally:
         conn.close()
     return len(spans)
 
 
-def _cli(args: list[str], db: str) -> float:
-    """Wall time of one modtrace command in a fresh interpreter, as a user runs it."""
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "modtrace", *args, "--db", db], capture_output=True, text=True,
-                          check=False)
-    wall = time.perf_counter() - t0
-    if done.returncode not in (0, 1):  # check exits 1 on errors
-        raise SystemExit(f"modtrace {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return wall
-
-
 # The floor of ``modtrace analyze``: a fresh interpreter importing what analyze imports,
 # opening the store and running analyze's rounds (read events, analyse), storing nothing.
-_FLOOR = """
+FLOOR = """
 import sys
-from modtrace.results.materialize import _Found, _complete, _rounds
+from modtrace.results.materialize import analysed_rounds
 from modtrace.store.engine import open_store
-from modtrace.store.reader import read_ranks
 import modtrace.store.analysis_store, modtrace.results.tree  # analyze imports them too
 store = open_store(sys.argv[1])
-run_id = int(sys.argv[2])
-ranks = read_ranks(store, run_id)
-from modtrace.results.materialize import ROUND_ROWS, CHUNK_ROWS
-spans = sum(s.height for s, _, _ in _rounds(store, run_id, ranks, _complete(store, run_id, None, None),
-                                            ROUND_ROWS, CHUNK_ROWS, _Found()))
+spans = sum(s.height for s, _ in analysed_rounds(store, int(sys.argv[2])))
 store.dispose()
 """
 
 
-def _floor(db: str, run_id: int) -> float:
-    """Wall time of ``_FLOOR`` in a fresh interpreter."""
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", _FLOOR, db, str(run_id)], check=True)
-    return time.perf_counter() - t0
-
-
-def _file_size(path: str) -> int:
+def file_size(path: str) -> int:
     import sqlite3
 
     conn = sqlite3.connect(path)
@@ -479,62 +318,53 @@ def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> di
     """The issue's analysis rows, side by side on one recording: the plain loop, ``modtrace analyze``,
     ``tree``, ``check``, ``export --format perfetto`` (each a fresh ``modtrace`` process), the
     floor of ``analyze`` on SQLite (a fresh process doing analyze's reading and analysing,
-    storing nothing: ``_FLOOR``), and the SQLite file's bytes per event and per span after VACUUM.  Repeats are interleaved."""
+    storing nothing: ``FLOOR``), and the SQLite file's bytes per event and per span after VACUUM.  Repeats are interleaved."""
     import shutil
 
+    from benchmarks._common import drop_schema, fresh_schema
+
     path = os.path.join(tmp, f"e2e_{n}.db")
-    run_id = _write_recording(path, n)
-    events_only = _file_size(path)
+    run_id = write_recording(path, n)
+    events_only = file_size(path)
     perfetto = os.path.join(tmp, "trace.json")
     targets: dict[str, str] = {"sqlite": path}
     if pg_url:
-        from sqlalchemy import create_engine, text
+        targets["postgresql"] = fresh_schema(pg_url, "modtrace_bench_e2e")
+        write_recording(targets["postgresql"], n)
+    spans = [0]
 
-        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text("DROP SCHEMA IF EXISTS modtrace_bench_e2e CASCADE"))
-            conn.execute(text("CREATE SCHEMA modtrace_bench_e2e"))
-        admin.dispose()
-        sep = "&" if "?" in pg_url else "?"
-        targets["postgresql"] = f"{pg_url}{sep}options=-csearch_path%3Dmodtrace_bench_e2e"
-        _write_recording(targets["postgresql"], n)
-    times: dict[str, dict[str, list[float]]] = {d: {} for d in targets}
-    plain: list[float] = []
-    spans = 0
-    floor: list[float] = []
-    for _ in range(repeats):
-        gc.collect()
-        t0 = time.perf_counter()
-        spans = plain_loop(path, run_id)
-        plain.append(time.perf_counter() - t0)
-        floor.append(_floor(path, run_id))
-        for dialect, db in targets.items():
-            row = times[dialect]
-            row.setdefault("analyze", []).append(_cli(["analyze", "bench"], db))
-            row.setdefault("tree", []).append(_cli(["tree", "bench"], db))
-            row.setdefault("check", []).append(_cli(["check", "bench"], db))
-            row.setdefault("export_perfetto", []).append(
-                _cli(["export", "bench", "--format", "perfetto", "-o", perfetto, "-q"], db))
+    def plain() -> None:
+        spans[0] = plain_loop(path, run_id)
+
+    candidates: dict[str, Any] = {
+        "plain": plain,
+        "floor": lambda: subprocess.run([sys.executable, "-c", FLOOR, path, str(run_id)], check=True),
+    }
+    commands = {"analyze": ["analyze", "bench"], "tree": ["tree", "bench"], "check": ["check", "bench"],
+                "export_perfetto": ["export", "bench", "--format", "perfetto", "-o", perfetto, "-q"]}
+    for dialect, db in targets.items():
+        for name, args in commands.items():
+            # check exits 1 on errors
+            candidates[f"{dialect}:{name}"] = partial(run_modtrace, [*args, "--db", db], ok=(0, 1))
+    samples = interleave(candidates, repeats, before=lambda name: gc.collect() if name == "plain" else None).wall
     if pg_url:
-        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text("DROP SCHEMA IF EXISTS modtrace_bench_e2e CASCADE"))
-        admin.dispose()
+        drop_schema(pg_url, "modtrace_bench_e2e")
     copy = os.path.join(tmp, "sized.db")
     shutil.copyfile(path, copy)
-    total = _file_size(copy)
-    plain_s = statistics.median(plain)
-    out: dict[str, Any] = {"events": n, "spans": spans, "plain_loop_median_s": plain_s,
-                           "sqlite_read_and_analyse_only_median_s": statistics.median(floor),
+    total = file_size(copy)
+    plain_s = median(samples["plain"])
+    out: dict[str, Any] = {"events": n, "spans": spans[0], "plain_loop_median_s": plain_s,
+                           "sqlite_read_and_analyse_only_median_s": median(samples["floor"]),
                            # the most analyze could reach over the plain loop if writing cost nothing
-                           "sqlite_floor_vs_plain_loop": plain_s / statistics.median(floor),
-                           "bytes_per_event": events_only / n, "bytes_per_span": (total - events_only) / spans,
+                           "sqlite_floor_vs_plain_loop": plain_s / median(samples["floor"]),
+                           "bytes_per_event": events_only / n, "bytes_per_span": (total - events_only) / spans[0],
                            "sqlite_file_bytes": total}
-    for dialect, row in times.items():
-        medians = {k: statistics.median(v) for k, v in row.items()}
+    for dialect in targets:
+        row = {name: samples[f"{dialect}:{name}"] for name in commands}
+        medians = {k: median(v) for k, v in row.items()}
         out[dialect] = {**{f"{k}_median_s": v for k, v in medians.items()},
                         "analyze_vs_plain_loop": plain_s / medians["analyze"],
-                        "analyze_us_per_span": medians["analyze"] / spans * 1e6,
+                        "analyze_us_per_span": medians["analyze"] / spans[0] * 1e6,
                         "runs_s": row}
     return out
 
@@ -583,7 +413,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     summary: dict[str, Any] = {
         "benchmark": "analysis",
-        "modules": build_model()[0].height,
+        "modules": analysis_modules()[0].height,
         "cpus": os.cpu_count(),
         "polars_version": pl.__version__,
         "polars_threads": pl.thread_pool_size(),

@@ -1,6 +1,6 @@
 """Accuracy of ``modtrace diff`` on real recordings of scripts/train_tiny.py.
 
-    .venv/bin/python scripts/accuracy_diff.py [--trials 5] [--steps 40] [--db PATH]
+    .venv/bin/python benchmarks/accuracy_diff.py [--trials 5] [--steps 40] [--db PATH]
 
 For each trial it records, one after the other in separate processes (as a
 user would), a baseline, a second run with the identical configuration (A/A)
@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,22 +35,20 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this tree's benchmarks
+
+from benchmarks._common import load_average, run_modtrace  # noqa: E402
+
 TRAIN = REPO / "scripts" / "train_tiny.py"
 
 
 def record(db: Path, name: str, steps: int, blocks: int, extra: list[str]) -> None:
-    cmd = [sys.executable, "-m", "modtrace", "record", "--db", str(db), "--run", name, str(TRAIN),
-           "--steps", str(steps), "--blocks", str(blocks), "--threads", "1", "--quiet", *extra]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"recording {name} failed:\n{proc.stdout}\n{proc.stderr}")
+    run_modtrace(["record", "--db", str(db), "--run", name, str(TRAIN), "--steps", str(steps), "--blocks", str(blocks),
+                  "--threads", "1", "--quiet", *extra], cwd=REPO)
 
 
 def diff(db: Path, base: str, cand: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "modtrace", "diff", base, cand, "--db", str(db), "--format", "json", "--fail-on", "never"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"diff {base} {cand} failed:\n{proc.stderr}")
+    _, proc = run_modtrace(["diff", base, cand, "--db", str(db), "--format", "json", "--fail-on", "never"], cwd=REPO)
     doc: dict[str, Any] = json.loads(proc.stdout)
     return doc
 
@@ -98,7 +94,7 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory()
     db = args.db or Path(tmp.name) / "accuracy.db"
     t0 = time.perf_counter()
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
     aa: list[dict[str, Any]] = []
     slow: list[dict[str, Any]] = []
     for i in range(args.trials):
@@ -147,7 +143,7 @@ def main() -> int:
         "ok": all(not t["regressions"] for t in aa)
         and all(t["hit"] and not t["others"] and (t["mlp_self_slowdown"] or 0.0) >= 1.25 for t in slow),
         "seconds": round(time.perf_counter() - t0, 1),
-        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
+        "load_average": {"before": load_before, "after": load_average()},
         "aa": aa,
         "slow": slow,
     }

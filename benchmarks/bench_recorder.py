@@ -44,7 +44,7 @@ Side by side in one process, interleaved repeats, medians:
   process's write of a step's events with None bound through an adapter (now)
   vs the sqlite3 module's adapter search (before).
 
-Prints a JSON summary on the last line.  Usage: scripts/bench_recorder.py [--repeats N] [--steps K]
+Prints a JSON summary on the last line.  Usage: benchmarks/bench_recorder.py [--repeats N] [--steps K]
 [--sections overhead,write_path,disk,fixed_costs,handover,schedule_off,gc,split]
 """
 
@@ -56,20 +56,29 @@ import json
 import os
 import random
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's modtrace and benchmarks
 
 import modtrace  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    event_rows,
+    interleave,
+    linear_relu_stack,
+    load_average,
+    median,
+    process_cpu_seconds,
+    timed,
+)
 from modtrace.store.engine import open_store  # noqa: E402
 from modtrace.store.runs import add_rank, create_run  # noqa: E402
 from modtrace.store.writer import EVENT_COLUMNS, RankWriter  # noqa: E402
@@ -78,38 +87,12 @@ from modtrace.tracking.tracker import Tracker  # noqa: E402
 BLOCKS = 200
 
 
-def build_model() -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for _ in range(BLOCKS):
-        layers += [nn.Linear(16, 16), nn.ReLU()]
-    return nn.Sequential(*layers)
-
-
 def run_steps(model: nn.Module, x: torch.Tensor, steps: int, on_step: Any = None) -> None:
     for _ in range(steps):
         model(x).sum().backward()
         model.zero_grad(set_to_none=True)
         if on_step is not None:
             on_step()
-
-
-def cpu_seconds(pid: int | None) -> float | None:
-    """CPU time of another process (Linux), or None: the scheduler's count in
-    nanoseconds where the kernel keeps one (/proc/PID/schedstat), else user +
-    system time in clock ticks (10 ms: 0.5 us per module call over a repeat)."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/schedstat") as fh:
-            return int(fh.read().split()[0]) / 1e9
-    except (OSError, IndexError, ValueError):
-        pass
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 class Floor:
@@ -215,7 +198,7 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
         if name.startswith("modtrace"):
             ctx.flush()  # and its first batch: the writer process is running from here on
             pid = ctx.writer_pid
-        cpu0 = cpu_seconds(pid)
+        cpu0 = process_cpu_seconds(pid)
         own0 = time.process_time()
         t0 = time.perf_counter()
         run_steps(model, x, steps, on_step)
@@ -224,7 +207,7 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
             ctx.flush()
             if final_flush is not None:
                 final_flush.append(time.perf_counter() - t1)
-            cpu1 = cpu_seconds(pid)
+            cpu1 = process_cpu_seconds(pid)
             if writer_cpu is not None and cpu0 is not None and cpu1 is not None:
                 writer_cpu.append(cpu1 - cpu0)
         elif name == "profiler_with_stack":
@@ -242,29 +225,30 @@ def time_config(name: str, model: nn.Module, x: torch.Tensor, steps: int, tmp: P
 def overhead(repeats: int, steps: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = build_model()
+    model = linear_relu_stack(BLOCKS)
     x = torch.randn(4, 16)
     configs = ["bare", "floor", "tracker", "module_tracker", "profiler_with_stack", "modtrace", "modtrace_thread",
                "modtrace_no_step", "modtrace_schedule_off"]
     writer_cpu: list[float] = []
     final_flush: list[float] = []
-    samples: dict[str, list[float]] = {c: [] for c in configs}
     cpu: dict[str, list[float]] = {c: [] for c in configs}
-    rng = random.Random(0)
+    reps = dict.fromkeys(configs, 0)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for c in configs:  # warm-up
             time_config(c, model, x, 2, tmp, -1 - configs.index(c))
-        for rep in range(repeats):
-            order = configs[:]
-            rng.shuffle(order)
-            for c in order:
-                samples[c].append(time_config(c, model, x, steps, tmp, rep, writer_cpu if c == "modtrace" else None,
-                                              cpu[c], final_flush if c == "modtrace" else None))
-    med = {c: statistics.median(v) for c, v in samples.items()}
+
+        def config(c: str) -> float:  # seconds per step, timed inside (the context's opening left out)
+            reps[c] += 1
+            return time_config(c, model, x, steps, tmp, reps[c], writer_cpu if c == "modtrace" else None,
+                               cpu[c], final_flush if c == "modtrace" else None)
+
+        samples = interleave({c: partial(config, c) for c in configs}, repeats, rng=random.Random(0),
+                             own_time=configs)
+    med = samples.medians()
     calls = 1 + 2 * BLOCKS  # module calls per step (each has a forward and a backward)
     added = {c: (med[c] - med["bare"]) / calls for c in configs if c != "bare"}
-    cpu_med = {c: statistics.median(v) for c, v in cpu.items()}
+    cpu_med = {c: median(v) for c, v in cpu.items()}
     added_cpu = {c: (cpu_med[c] - cpu_med["bare"]) / calls for c in configs if c != "bare"}
     writer_per_call = sum(writer_cpu) / (len(writer_cpu) * steps * calls) if writer_cpu else None
     return {
@@ -284,7 +268,7 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "writer_process_cpu_us_per_module_call": round(writer_per_call * 1e6, 2) if writer_per_call is not None else None,
         # of modtrace's added time: the wait at the end of each repeat for the writer process to
         # commit the last step's batch (handed over at its rec.step()), spread over the repeat's calls
-        "modtrace_final_flush_us_per_module_call": round(statistics.median(final_flush) / (steps * calls) * 1e6, 2),
+        "modtrace_final_flush_us_per_module_call": round(median(final_flush) / (steps * calls) * 1e6, 2),
         # The same configurations in CPU time rather than wall time: this process's CPU (all its
         # threads; a thread writer's writing included) per module call, which time the machine's
         # other processes take from the program does not change.  ``modtrace`` plus its writer
@@ -295,59 +279,65 @@ def overhead(repeats: int, steps: int) -> dict[str, Any]:
         "modtrace_thread_vs_floor_program_cpu_ratio": round(added_cpu["modtrace_thread"] / added_cpu["floor"], 3),
         "modtrace_with_writer_vs_floor_cpu_ratio": round((added_cpu["modtrace"] + writer_per_call) / added_cpu["floor"], 3)
         if writer_per_call is not None else None,
-        "load_average": [round(v, 2) for v in os.getloadavg()],
+        "load_average": load_average(),
         "module_calls_per_step": calls,
         "repeats": repeats,
         "steps_per_repeat": steps,
     }
 
 
-def synthetic_rows(n: int) -> list[tuple[Any, ...]]:
-    rows = []
-    for i in range(n):
-        rows.append((i, 1000 * i, i & 1, (i >> 1) % 400, (i // 802) & 1, i >> 1, i // 1604, 0, 0, None, 0, None if (i // 802) & 1 == 0 else 7, 0))
-    return rows
-
-
 def write_path(n: int, repeats: int) -> dict[str, Any]:
-    rows = synthetic_rows(n)
+    rows = event_rows(n)
     cols = ", ".join(EVENT_COLUMNS)
     marks = ", ".join("?" for _ in EVENT_COLUMNS)
-    ours: list[float] = []
-    raw: list[float] = []
+    made = [0]
+
+    def new_run(d: str, which: str) -> tuple[Path, Any, int]:
+        made[0] += 1
+        path = Path(d) / f"{which}-{made[0]}.db"
+        store = open_store(str(path), create=True)
+        run_id, _ = create_run(store, f"w{made[0]}", {})
+        add_rank(store, run_id, 0, 0)
+        return path, store, run_id
+
+    def ours(d: str) -> float:
+        _, store, run_id = new_run(d, "ours")
+        writer = RankWriter(store, run_id, 0)
+
+        def write() -> None:
+            for i in range(0, n, 20_000):
+                writer.write(rows[i:i + 20_000])
+
+        seconds = timed(write)[0]
+        store.dispose()
+        return seconds
+
+    def raw(d: str) -> float:
+        path, store, run_id = new_run(d, "raw")
+        store.dispose()
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        sql = f"INSERT INTO events (run_id, rank, {cols}) VALUES ({run_id}, 0, {marks})"
+
+        def write() -> None:
+            for i in range(0, n, 20_000):
+                with conn:
+                    conn.executemany(sql, rows[i:i + 20_000])
+
+        seconds = timed(write)[0]
+        conn.close()
+        return seconds
+
     with tempfile.TemporaryDirectory() as d:
-        for rep in range(repeats):
-            for which in (["ours", "raw"] if rep % 2 == 0 else ["raw", "ours"]):
-                path = Path(d) / f"{which}-{rep}.db"
-                store = open_store(str(path), create=True)
-                run_id, _ = create_run(store, f"w{rep}", {})
-                add_rank(store, run_id, 0, 0)
-                if which == "ours":
-                    writer = RankWriter(store, run_id, 0)
-                    t0 = time.perf_counter()
-                    for i in range(0, n, 20_000):
-                        writer.write(rows[i:i + 20_000])
-                    ours.append(n / (time.perf_counter() - t0))
-                    store.dispose()
-                else:
-                    store.dispose()
-                    conn = sqlite3.connect(path)
-                    conn.execute("PRAGMA synchronous = NORMAL")
-                    conn.execute("PRAGMA foreign_keys = ON")
-                    sql = f"INSERT INTO events (run_id, rank, {cols}) VALUES ({run_id}, 0, {marks})"
-                    t0 = time.perf_counter()
-                    for i in range(0, n, 20_000):
-                        with conn:
-                            conn.executemany(sql, rows[i:i + 20_000])
-                    raw.append(n / (time.perf_counter() - t0))
-                    conn.close()
-    o, r = statistics.median(ours), statistics.median(raw)
+        samples = interleave({"ours": lambda: ours(d), "raw": lambda: raw(d)}, repeats, own_time=("ours", "raw"))
+    o, r = (median(n / s for s in samples.wall[k]) for k in ("ours", "raw"))
     return {"rows_per_s_modtrace": round(o), "rows_per_s_raw_sqlite3": round(r), "ratio": round(o / r, 3), "rows": n}
 
 
 def bytes_per_event(steps: int) -> dict[str, Any]:
     torch.set_num_threads(1)
-    model = build_model()
+    model = linear_relu_stack(BLOCKS)
     x = torch.randn(4, 16)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "size.db"
@@ -379,44 +369,47 @@ def fixed_costs(repeats: int, steps: int = 30) -> dict[str, Any]:
     """Entering a Recorder, and leaving it after ``steps`` steps (default
     options, and without the end-of-recording analysis), medians."""
     torch.set_num_threads(1)
-    model = build_model()
+    model = linear_relu_stack(BLOCKS)
     x = torch.randn(4, 16)
     enter: list[float] = []
-    leave: dict[str, list[float]] = {"default": [], "analyze_false": []}
     analysis_wait: list[float] = []
-    events = 0
+    events = [0]
+    made = [0]
+
+    def leave_after_steps(d: str, which: str) -> float:
+        """Seconds to leave a Recorder after ``steps`` steps; its entering and the analysis
+        after it are timed on the side."""
+        made[0] += 1
+        kwargs: dict[str, Any] = {} if which == "default" else {"analyze": False}
+        rec = modtrace.Recorder(db=str(Path(d) / f"fixed-{made[0]}-{which}.db"), run="fixed", **kwargs)
+        enter.append(timed(rec.__enter__)[0])
+        try:
+            run_steps(model, x, steps, rec.step)
+        finally:
+            seconds = timed(lambda: rec.__exit__(None, None, None))[0]
+            # the writer process analyses after the program's context
+            waited = timed(rec.wait_analyzed)[0]
+            if which == "default":
+                analysis_wait.append(waited)
+        events[0] = rec.events_recorded
+        return seconds
+
     with tempfile.TemporaryDirectory() as d:
-        for rep in range(repeats):
-            for which in (["default", "analyze_false"] if rep % 2 == 0 else ["analyze_false", "default"]):
-                kwargs: dict[str, Any] = {} if which == "default" else {"analyze": False}
-                rec = modtrace.Recorder(db=str(Path(d) / f"fixed-{rep}-{which}.db"), run="fixed", **kwargs)
-                t0 = time.perf_counter()
-                rec.__enter__()
-                enter.append(time.perf_counter() - t0)
-                try:
-                    run_steps(model, x, steps, rec.step)
-                finally:
-                    t0 = time.perf_counter()
-                    rec.__exit__(None, None, None)
-                    leave[which].append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    rec.wait_analyzed()  # the writer process analyses after the program's context
-                    if which == "default":
-                        analysis_wait.append(time.perf_counter() - t0)
-                events = rec.events_recorded
+        leave = interleave({w: partial(leave_after_steps, d, w) for w in ("default", "analyze_false")}, repeats,
+                           own_time=("default", "analyze_false")).medians()
         create = new_database_costs(Path(d), repeats)
     return {
-        "enter_ms_median": round(statistics.median(enter) * 1e3, 2),
+        "enter_ms_median": round(median(enter) * 1e3, 2),
         # a new database: created at head from the metadata in one transaction (now) vs Alembic's
         # upgrade through every revision (before)
         "new_db_ms_median": create,
         "new_db_fast_vs_alembic_ratio": round(create["fast"] / create["alembic"], 3),
-        "leave_ms_median": {k: round(statistics.median(v) * 1e3, 2) for k, v in leave.items()},
+        "leave_ms_median": {k: round(v * 1e3, 2) for k, v in leave.items()},
         # after leaving with the default options: until the writer process has stored the analysis
         # (what `modtrace record` waits for; the program does not)
-        "analysis_after_leave_ms_median": round(statistics.median(analysis_wait) * 1e3, 2),
+        "analysis_after_leave_ms_median": round(median(analysis_wait) * 1e3, 2),
         "steps": steps,
-        "events": events,
+        "events": events[0],
         "repeats": repeats,
     }
 
@@ -427,21 +420,25 @@ def new_database_costs(d: Path, repeats: int) -> dict[str, float]:
     from modtrace.store.base import Store
     from modtrace.store.migrate import upgrade
 
-    times: dict[str, list[float]] = {"fast": [], "alembic": []}
-    for rep in range(repeats * 2):
-        for which in (("fast", "alembic") if rep % 2 == 0 else ("alembic", "fast")):
-            path = d / f"new-{which}-{rep}.db"
-            t0 = time.perf_counter()
-            if which == "fast":
-                open_store(str(path), create=True).dispose()
-            else:
-                engine = sa.create_engine(f"sqlite:///{path}", poolclass=sa.pool.NullPool)
-                with engine.connect() as conn:
-                    conn.exec_driver_sql("PRAGMA journal_mode = WAL")
-                upgrade(Store(engine=engine, label=str(path), path=path))
-                engine.dispose()
-            times[which].append(time.perf_counter() - t0)
-    return {k: round(statistics.median(v) * 1e3, 2) for k, v in times.items()}
+    made = [0]
+
+    def path(which: str) -> Path:
+        made[0] += 1
+        return d / f"new-{which}-{made[0]}.db"
+
+    def fast() -> None:
+        open_store(str(path("fast")), create=True).dispose()
+
+    def alembic() -> None:
+        where = path("alembic")
+        engine = sa.create_engine(f"sqlite:///{where}", poolclass=sa.pool.NullPool)
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+        upgrade(Store(engine=engine, label=str(where), path=where))
+        engine.dispose()
+
+    times = interleave({"fast": fast, "alembic": alembic}, repeats * 2).medians()
+    return {k: round(v * 1e3, 2) for k, v in times.items()}
 
 
 def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
@@ -450,41 +447,34 @@ def schedule_off(repeats: int, steps: int) -> dict[str, Any]:
     in alternating order; the median of the per-repeat differences, per module call."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = build_model()
+    model = linear_relu_stack(BLOCKS)
     x = torch.randn(4, 16)
     calls = 1 + 2 * BLOCKS
-    diffs: list[float] = []
-    cpu_diffs: list[float] = []
     with tempfile.TemporaryDirectory() as d:
         rec = modtrace.Recorder(db=str(Path(d) / "off.db"), run="off", analyze=False, writer="thread",
                                 schedule=modtrace.schedule(skip_first=10**9, active=1))
         with rec:
             run_steps(model, x, 2, rec.step)
-            for r in range(repeats * 6):
-                times = {}
-                cpu = {}
-                for which in (("bare", "off") if r % 2 == 0 else ("off", "bare")):
-                    c0 = time.process_time()
-                    t0 = time.perf_counter()
-                    run_steps(model, x, steps, rec.step if which == "off" else None)
-                    times[which] = (time.perf_counter() - t0) / steps
-                    cpu[which] = (time.process_time() - c0) / steps
-                diffs.append(times["off"] - times["bare"])
-                cpu_diffs.append(cpu["off"] - cpu["bare"])
+            pairs = interleave({"bare": lambda: run_steps(model, x, steps), "off": lambda: run_steps(model, x, steps, rec.step)},
+                               repeats * 6)
+            diffs = [v / steps for v in pairs.paired_differences("off", "bare")]
+            cpu_diffs = [v / steps for v in pairs.paired_differences("off", "bare", cpu=True)]
             # What an off step adds, taken apart: the module hooks installed (none), and the
             # step boundary itself (rec.step(), once a step), spread over the step's calls.
             import torch.nn.modules.module as module_hooks
 
             hooks = len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks)
             n = 20_000
-            t0 = time.perf_counter()
-            for _ in range(n):
-                rec.step()
-            step_s = (time.perf_counter() - t0) / n
+
+            def boundaries() -> None:
+                for _ in range(n):
+                    rec.step()
+
+            step_s = timed(boundaries)[0] / n
         assert rec.events_recorded == 0
-    return {"added_us_per_module_call_median": round(statistics.median(diffs) / calls * 1e6, 3),
+    return {"added_us_per_module_call_median": round(median(diffs) / calls * 1e6, 3),
             # the same pairs in this process's CPU time (what other processes on the machine do not move)
-            "added_cpu_us_per_module_call_median": round(statistics.median(cpu_diffs) / calls * 1e6, 3),
+            "added_cpu_us_per_module_call_median": round(median(cpu_diffs) / calls * 1e6, 3),
             "module_hooks_installed_in_off_steps": hooks,
             "step_boundary_us": round(step_s * 1e6, 3),
             "step_boundary_us_per_module_call": round(step_s / calls * 1e6, 4),
@@ -499,7 +489,7 @@ def handover(repeats: int) -> dict[str, Any]:
     from modtrace.recording.writer_messages import pack_batch
 
     torch.set_num_threads(1)
-    model = build_model()
+    model = linear_relu_stack(BLOCKS)
     x = torch.randn(4, 16)
     events: list[tuple[Any, ...]] = []
     tracker = Tracker(events.append)
@@ -508,19 +498,16 @@ def handover(repeats: int) -> dict[str, Any]:
         run_steps(model, x, 1)
     finally:
         tracker.stop()
-    old: list[float] = []
-    new: list[float] = []
-    for rep in range(repeats * 20):
-        batch = [tuple(e) for e in events]  # fresh tuples, as each step's are
-        order = ("old", "new") if rep % 2 == 0 else ("new", "old")
-        for which in order:
-            t0 = time.perf_counter()
-            if which == "old":
-                pickle.dumps(("write", list(batch), [], [], [], (0, 0), []), protocol=pickle.HIGHEST_PROTOCOL)
-            else:
-                pack_batch(batch, progress=(0, 0))
-            (old if which == "old" else new).append(time.perf_counter() - t0)
-    o, n = statistics.median(old), statistics.median(new)
+    batch: list[tuple[Any, ...]] = []
+
+    def fresh(_: str) -> None:
+        batch[:] = [tuple(e) for e in events]  # fresh tuples, as each step's are
+
+    packs = interleave({
+        "old": lambda: pickle.dumps(("write", list(batch), [], [], [], (0, 0), []), protocol=pickle.HIGHEST_PROTOCOL),
+        "new": lambda: pack_batch(batch, progress=(0, 0)),
+    }, repeats * 20, before=fresh).medians()
+    o, n = packs["old"], packs["new"]
     calls = 1 + 2 * BLOCKS
     return {
         "events_per_step": len(events),
@@ -562,7 +549,7 @@ def freeing_packed_events(model: nn.Module, x: torch.Tensor, repeats: int) -> di
                 times["next_step_before"].append(clock() - t0)
     finally:
         tracker.stop()
-    return {k: round(statistics.median(v) / 1e3, 1) for k, v in times.items()}
+    return {k: round(median(v) / 1e3, 1) for k, v in times.items()}
 
 
 def writer_binding(events: list[tuple[Any, ...]], repeats: int) -> dict[str, float]:
@@ -574,25 +561,28 @@ def writer_binding(events: list[tuple[Any, ...]], repeats: int) -> dict[str, flo
 
     key = (type(None), sqlite3.PrepareProtocol)
     saved = sqlite3.adapters.get(key)
-    times: dict[str, list[float]] = {"none_adapter_now": [], "plain_before": []}
     with tempfile.TemporaryDirectory() as d:
         store = open_store(str(Path(d) / "bind.db"), create=True)
         run_id, _ = create_run(store, "bind", {})
         add_rank(store, run_id, 0, 0)
         writer = RankWriter(store, run_id, 0)
-        seq = 0
+        seq = [0]
+        batch: list[tuple[Any, ...]] = []
+
+        def prepare(which: str) -> None:
+            if which == "none_adapter_now":
+                sqlite3.adapters[key] = {}.get
+            else:
+                sqlite3.adapters.pop(key, None)
+            batch[:] = [(seq[0] + i, *e[1:]) for i, e in enumerate(events)]
+            seq[0] += len(batch)
+
+        def write() -> None:
+            writer.write(batch, progress=(seq[0], seq[0] // len(events)))
+
         try:
-            for rep in range(repeats * 40):
-                which = "none_adapter_now" if rep % 2 == 0 else "plain_before"
-                if which == "none_adapter_now":
-                    sqlite3.adapters[key] = {}.get
-                else:
-                    sqlite3.adapters.pop(key, None)
-                batch = [(seq + i, *e[1:]) for i, e in enumerate(events)]
-                seq += len(batch)
-                t0 = time.thread_time()
-                writer.write(batch, progress=(seq, rep))
-                times[which].append(time.thread_time() - t0)
+            times = interleave({"none_adapter_now": write, "plain_before": write}, repeats * 20, clock=time.thread_time,
+                               before=prepare).wall
         finally:
             if saved is None:
                 sqlite3.adapters.pop(key, None)
@@ -600,7 +590,7 @@ def writer_binding(events: list[tuple[Any, ...]], repeats: int) -> dict[str, flo
                 sqlite3.adapters[key] = saved
             writer.close()
             store.dispose()
-    med = {k: statistics.median(v) / len(events) * 1e6 for k, v in times.items()}
+    med = {k: median(v) / len(events) * 1e6 for k, v in times.items()}
     return {**{k: round(v, 3) for k, v in med.items()},
             "now_vs_before_ratio": round(med["none_adapter_now"] / med["plain_before"], 3)}
 
@@ -612,7 +602,7 @@ def gc_costs(steps: int = 100) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = build_model()
+    model = linear_relu_stack(BLOCKS)
     x = torch.randn(4, 16)
     calls = 1 + 2 * BLOCKS
     out: dict[str, Any] = {}
@@ -651,7 +641,7 @@ def forward_backward_split(repeats: int) -> dict[str, Any]:
     floor and tracker (minimum over interleaved single steps)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = build_model()
+    model = linear_relu_stack(BLOCKS)
     x = torch.randn(4, 16)
     calls = 1 + 2 * BLOCKS
     names = ["bare", "floor", "tracker"]

@@ -1,6 +1,6 @@
 """Benchmark: ``modtrace diff`` of two runs of about 1 million events each, end to end.
 
-    .venv/bin/python scripts/bench_diff.py [--events 1000000] [--repeats 3] [--db PATH]
+    .venv/bin/python benchmarks/bench_diff.py [--events 1000000] [--repeats 3] [--db PATH]
 
 Builds two runs in a SQLite database from synthetic rows (a model of
 ``--blocks`` blocks of 8 modules each, forward and backward, exact
@@ -10,7 +10,8 @@ as a recording would be.  Then times ``modtrace diff BASE CAND --format
 json`` as a subprocess (interpreter start and imports included; wall and CPU
 time, the CPU time from the child's rusage), the interpreter start with the
 diff's imports alone, and, in this process, the two stages (reading both
-runs' calls side by side, ``diff_runs``).  Prints a JSON summary with medians
+runs' calls side by side through ``modtrace.open(db).diff_side``, then
+``modtrace.api.diff_calls``).  Prints a JSON summary with medians
 of ``--repeats`` interleaved runs and the load average before and after
 (this machine is shared: compare CPU times when the load is high).
 """
@@ -21,8 +22,6 @@ import argparse
 import json
 import os
 import random
-import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # this tree's modtrace and benchmarks
+
+from benchmarks._common import children_cpu_seconds, load_average, median, timed, timed_cpu  # noqa: E402
 
 CHILDREN = ("ln1", "attn", "attn.qkv", "attn.proj", "ln2", "mlp", "mlp.fc", "mlp.out")
 
@@ -117,24 +118,31 @@ def build(db: str, n_events: int, blocks: int) -> dict[str, Any]:
     return info
 
 
+def read_sides(db: str) -> tuple[Any, Any]:
+    """Both runs' sides of a diff, read side by side as ``modtrace diff`` reads them (a thread
+    and a database handle each: the driver lets go of Python's lock while it steps)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import modtrace
+
+    def side(ref: str) -> Any:
+        with modtrace.open(db) as database:
+            return database.diff_side(ref)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        base, cand = pool.submit(side, "base"), pool.submit(side, "cand")
+        return base.result(), cand.result()
+
+
 def stages(db: str) -> dict[str, float]:
     """In-process times of the two stages of one diff."""
-    from modtrace.analysis.diff import diff_runs
-    from modtrace.cli.diff import _load_both
+    from modtrace.api import diff_calls, like_with_like_calls
 
-    t0, c0 = time.perf_counter(), time.process_time()
-    (base, _), (cand, _) = _load_both((db, "base", None), (db, "cand", None))
-    t1, c1 = time.perf_counter(), time.process_time()
-    result = diff_runs(base, cand)
-    t2, c2 = time.perf_counter(), time.process_time()
+    load_s, load_cpu_s, (base, cand) = timed_cpu(lambda: read_sides(db))
+    spans = float(base[0].calls.height + cand[0].calls.height)
+    diff_s, diff_cpu_s, result = timed_cpu(lambda: diff_calls(*like_with_like_calls(base, cand, None)))
     assert result.timing.height > 0
-    return {"load_s": t1 - t0, "load_cpu_s": c1 - c0, "diff_s": t2 - t1, "diff_cpu_s": c2 - c1,
-            "spans": float(base.calls.height + cand.calls.height)}
-
-
-def child_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
+    return {"load_s": load_s, "load_cpu_s": load_cpu_s, "diff_s": diff_s, "diff_cpu_s": diff_cpu_s, "spans": spans}
 
 
 IMPORTS = (
@@ -162,36 +170,34 @@ def main() -> int:
     startup: list[float] = []
     stage_runs: list[dict[str, float]] = []
     doc: dict[str, Any] = {}
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
     for _ in range(args.repeats):
-        t0, c0 = time.perf_counter(), child_cpu()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-        e2e.append(time.perf_counter() - t0)
-        e2e_cpu.append(child_cpu() - c0)
+        c0 = children_cpu_seconds()
+        seconds, proc = timed(lambda: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True))
+        e2e.append(seconds)
+        e2e_cpu.append(children_cpu_seconds() - c0)
         if proc.returncode != 0:
             raise SystemExit(f"modtrace diff failed: {proc.stderr}")
         doc = json.loads(proc.stdout)
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", IMPORTS], cwd=REPO, check=True)
-        startup.append(time.perf_counter() - t0)
+        startup.append(timed(lambda: subprocess.run([sys.executable, "-c", IMPORTS], cwd=REPO, check=True))[0])
         stage_runs.append(stages(db))
     summary = {
         "events_per_run": built.get("base_events"),
         "build": built,
         "repeats": args.repeats,
-        "end_to_end_s_median": round(statistics.median(e2e), 3),
+        "end_to_end_s_median": round(median(e2e), 3),
         "end_to_end_s": [round(t, 3) for t in e2e],
-        "end_to_end_cpu_s_median": round(statistics.median(e2e_cpu), 3),
-        "startup_and_imports_s_median": round(statistics.median(startup), 3),
-        "read_calls_s_median": round(statistics.median(s["load_s"] for s in stage_runs), 3),
-        "read_calls_cpu_s_median": round(statistics.median(s["load_cpu_s"] for s in stage_runs), 3),
-        "diff_runs_s_median": round(statistics.median(s["diff_s"] for s in stage_runs), 3),
-        "diff_runs_cpu_s_median": round(statistics.median(s["diff_cpu_s"] for s in stage_runs), 3),
+        "end_to_end_cpu_s_median": round(median(e2e_cpu), 3),
+        "startup_and_imports_s_median": round(median(startup), 3),
+        "read_calls_s_median": round(median(s["load_s"] for s in stage_runs), 3),
+        "read_calls_cpu_s_median": round(median(s["load_cpu_s"] for s in stage_runs), 3),
+        "diff_runs_s_median": round(median(s["diff_s"] for s in stage_runs), 3),
+        "diff_runs_cpu_s_median": round(median(s["diff_cpu_s"] for s in stage_runs), 3),
         "spans_compared": int(stage_runs[0]["spans"]),
         "regressions": [f"{r['fqn']}:{r['phase']}" for r in doc["timing"] if r["verdict"] == "regression"],
         "target_s": 3.0,
         "cpus": os.cpu_count(),
-        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
+        "load_average": {"before": load_before, "after": load_average()},
     }
     summary["ok"] = summary["end_to_end_s_median"] <= 3.0
     print(json.dumps(summary, indent=2))

@@ -3,7 +3,7 @@
 this tree's code against another tree's (e.g. a worktree of main), side by side.
 
 Each tree runs in a child process of its own that keeps its store open: a recording of
-``--events`` events (scripts/bench_analysis.py's shape: 1M events, 499,660 spans) written
+``--events`` events (the analysis benchmarks' shape, ``_common.write_recording``: 1M events, 499,660 spans) written
 by the recorder's writer into a SQLite file and, with ``--pg``, a scratch schema of that
 PostgreSQL server, created by that tree's code at its own schema revision, and analysed
 once.  Then, in rounds, each child in turn times on each backend:
@@ -18,7 +18,7 @@ is taken (``--no-checkpoint``: not), as when a run is re-analysed a while after 
 first analysis (each page's first change after a checkpoint is logged whole).  Medians
 over rounds, ratios this/other, the load average around the rounds; one JSON summary.
 
-    python scripts/bench_span_write.py --other-tree ../main [--pg URL] [--events 1000000] [--repeats 5]
+    python benchmarks/bench_span_write.py --other-tree ../main [--pg URL] [--events 1000000] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -26,42 +26,42 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # this tree's benchmarks (a child takes it off again before modtrace)
+
+from benchmarks._common import (  # noqa: E402
+    drop_schema,
+    fresh_schema,
+    load_average,
+    median,
+    timed,
+    write_recording,
+)
+
 SCHEMA = "modtrace_bench_span_write"
 
 
 def _child(label: str, sqlite_path: str, pg_url: str | None, events: int, checkpoint: bool) -> None:
     """Serve timings on stdin's commands ('write' | 'analyze' | 'quit'), one JSON line each."""
-    sys.path.insert(0, str(HERE))
-    from bench_analysis import _write_recording  # type: ignore[import-not-found]
-
+    # modtrace from the tree this child times (its PYTHONPATH), not from this script's tree
+    sys.path.remove(str(HERE.parent))
     from modtrace.results.materialize import compute, materialize
     from modtrace.store.analysis_store import count_span_rows, write_analysis
     from modtrace.store.engine import open_store, read_revision
 
     targets = {"sqlite": sqlite_path}
     if pg_url:
-        from sqlalchemy import create_engine
-
-        schema = f"{SCHEMA}_{label}"
-        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-            conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-        admin.dispose()
-        sep = "&" if "?" in pg_url else "?"
-        targets["postgresql"] = f"{pg_url}{sep}options=-csearch_path%3D{schema}"
+        targets["postgresql"] = fresh_schema(pg_url, f"{SCHEMA}_{label}")
     stores, runs, analyses = {}, {}, {}
     for dialect, url in targets.items():
-        runs[dialect] = _write_recording(url, events)
+        runs[dialect] = write_recording(url, events)
         stores[dialect] = store = open_store(url)
         materialize(store, runs[dialect])
         analyses[dialect] = compute(store, runs[dialect])
@@ -83,24 +83,17 @@ def _child(label: str, sqlite_path: str, pg_url: str | None, events: int, checkp
         out = {}
         for dialect, store in stores.items():
             prepare(dialect)
-            t0 = time.perf_counter()
+            run_id, result = runs[dialect], analyses[dialect]
             if command == "write":
-                result = analyses[dialect]
-                write_analysis(store, runs[dialect], result.spans, result.issues)
+                out[dialect] = timed(partial(write_analysis, store, run_id, result.spans, result.issues))[0]
             else:
-                materialize(store, runs[dialect])
-            out[dialect] = time.perf_counter() - t0
+                out[dialect] = timed(partial(materialize, store, run_id))[0]
             assert count_span_rows(store, runs[dialect]) == analyses[dialect].spans.height
         print(json.dumps(out), flush=True)
     for store in stores.values():
         store.dispose()
     if pg_url:
-        from sqlalchemy import create_engine
-
-        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA}_{label} CASCADE")
-        admin.dispose()
+        drop_schema(pg_url, f"{SCHEMA}_{label}")
 
 
 def _start(label: str, tree: Path, tmp: str, args: argparse.Namespace) -> subprocess.Popen[str]:
@@ -149,13 +142,13 @@ def main() -> None:
             assert child.stdout is not None
             setup[label] = json.loads(child.stdout.readline())
         times: dict[str, dict[str, dict[str, list[float]]]] = {label: {} for label in trees}
-        loads = [os.getloadavg()[0]]
+        loads = [load_average()[0]]
         for _ in range(args.repeats):
             for op in operations:
                 for label, child in children.items():
                     for dialect, seconds in _ask(child, op).items():
                         times[label].setdefault(op, {}).setdefault(dialect, []).append(seconds)
-            loads.append(os.getloadavg()[0])
+            loads.append(load_average()[0])
         for child in children.values():
             assert child.stdin is not None
             child.stdin.write("quit\n")
@@ -166,7 +159,7 @@ def main() -> None:
     for op in operations:
         for dialect in times["this"][op]:
             spans = setup["this"][dialect]["spans"]
-            med = {label: statistics.median(times[label][op][dialect]) for label in trees}
+            med = {label: median(times[label][op][dialect]) for label in trees}
             summary[f"{op}_{dialect}"] = {
                 **{f"{label}_median_s": round(med[label], 3) for label in trees},
                 **{f"{label}_us_per_span": round(med[label] / spans * 1e6, 2) for label in trees},

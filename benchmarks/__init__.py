@@ -1,0 +1,1 @@
+"""Benchmarks: scripts run by hand (``python benchmarks/bench_NAME.py --help``), sharing ``_common``."""
