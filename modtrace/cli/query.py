@@ -63,3 +63,5 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
         given["run_id"] = run
     result = modtrace.api.query(db, chosen, given)
     click.echo(get_renderer("rows", fmt).render(Table(result.columns, result.rows)), nl=False)
+    for note in result.notes:
+        click.echo(f"modtrace: note: no rows: {note}", err=True)
