@@ -25,6 +25,36 @@ def db_path(_isolated_db: Path) -> Path:
     return _isolated_db
 
 
+_SKIP_LINE = pytest.StashKey[str]()
+
+
+def skip_summary(reports: list[pytest.TestReport]) -> str:
+    """One line: how many tests were skipped, grouped by reason, most common first."""
+    if not reports:
+        return "skipped: none"
+    counts: dict[str, int] = {}
+    for report in reports:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        counts[reason] = counts.get(reason, 0) + 1
+    groups = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return f"skipped {len(reports)}: " + "; ".join(f"{n} {reason}" for reason, n in groups)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    config.stash[_SKIP_LINE] = skip_summary(terminalreporter.stats.get("skipped", []))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # After pytest's own last line (the counts), so that what was skipped, and why, ends the run.
+    line = config.stash.get(_SKIP_LINE, None)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if line is not None and reporter is not None:
+        reporter.write_line(line)
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A URL for a fresh, empty PostgreSQL schema, dropped after the test."""

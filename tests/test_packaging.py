@@ -197,3 +197,24 @@ def test_code_passes_ruff() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_readme_record_synopsis_names_every_option() -> None:
+    import click
+
+    from modtrace.cli.record import record
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### `modtrace record`", 1)[1]
+    synopsis = section.split("```sh", 1)[1].split("```", 1)[0]
+    words = set(synopsis.replace("[", " ").replace("]", " ").split())
+    options = [p for p in record.get_params(click.Context(record)) if isinstance(p, click.Option) and "--help" not in p.opts]
+    missing = [p.opts[0] for p in options if not words & set(p.opts)]
+    assert missing == []
+
+
+def test_readme_names_every_library_query() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### `modtrace query`", 1)[1].split("\n### ", 1)[0]
+    names = sorted(p.stem for p in (REPO / "queries").glob("*.sql"))
+    assert [n for n in names if f"`{n}`" not in section] == []

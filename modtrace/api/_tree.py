@@ -60,6 +60,24 @@ def stored_nodes(db: Database, ref: Run, clock: str, opts: TreeOptions) -> list[
     return filter_nodes(nodes, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
 
 
+def step_ranges(steps: list[int]) -> str:
+    """Sorted step numbers as runs of consecutive steps: ``0-4, 10, 20-29``.
+
+    A scheduled run records a few windows of steps; listing them is what tells
+    the reader which ``--step`` values exist.
+    """
+    parts: list[str] = []
+    start = prev = steps[0]
+    for step in [*steps[1:], None]:
+        if step is not None and step == prev + 1:
+            prev = step
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if step is not None:
+            start = prev = step
+    return ", ".join(parts)
+
+
 def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> pl.DataFrame:
     """The nodes frame to show, from the run's spans (held, stored or computed) on ``clock``."""
     import polars as pl
@@ -81,7 +99,10 @@ def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> p
             raise UsageError(f"run {ref.name} has no spans on rank {opts.rank}")
         spans = spans.filter(pl.col("rank") == opts.rank)
     if opts.step is not None:
-        spans = spans.filter(pl.col("step") == opts.step)
-        if spans.height == 0:
-            raise UsageError(f"run {ref.name} has no spans in step {opts.step}")
+        chosen = spans.filter(pl.col("step") == opts.step)
+        if chosen.height == 0:
+            recorded = spans["step"].drop_nulls().unique().sort().to_list()
+            where = f"its steps are {step_ranges(recorded)}" if recorded else "it has no steps"
+            raise UsageError(f"run {ref.name} has no spans in step {opts.step}; {where}")
+        spans = chosen
     return filter_tree(module_tree(spans), phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)

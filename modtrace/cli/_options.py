@@ -52,6 +52,15 @@ def clock_option(fn: F) -> F:
     )(fn)
 
 
+def stdout_terminal() -> Any:
+    """The ``renderers.Terminal`` of stdout, for renderers of text meant for a person."""
+    import sys
+
+    from modtrace.renderers.base import terminal_of
+
+    return terminal_of(sys.stdout)
+
+
 def quiet_option(help: str = "No progress bar or notes on stderr.") -> Callable[[F], F]:  # noqa: A002
     """``-q/--quiet``: nothing on stderr but errors."""
 

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from modtrace.cli._options import clock_option, db_option, format_option, rank_option
+from modtrace.cli._options import (
+    clock_option,
+    db_option,
+    format_option,
+    rank_option,
+    stdout_terminal,
+)
 from modtrace.cli._steps import step_kind_option, step_on_option
 from modtrace.core.contracts import SEVERITIES
 
@@ -22,6 +28,14 @@ if TYPE_CHECKING:
 def _counts(issues: pl.DataFrame) -> str:
     n = {s: int((issues["severity"] == s).sum()) for s in SEVERITIES}
     return f"{n['error']} error(s), {n['warning']} warning(s), {n['info']} info"
+
+
+# How a severity stands out on a terminal that takes colour (first column of check's rows).
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
+
+
+def _styles(rows: list[tuple[Any, ...]]) -> list[str | None]:
+    return [_SEVERITY_STYLE.get(str(row[0])) for row in rows]
 
 
 @click.command()
@@ -65,13 +79,19 @@ def _step_arg(value: str) -> int | None:
 @click.option("--max-depth", type=click.IntRange(min=0), default=None, help="Hide nodes deeper than this (0 = roots).")
 @click.option("--min-percent", type=click.FloatRange(min=0), default=None,
               help="Hide nodes below this percentage of step time.")
+@click.option("--sort", "sort_by", type=click.Choice(["self", "incl", "calls"]), default=None,
+              help="Order each node's children by total self time, inclusive time or calls, largest first "
+                   "(default: the order they were first called in).")
+@click.option("--top", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Only the N nodes with the most --sort measure (self time by default), under their ancestors.")
+@click.option("--full-names", is_flag=True, help="Name each node by its full name, not its part below its parent.")
 @step_on_option
 @step_kind_option("all")
 @clock_option
 @format_option("table", "json")
 def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, max_depth: int | None,
-         min_percent: float | None, step_on: str | None, step_kind: str | None, clock: str | None,
-         fmt: str) -> None:
+         min_percent: float | None, sort_by: str | None, top: int | None, full_names: bool, step_on: str | None,
+         step_kind: str | None, clock: str | None, fmt: str) -> None:
     """Show RUN's module call tree: calls, inclusive and self time, % of step.
 
     Times are per-step medians (over the steps a node ran in) and totals;
@@ -80,9 +100,11 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     recompute calls form their own subtrees.  Steps follow --step-on;
     --step-kind keeps the steps of one kind (e.g. the decode steps of a
     generate() loop).  Times are on --clock: device time by default when
-    the run has it (CUDA), else host time.
+    the run has it (CUDA), else host time.  The table names each node by
+    its part below its parent (--full-names: by its full name, as JSON does).
     """
     import modtrace.api
+    from modtrace.core.tree_rows import sort_nodes, top_nodes
     from modtrace.renderers import get_renderer
     from modtrace.renderers.tree import TreeView
 
@@ -92,10 +114,15 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
         rows: list[dict[str, Any]] = database.tree_rows(
             ref, phase=None if phase == "all" else phase, step=step, rank=rank, max_depth=max_depth,
             min_percent=min_percent, step_on=step_on, step_kind=step_kind, clock=clock)
+    if top is not None:
+        rows = top_nodes(rows, sort_by or "self", top)
+    if sort_by is not None:
+        rows = sort_nodes(rows, sort_by)
     if fmt == "table" and not rows:
         click.echo(f"run {ref.name}: no module calls to show")
         return
-    click.echo(get_renderer("tree", fmt).render(TreeView(rows)), nl=False)
+    renderer = get_renderer("tree", fmt, terminal=stdout_terminal())
+    click.echo(renderer.render(TreeView(rows, full_names=full_names)), nl=False)
 
 
 @click.command()
@@ -131,12 +158,14 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str, show_all: bool
         click.echo(f"run {ref.name}: no nesting issues")
     elif show_all:
         out = issues.select("severity", "kind", "rank", "seq", "message").rows()
-        click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "message"], out)), nl=False)
+        table = Table(["severity", "kind", "rank", "seq", "message"], out, row_styles=_styles(out))
+        click.echo(get_renderer("rows", "table", terminal=stdout_terminal()).render(table), nl=False)
         click.echo(f"run {ref.name}: {_counts(issues)}")
     else:
         assert summary is not None
         out = summary.select("severity", "kind", "rank", "seq", "count", "message").rows()
-        click.echo(get_renderer("rows", "table").render(Table(["severity", "kind", "rank", "seq", "count", "message"], out)), nl=False)
+        table = Table(["severity", "kind", "rank", "seq", "count", "message"], out, row_styles=_styles(out))
+        click.echo(get_renderer("rows", "table", terminal=stdout_terminal()).render(table), nl=False)
         click.echo(f"run {ref.name}: {_counts(issues)}")
     if (issues["severity"] == "error").any():
         ctx.exit(1)

@@ -6,7 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from modtrace.cli._options import clock_option, db_option, format_option, rank_option
+from modtrace.cli._options import (
+    clock_option,
+    db_option,
+    format_option,
+    rank_option,
+    stdout_terminal,
+)
 from modtrace.cli._steps import step_kind_option, step_on_option
 from modtrace.core.contracts import PHASES
 
@@ -134,7 +140,7 @@ def diff(
                 "(use --skip-steps 0)"
             )
     doc = document(result, base_info, cand_info, options, fail_on)
-    click.echo(get_renderer("diff", fmt).render(DiffView(doc, show_all)), nl=False)
+    click.echo(get_renderer("diff", fmt, terminal=stdout_terminal()).render(DiffView(doc, show_all)), nl=False)
     code = result.exit_code(fail_on)
     if code:
         raise click.exceptions.Exit(code)

@@ -251,8 +251,11 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
         _check_output_file(output)
     else:
         what = what or "all"
-        if output == "-" and (fmt == "parquet" or what == "all"):
-            raise UsageError("-o - (stdout) needs --format csv and --what spans or events")
+        if output == "-" and fmt == "parquet":
+            raise UsageError("-o - (stdout) takes text: Parquet is binary, give it a file or directory "
+                             "(--format csv or perfetto can write to stdout)")
+        if output == "-" and what == "all":
+            raise UsageError("-o - (stdout) takes one table: add --what spans or --what events")
         if what == "all":
             _check_output_dir(Path(output))
         else:

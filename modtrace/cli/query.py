@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from modtrace.cli._options import db_option, format_option
+from modtrace.cli._options import db_option, format_option, stdout_terminal
 
 
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -49,7 +49,8 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
             [item.name, item.purpose, " ".join(f":{p}" for p in item.param_names)]
             for item in modtrace.api.query_library()
         ]
-        click.echo(get_renderer("rows", fmt).render(Table(["name", "purpose", "parameters"], rows)), nl=False)
+        click.echo(get_renderer("rows", fmt, terminal=stdout_terminal()).render(
+            Table(["name", "purpose", "parameters"], rows)), nl=False)
         return
     if query is None:
         raise UsageError("give a query: a NAME from `modtrace query --list`, a .sql PATH or an SQL statement")
@@ -62,4 +63,6 @@ def query(query: str | None, db: str | None, run: str | None, params: tuple[str,
             raise UsageError("give the run once: --run RUN or --param run_id=RUN")
         given["run_id"] = run
     result = modtrace.api.query(db, chosen, given)
-    click.echo(get_renderer("rows", fmt).render(Table(result.columns, result.rows)), nl=False)
+    click.echo(get_renderer("rows", fmt, terminal=stdout_terminal()).render(Table(result.columns, result.rows)), nl=False)
+    for note in result.notes:
+        click.echo(f"modtrace: note: no rows: {note}", err=True)

@@ -233,7 +233,7 @@ def _record_under(
         if progress_mod.wanted(sys.stderr, quiet):
             line = progress_mod.ProgressLine(
                 sys.stderr, rec.run_name, lambda: (rec.events_recorded, rec.step_count)
-            ).start()
+            ).guard().start()
         try:
             outcome = execute(target)
         except Terminated:  # arrived while the runner was already handling the end

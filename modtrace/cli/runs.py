@@ -6,7 +6,7 @@ import json
 
 import click
 
-from modtrace.cli._options import db_option, format_option
+from modtrace.cli._options import db_option, format_option, stdout_terminal
 from modtrace.cli._steps import rule_label
 
 
@@ -51,7 +51,7 @@ def runs(db: str | None, limit: int | None, fmt: str) -> None:
     else:
         columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks"]
         out = [[r[c] for c in columns] for r in rows]
-    click.echo(get_renderer("rows", fmt).render(Table(columns, out)), nl=False)
+    click.echo(get_renderer("rows", fmt, terminal=stdout_terminal()).render(Table(columns, out)), nl=False)
 
 
 @click.command()
@@ -72,7 +72,7 @@ def show(run: str, db: str | None, fmt: str) -> None:
         click.echo(json.dumps(info, indent=2, default=str))
         return
     rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in info.items()]
-    click.echo(get_renderer("rows", "table").render(Table(["field", "value"], rows)), nl=False)
+    click.echo(get_renderer("rows", "table", terminal=stdout_terminal()).render(Table(["field", "value"], rows)), nl=False)
     if info.get("compiled_modules"):
         click.echo(f"note: {', '.join(info['compiled_modules'])} ran compiled (torch.compile): the module calls inside"
                    " are not recorded; `modtrace record --eager` records them")

@@ -1,5 +1,8 @@
 """The module call tree's nodes as plain rows, and the filters ``tree`` applies to them.
 
+``sort_nodes`` and ``top_nodes`` reorder and select the rows to show
+(``--sort``, ``--top``), keeping the tree's shape.
+
 A node (``contracts.TREE_NODE_FRAME``) is a call path with its timings, in
 tree pre-order with its ``level`` and ``parent_node_id``;
 ``analysis.aggregate.module_tree`` builds them from spans, ``store.tree_table``
@@ -59,3 +62,49 @@ def filter_nodes(nodes: Sequence[Mapping[str, Any]], *, phases: set[str] | None 
     shown = shown_nodes(((n["node_id"], n["parent_node_id"], n["phase"], n["percent"]) for n in nodes),
                         phases=phases, max_depth=max_depth, min_percent=min_percent)
     return [{**by_id[node], "parent_node_id": parent, "level": level} for node, parent, level in shown]
+
+
+# ``tree --sort``: the measure each choice orders by (totals over the steps shown).
+SORT_KEYS = {"self": "self_total_ns", "incl": "inclusive_total_ns", "calls": "calls"}
+
+
+def _forest(nodes: Sequence[Node]) -> list[tuple[Node, list[Any]]]:
+    roots: list[tuple[Node, list[Any]]] = []
+    path: list[tuple[Node, list[Any]]] = []
+    for node in nodes:
+        entry: tuple[Node, list[Any]] = (node, [])
+        level = int(node["level"])
+        del path[level:]
+        (path[-1][1] if path else roots).append(entry)
+        path.append(entry)
+    return roots
+
+
+def sort_nodes(nodes: Sequence[Node], by: str) -> list[Node]:
+    """Pre-order rows -> the same tree with every node's children (and the roots) ordered by
+    ``SORT_KEYS[by]``, largest first; equal ones keep their order."""
+    key = SORT_KEYS[by]
+    out: list[Node] = []
+
+    def walk(entries: list[tuple[Node, list[Any]]]) -> None:
+        for node, children in sorted(entries, key=lambda e: -(e[0][key] or 0)):
+            out.append(node)
+            walk(children)
+
+    walk(_forest(nodes))
+    return out
+
+
+def top_nodes(nodes: Sequence[Node], by: str, n: int) -> list[Node]:
+    """The ``n`` nodes with the most ``SORT_KEYS[by]``, with their ancestors (so each is shown
+    where it hangs), in the order given."""
+    key = SORT_KEYS[by]
+    ranked = sorted(range(len(nodes)), key=lambda i: -(nodes[i][key] or 0))[:n]
+    keep = set(ranked)
+    path: list[int] = []
+    for i, node in enumerate(nodes):
+        del path[int(node["level"]):]
+        if i in keep:
+            keep.update(path)
+        path.append(i)
+    return [node for i, node in enumerate(nodes) if i in keep]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from modtrace.renderers.base import Progress, Renderer
+from modtrace.renderers.base import Progress, Renderer, Terminal, terminal_of
 from modtrace.renderers.rows import Row, Table
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from modtrace.renderers.perfetto import Trace
     from modtrace.renderers.tree import TreeView
 
-__all__ = ["REGISTRY", "Progress", "Renderer", "Row", "Table", "formats", "get_renderer"]
+__all__ = ["REGISTRY", "Progress", "Renderer", "Row", "Table", "Terminal", "formats", "get_renderer", "terminal_of"]
 
 REGISTRY: dict[str, dict[str, str]] = {
     "rows": {
@@ -66,18 +66,18 @@ def formats(kind: str) -> tuple[str, ...]:
 
 
 @overload
-def get_renderer(kind: Literal["rows"], name: str, *, progress: Progress | None = None) -> Renderer[Table]: ...
+def get_renderer(kind: Literal["rows"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None) -> Renderer[Table]: ...
 @overload
-def get_renderer(kind: Literal["tree"], name: str, *, progress: Progress | None = None) -> Renderer[TreeView]: ...
+def get_renderer(kind: Literal["tree"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None) -> Renderer[TreeView]: ...
 @overload
-def get_renderer(kind: Literal["diff"], name: str, *, progress: Progress | None = None) -> Renderer[DiffView]: ...
+def get_renderer(kind: Literal["diff"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None) -> Renderer[DiffView]: ...
 @overload
 def get_renderer(
-    kind: Literal["report"], name: str, *, progress: Progress | None = None
+    kind: Literal["report"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None
 ) -> Renderer[Mapping[str, Any]]: ...
 @overload
-def get_renderer(kind: Literal["trace"], name: str, *, progress: Progress | None = None) -> Renderer[Trace]: ...
-def get_renderer(kind: str, name: str, *, progress: Progress | None = None) -> Renderer[Any]:
+def get_renderer(kind: Literal["trace"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None) -> Renderer[Trace]: ...
+def get_renderer(kind: str, name: str, *, progress: Progress | None = None, terminal: Terminal | None = None) -> Renderer[Any]:
     """The renderer of ``kind`` models registered as ``name`` (a ``--format`` value)."""
     try:
         target = REGISTRY[kind][name]
@@ -86,5 +86,5 @@ def get_renderer(kind: str, name: str, *, progress: Progress | None = None) -> R
         raise ValueError(f"no {kind!r} renderer named {name!r} (known: {known})") from None
     module, _, cls_name = target.partition(":")
     cls: type[Renderer[Any]] = getattr(importlib.import_module(module), cls_name)
-    return cls(progress=progress)
+    return cls(progress=progress, terminal=terminal)
 

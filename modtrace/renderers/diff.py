@@ -7,6 +7,7 @@ The table, markdown and csv renderers read only the document; a
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -169,6 +170,23 @@ class DiffRenderer(Renderer[DiffView]):
     kind = "diff"
 
 
+# How a finding stands out on a terminal that takes colour.
+VERDICT_STYLE = {"regression": "bold red", "improvement": "green"}
+
+HEADLINE_WIDTH = 100
+
+
+def wrap_headline(lines: list[str]) -> list[str]:
+    """The headline's sentences folded at word boundaries to ``HEADLINE_WIDTH`` columns, the
+    continuation indented: prose, unlike a table row, reads as well folded (at any width, and
+    in a pipe)."""
+    out = []
+    for line in lines:
+        out.extend(textwrap.wrap(line, HEADLINE_WIDTH, subsequent_indent="  ", break_long_words=False,
+                                 break_on_hyphens=False) or [""])
+    return out
+
+
 class DiffTableRenderer(DiffRenderer):
     """Terminal output: a headline, then one table per kind of finding."""
 
@@ -176,14 +194,15 @@ class DiffTableRenderer(DiffRenderer):
 
     def render(self, model: DiffView) -> str:
         doc, show_all = model.doc, model.show_all
-        table = TableRenderer()
-        out = ["\n".join(headline(doc)) + "\n"]
+        table = TableRenderer(terminal=self.terminal)
+        out = ["\n".join(wrap_headline(headline(doc))) + "\n"]
         for verdict, metric, title in SECTIONS:
             if verdict == "unchanged" and not show_all:
                 continue
             rows = timing_rows(doc, verdict, metric)
             if rows:
-                out.append(f"\n{title}\n" + table.render(Table(TIMING_HEADERS, rows)))
+                styles = [VERDICT_STYLE.get(verdict)] * len(rows)
+                out.append(f"\n{title}\n" + table.render(Table(TIMING_HEADERS, rows, row_styles=styles)))
         if doc["structure"]:
             rows = [[s["kind"], s["fqn"] or "", s["phase"] or "", s["message"]] for s in doc["structure"]]
             out.append("\nStructure\n" + table.render(Table(("change", "module", "phase", "detail"), rows)))

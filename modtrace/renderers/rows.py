@@ -20,6 +20,8 @@ class Table:
     columns: Sequence[str]
     rows: Sequence[Row]
     title: str | None = None
+    # A rich style per row (e.g. "red" for an error), shown only on a terminal that takes colour.
+    row_styles: Sequence[str | None] = ()
 
 
 class RowsRenderer(Renderer[Table]):
@@ -35,7 +37,12 @@ def _cell(value: Any) -> str:
 
 
 class TableRenderer(RowsRenderer):
-    """A terminal table drawn by rich; plain when the output is not a terminal."""
+    """A borderless table drawn by rich.
+
+    On a terminal it fits the terminal's width (long cells fold within their
+    column) and styles rows; otherwise (a pipe, a file) every row is one
+    whole line, however long, so ``grep`` and ``cut`` see whole rows.
+    """
 
     name = "table"
 
@@ -43,15 +50,30 @@ class TableRenderer(RowsRenderer):
         from rich.console import Console
         from rich.table import Table as RichTable
 
-        table = RichTable(title=model.title, show_lines=False, header_style="bold", box=None, pad_edge=False)
+        term = self.terminal
+        table = RichTable(title=model.title, show_lines=False, header_style="bold" if term.color else None,
+                          box=None, pad_edge=False)
         for col in model.columns:
             table.add_column(col, overflow="fold")
-        for row in model.rows:
-            table.add_row(*(_cell(v) for v in row))
+        for i, row in enumerate(model.rows):
+            style = model.row_styles[i] if term.color and i < len(model.row_styles) else None
+            table.add_row(*(_cell(v) for v in row), style=style)
         buf = io.StringIO()
-        console = Console(file=buf, width=200, force_terminal=False, color_system=None, highlight=False)
+        # Not a terminal: wide enough for any row, so rich never folds a cell onto a second line.
+        width = term.width if term.width is not None else _natural_width(model)
+        console = Console(file=buf, width=max(width, 20), force_terminal=term.color,
+                          color_system="standard" if term.color else None, highlight=False, emoji=False)
         console.print(table)
         return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+def _natural_width(model: Table) -> int:
+    # Each column's widest line plus the two spaces between columns, and room for the title.
+    widths = [len(c) for c in model.columns]
+    for row in model.rows:
+        for i, value in enumerate(row):
+            widths[i] = max(widths[i], *(len(part) for part in _cell(value).splitlines() or [""]))
+    return max(sum(widths) + 2 * len(widths), len(model.title or "")) + 1
 
 
 class JsonRenderer(RowsRenderer):

@@ -20,6 +20,21 @@ Node = dict[str, Any]
 class TreeView:
     nodes: Sequence[Node]
     title: str | None = None
+    full_names: bool = False  # the table names each node by its full name, not its part below its parent
+
+
+def leaf_names(nodes: Sequence[Node]) -> list[str]:
+    """Each node's name below its parent (``fc1`` under ``Net.blocks.0``); the full name for a
+    root and for a node whose name does not extend its parent's (a recompute under a backward)."""
+    names = []
+    path: list[str] = []
+    for node in nodes:
+        fqn, level = str(node["fqn"]), int(node["level"])
+        del path[level:]
+        parent = path[-1] if path else None
+        names.append(fqn[len(parent) + 1:] if parent is not None and fqn.startswith(parent + ".") else fqn)
+        path.append(fqn)
+    return names
 
 
 class TreeRenderer(Renderer[TreeView]):
@@ -43,7 +58,11 @@ def format_ns(ns: float | int | None) -> str:
 
 
 class TreeTextRenderer(TreeRenderer):
-    """An indented table: one line per node, children under their parent."""
+    """An indented table: one line per node, children under their parent.
+
+    Never wrapped: on a terminal narrower than the table, module names are cut
+    (ending in ``…``) so that each node keeps one line with its numbers.
+    """
 
     name = "table"
     columns = ("module", "type", "phase", "calls", "incl/step", "self/step", "incl total", "self total", "% step")
@@ -53,8 +72,13 @@ class TreeTextRenderer(TreeRenderer):
         # left, numbers right): a tree of a big model has thousands of rows, which a
         # table library takes seconds to measure and render; this takes milliseconds.
         left = {"module", "type", "phase"}
-        rows = [self.columns, *(self._cells(node) for node in model.nodes)]
+        names = [str(n["fqn"]) for n in model.nodes] if model.full_names else leaf_names(model.nodes)
+        rows = [self.columns, *(self._cells(node, name) for node, name in zip(model.nodes, names, strict=True))]
         widths = [max(len(row[i]) for row in rows) for i in range(len(self.columns))]
+        over = sum(widths) + 2 * (len(widths) - 1) - (self.terminal.width or 1 << 30)
+        if over > 0:
+            widths[0] = max(len(self.columns[0]), widths[0] - over, 12)
+            rows = [(_cut(row[0], widths[0]), *row[1:]) for row in rows]
         lines = [
             "  ".join(cell.ljust(w) if col in left else cell.rjust(w)
                       for col, cell, w in zip(self.columns, row, widths, strict=True)).rstrip()
@@ -65,9 +89,9 @@ class TreeTextRenderer(TreeRenderer):
         return "\n".join(lines) + "\n"
 
     @staticmethod
-    def _cells(node: Node) -> tuple[str, ...]:
+    def _cells(node: Node, name: str) -> tuple[str, ...]:
         return (
-            "  " * int(node["level"]) + str(node["fqn"]),
+            "  " * int(node["level"]) + name,
             str(node["module_type"]),
             str(node["phase"]),
             str(node["calls"]),
@@ -77,6 +101,10 @@ class TreeTextRenderer(TreeRenderer):
             format_ns(node["self_total_ns"]),
             "" if node["percent"] is None else f"{node['percent']:.1f}",
         )
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class TreeJsonRenderer(TreeRenderer):

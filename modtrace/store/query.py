@@ -34,7 +34,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -320,6 +320,8 @@ def _deny_writes(engine: Engine) -> None:
 class Result:
     columns: list[str]
     rows: list[tuple[Any, ...]]
+    # Why an empty result may not mean what it seems (``run_lookalikes``); the CLI prints them.
+    notes: tuple[str, ...] = ()
 
 
 def _plain(value: Any) -> Any:
@@ -387,6 +389,35 @@ def run_query(
     check_read_only(query.scanned)
     store = open_readonly(db)
     try:
-        return execute(store, query, bind_params(store, query, given or {}))
+        result = execute(store, query, bind_params(store, query, given or {}))
+        if not result.rows:
+            result = replace(result, notes=run_lookalikes(store, query, given or {}))
+        return result
     finally:
         store.dispose()
+
+
+def run_lookalikes(store: Store, query: Query, given: Mapping[str, str]) -> tuple[str, ...]:
+    """Notes for text parameters whose value is a run reference.
+
+    Only ``run_id`` and ``*_run`` parameters are resolved to run ids; any other
+    binds as the text given, so ``-p rid=baseline`` compares ids with the word
+    ``baseline`` and silently matches nothing.  Numbers bind as numbers and are
+    left alone (an id given as a number is what the query wants).
+    """
+    from modtrace.store.runs import resolve_run
+
+    notes = []
+    for name in query.param_names:
+        raw = given.get(name)
+        if raw is None or is_run_param(name) or not isinstance(coerce(raw), str):
+            continue
+        try:
+            run = resolve_run(store, raw)
+        except ModtraceError:
+            continue
+        notes.append(
+            f":{name} was bound as the text {raw!r}, not as run {run.name!r} (id {run.id}); only parameters "
+            f"named run_id or ending in _run take a run reference (give --param {name}={run.id} for its id)"
+        )
+    return tuple(notes)

@@ -174,7 +174,9 @@ def resolve_run(store: Store, ref: str) -> RunRef:
         if row is not None:
             return RunRef(int(row[0]), row[1])
         names = [r[0] for r in conn.execute(select(runs.c.name))]
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    # Only a near miss (a typo) is worth suggesting: at 0.5 any short name shares enough
+    # letters with another (nosuch -> sched) to send the reader after a run they never meant.
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise RunNotFound(f"no run {name!r} in {store.label}{hint}")
 

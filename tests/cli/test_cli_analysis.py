@@ -148,7 +148,7 @@ def test_usage_errors(db_path: Path, run_cli) -> None:  # type: ignore[no-untype
     record_net(str(db_path), steps=1)
     bad_step = run_cli("tree", "net", "--step", "x")
     assert (bad_step.code, bad_step.err) == (2, "modtrace: error: Invalid value for '--step': 'x' is not a step number or 'all'\n")
-    assert run_cli("tree", "net", "--step", "7").err == "modtrace: error: run net has no spans in step 7\n"
+    assert run_cli("tree", "net", "--step", "7").err == "modtrace: error: run net has no spans in step 7; its steps are 0\n"
     assert run_cli("tree", "net", "--rank", "3").err == "modtrace: error: run net has no spans on rank 3\n"
     missing = run_cli("check", "nope")
     assert missing.code == 2 and missing.err.startswith("modtrace: error: no run 'nope'")

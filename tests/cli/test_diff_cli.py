@@ -91,7 +91,10 @@ def test_outputs_match_golden_files(runs_db: str, run_cli) -> None:  # type: ign
     def norm(text: str) -> str:
         return text.replace(runs_db, "<db>")
 
-    check_golden("diff_slow.txt", norm(run_cli("diff", "--db", runs_db, "base", "slow").out))
+    table = run_cli("diff", "--db", runs_db, "base", "slow").out
+    check_golden("diff_slow.txt", norm(table))
+    headline = table.split("\n\n", 1)[0].splitlines()
+    assert len(headline) > 2 and max(len(line) for line in headline) <= 100, headline  # fits a 100-column terminal
     check_golden("diff_slow.md", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "markdown").out))
     check_golden("diff_slow.csv", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "csv").out))
     check_golden("diff_slow.json", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "json").out))

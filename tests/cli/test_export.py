@@ -318,8 +318,10 @@ def test_export_usage_errors_leave_nothing_behind(db_path: Path, tmp_path: Path,
     cases = [
         (("--what", "events", "-o", str(tmp_path / "t.json")),
          "--format perfetto exports spans only; --what events|all needs --format parquet or csv"),
-        (("--format", "parquet", "--what", "spans", "-o", "-"), "-o - (stdout) needs --format csv and --what spans or events"),
-        (("--format", "csv", "-o", "-"), "-o - (stdout) needs --format csv and --what spans or events"),
+        (("--format", "parquet", "--what", "spans", "-o", "-"),
+         "-o - (stdout) takes text: Parquet is binary, give it a file or directory "
+         "(--format csv or perfetto can write to stdout)"),
+        (("--format", "csv", "-o", "-"), "-o - (stdout) takes one table: add --what spans or --what events"),
         (("--format", "parquet", "-o", str(a_file)),
          f"-o {a_file}: exists and is not a directory (exporting spans and events writes a directory; use --what spans|events for a single file)"),
         (("-o", str(tmp_path / "no" / "t.json")), f"-o {tmp_path / 'no' / 't.json'}: directory {tmp_path / 'no'} does not exist"),

@@ -97,7 +97,8 @@ def test_tree_from_the_stored_nodes_prints_what_the_spans_give(any_db: str, run_
     _train(any_db, "net")
     assert _nodes(any_db) == [("net", "host", 19)]  # the recorder stored it (one rank)
     outputs = _same_either_way(run_cli, any_db, "net", STORED + FROM_SPANS)
-    assert "recompute" in outputs[0][1] and "Net.blocks.1.fc2" in outputs[0][1]
+    # leaf names below their parent; the recompute subtree's root, under a backward call, by its full name
+    assert "recompute" in outputs[0][1] and "  fc2 " in outputs[0][1] and "  Net.blocks.1 " in outputs[0][1]
 
 
 def test_tree_reads_the_stored_nodes_when_its_options_allow_and_the_spans_otherwise(
