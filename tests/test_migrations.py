@@ -266,7 +266,7 @@ def _analysis_states(db: Path | str) -> dict[str, str]:
 
 
 def _expected_analysis_states(rev: str) -> dict[str, str]:
-    """Revision 0011 fills the analysis state from what was stored: the frozen files analyse
+    """Revision 0012 fills the analysis state from what was stored: the frozen files analyse
     frozen-ddp (both ranks) from revision 0002, when spans were first stored, and never frozen-crashed."""
     ddp = "stored" if rev >= "0002" else "none"
     return {"frozen-ddp": ddp, "frozen-ddp/0": ddp, "frozen-ddp/1": ddp,
