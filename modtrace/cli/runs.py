@@ -22,6 +22,14 @@ def _duration(seconds: float | None) -> str:
     return f"{int(hours)}h{int(minutes):02d}m"
 
 
+# What each runs.analysis state short of stored means (docs/schema.md).
+_ANALYSIS_HINT = {
+    "none": "not analysed yet",
+    "partial": "only some ranks are analysed",
+    "stale": "analysed before the recording ended",
+}
+
+
 @click.command()
 @db_option
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show at most this many runs.")
@@ -37,19 +45,20 @@ def runs(db: str | None, limit: int | None, fmt: str) -> None:
         r["step_on"] = rule_label(r["step_on"], r.pop("step_rule"))
         if r.get("recorded_steps") is not None:  # a schedule: which of the steps are stored
             r["steps_shown"] = f"{r['steps']} (recorded {r['recorded_steps']})"
-    columns = ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks"]
+    columns = ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks", "analysis"]
     if fmt == "table":
         out = [
             [r["id"], r["name"], r["status"], r["started_at"], _duration(r["duration_s"]), r["events"],
              r.get("steps_shown", r["steps"]),
-             r["step_on"], r["ranks"]]
+             r["step_on"], r["ranks"], r["analysis"]]
             for r in rows
         ]
         if not out:
             click.echo(f"no runs in {database.label}")
             return
     else:
-        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks"]
+        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks",
+                   "analysis"]
         out = [[r[c] for c in columns] for r in rows]
     click.echo(get_renderer("rows", fmt, terminal=stdout_terminal()).render(Table(columns, out)), nl=False)
 
@@ -71,6 +80,9 @@ def show(run: str, db: str | None, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(info, indent=2, default=str))
         return
+    if info.get("analysis") not in (None, "stored"):
+        state = info["analysis"]
+        info["analysis"] = f"{state} ({_ANALYSIS_HINT.get(state, 'not stored')}; `modtrace analyze` stores it)"
     rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in info.items()]
     click.echo(get_renderer("rows", "table", terminal=stdout_terminal()).render(Table(["field", "value"], rows)), nl=False)
     if info.get("compiled_modules"):

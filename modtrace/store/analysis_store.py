@@ -2,7 +2,7 @@
 
 ``write_analysis`` replaces a run's (or one rank's) rows in ``span_rows``
 and ``nesting_issues`` in one transaction, so a rebuild is idempotent and a
-reader never sees half of one; ``write_analysis_rounds`` does the same for
+reader never sees half of one (the transaction also sets ``runs.analysis``); ``write_analysis_rounds`` does the same for
 results that arrive in parts.  ``read_span_rows`` and ``read_issues`` return
 them in their contracts (``modtrace.core.contracts.SPAN_ROW`` and ``ISSUE_FRAME``);
 naming the spans is the analysis' job, done by ``modtrace.results.materialize``.
@@ -24,6 +24,7 @@ from modtrace.core.errors import StoreError
 from modtrace.store.device_times import replace_span_device_rows
 from modtrace.store.engine import Store
 from modtrace.store.reader import copy_csv, driver_cursor, mark, sqlite_csv_chunks
+from modtrace.store.runs import mark_analysis_stored
 
 SPAN_ROW_COLUMNS = SPAN_ROW.names
 SPAN_STORED_COLUMNS = SPAN_STORED_ROW.names
@@ -286,6 +287,7 @@ def write_analysis_rounds(
                 wait([busy])  # the connection idle before the transaction ends, either way
             busy.result()
         replace_span_device_rows(conn, store, run_id, rank, device)
+        mark_analysis_stored(conn, run_id, rank)  # runs.analysis, committed with the rows
 
 
 def has_analysis(store: Store, run_id: int) -> bool:

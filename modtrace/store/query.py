@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 import sqlite3
 import threading
 from collections.abc import Mapping
@@ -54,9 +55,9 @@ from modtrace.store.sql_scan import (
 )
 
 __all__ = [
-    "ParamDoc", "Query", "QueryRefused", "Result", "ScannedSql", "bind_params", "check_read_only", "execute",
-    "library", "library_query", "open_readonly", "queries_dir", "read_query", "resolve_query", "run_query",
-    "scan_sql",
+    "ANALYSIS_RELATIONS", "AnalysisNotStored", "ParamDoc", "Query", "QueryRefused", "Result", "ScannedSql",
+    "bind_params", "check_read_only", "execute", "library", "library_query", "open_readonly", "queries_dir",
+    "read_query", "require_analysis", "resolve_query", "run_query", "scan_sql",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -382,14 +383,57 @@ def execute(store: Store, query: Query, params: Mapping[str, Any]) -> Result:
     return Result(columns, rows)
 
 
+# The relations that hold a run's analysis (empty for a run until it is stored), as
+# ``ScannedSql.statements`` spells words.
+ANALYSIS_RELATIONS = frozenset({"SPANS", "NESTING_ISSUES", "SPAN_ROWS", "SPAN_DEVICE_ROWS", "TREE_NODES"})
+
+# Why a run's analysis cannot answer, by runs.analysis state.
+_NOT_STORED = {
+    "none": "is not analysed yet",
+    "partial": "is analysed for only some of its ranks",
+    "stale": "was analysed before its recording ended",
+}
+
+
+class AnalysisNotStored(ModtraceError):
+    """A query reads the analysis of a run whose analysis is not stored (runs.analysis)."""
+
+
+def require_analysis(store: Store, query: Query, params: Mapping[str, Any]) -> None:
+    """Refuse a query that reads the analysis relations for a run parameter's run whose
+    analysis is not stored: their rows for it would be missing or partial, and an empty
+    table would read as an answer.  (The query runs read-only, so it cannot store them.)"""
+    from sqlalchemy import select
+
+    from modtrace.store.schema import runs
+
+    words = set().union(*query.scanned.statements)
+    reads = sorted(w.lower() for w in words & ANALYSIS_RELATIONS)
+    run_ids = [params[p] for p in query.param_names if is_run_param(p) and p in params]
+    if not reads or not run_ids:
+        return
+    with store.engine.connect() as conn:
+        found = conn.execute(select(runs.c.id, runs.c.name, runs.c.analysis).where(runs.c.id.in_(run_ids))).all()
+    for run_id in run_ids:
+        for _, name, state in (r for r in found if r[0] == run_id):
+            if state != "stored":
+                what = "the query" if query.path is None else f"query {query.name}"
+                raise AnalysisNotStored(
+                    f"run {name!r} {_NOT_STORED.get(state, 'has no stored analysis')} (runs.analysis = {state}) and "
+                    f"{what} reads its {' and '.join(reads)}; store them first: modtrace analyze {shlex.quote(name)}")
+
+
 def run_query(
     db: str | None, query: Query, given: Mapping[str, str] | None = None
 ) -> Result:
-    """Open ``db`` read-only, bind ``given`` (strings, as from the command line) and run ``query``."""
+    """Open ``db`` read-only, bind ``given`` (strings, as from the command line) and run ``query``
+    (refused for a run whose analysis it reads and is not stored: ``require_analysis``)."""
     check_read_only(query.scanned)
     store = open_readonly(db)
     try:
-        result = execute(store, query, bind_params(store, query, given or {}))
+        params = bind_params(store, query, given or {})
+        require_analysis(store, query, params)
+        result = execute(store, query, params)
         if not result.rows:
             result = replace(result, notes=run_lookalikes(store, query, given or {}))
         return result

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from modtrace.core.errors import RunNameTaken, RunNotFound, StoreError, UsageError
@@ -126,8 +126,48 @@ def finish_rank(store: Store, run_id: int, rank: int, status: str, error: str | 
             values["ended_at"] = now
         elif status in ("failed", "interrupted"):
             values["status"] = status
+        # An analysis of this rank stored while it was recording (`modtrace analyze` of a
+        # live run) misses what came after and took its open calls for a crash's.
+        stale = conn.execute(
+            update(run_ranks)
+            .where(run_ranks.c.run_id == run_id, run_ranks.c.rank == rank, run_ranks.c.analysis == "stored")
+            .values(analysis="stale")
+        ).rowcount
+        if stale:
+            values["analysis"] = _run_analysis(conn, run_id)
         if values:
             conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
+
+
+# runs.analysis: whether the run's spans and nesting issues are stored (see docs/schema.md).
+ANALYSIS_STATES: tuple[str, ...] = ("none", "partial", "stale", "stored")
+
+
+def _run_analysis(conn: Connection, run_id: int) -> str:
+    """The run's analysis state from its ranks': stale when one is, stored when every rank of
+    the launch is (world_size of them), partial when some are, else none."""
+    states = [r[0] for r in conn.execute(select(run_ranks.c.analysis).where(run_ranks.c.run_id == run_id))]
+    world = conn.execute(select(runs.c.world_size).where(runs.c.id == run_id)).scalar() or 1
+    if "stale" in states:
+        return "stale"
+    stored = states.count("stored")
+    if stored and stored == len(states) >= world:
+        return "stored"
+    return "partial" if stored else "none"
+
+
+def mark_analysis_stored(conn: Connection, run_id: int, rank: int | None) -> None:
+    """In the transaction that stores the analysis of run ``run_id`` (``rank``'s only when
+    given): that rank's (every rank's) analysis is stored, and the run's state follows.
+    PostgreSQL: the run row is locked first, so that ranks analysed at the same time each
+    read the others' committed state (finish_rank locks it too)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SELECT 1 FROM runs WHERE id = {int(run_id)} FOR NO KEY UPDATE")
+    which = update(run_ranks).where(run_ranks.c.run_id == run_id)
+    if rank is not None:
+        which = which.where(run_ranks.c.rank == rank)
+    conn.execute(which.values(analysis="stored"))
+    conn.execute(update(runs).where(runs.c.id == run_id).values(analysis=_run_analysis(conn, run_id)))
 
 
 _REL = re.compile(r"^@(?:~(\d+))?$")
@@ -248,7 +288,7 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
             select(run_ranks.c.rank, run_ranks.c.hostname, run_ranks.c.pid, run_ranks.c.status,
                    run_ranks.c.event_count, run_ranks.c.step_count, run_ranks.c.reconnects,
                    run_ranks.c.dropped_events, run_ranks.c.dropped_steps, run_ranks.c.fork_calls,
-                   run_ranks.c.recorded_steps)
+                   run_ranks.c.recorded_steps, run_ranks.c.analysis)
             .where(run_ranks.c.run_id == run_id)
             .order_by(run_ranks.c.rank)
         ).all()
@@ -283,15 +323,13 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
     recorded = {r[10] for r in rank_rows if r[10] is not None}
     info["recorded_steps"] = (None if not recorded else (next(iter(recorded)) or "none") if len(recorded) == 1
                               else "; ".join(f"rank {r[0]}: {r[10] or 'none'}" for r in rank_rows))
-    # Whether the run's spans and issues are stored (by the recorder's writer process when the
-    # recording ended, or `modtrace analyze`); without them tree, check, report compute them.
-    from modtrace.store.analysis_store import has_analysis
-
-    info["analysis"] = "stored" if has_analysis(store, run_id) else "not stored (modtrace analyze stores it)"
+    # info["analysis"] is runs.analysis: whether the run's spans and issues are stored (by the
+    # recorder's writer process when the recording ended, or `modtrace analyze`); until they
+    # are, tree, check and report compute them and query refuses to read them.
     info["rank_details"] = [
         {"rank": r[0], "hostname": r[1], "pid": r[2], "status": r[3], "events": r[4], "steps": r[5],
          "reconnects": r[6], "dropped_events": r[7], "dropped_steps": r[8], "fork_calls": r[9],
-         "recorded_steps": r[10]}
+         "recorded_steps": r[10], "analysis": r[11]}
         for r in rank_rows
     ]
     return _masked(info)

@@ -34,7 +34,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -43,6 +43,18 @@ VERSION_TABLE = "alembic_version"
 metadata = MetaData()
 
 _RUN_STATUSES = ", ".join(repr(s) for s in RUN_STATUSES)
+
+# runs.analysis and run_ranks.analysis: whether the spans and nesting issues are stored,
+# kept by the transaction that stores them (store.analysis_store) and by finish_rank.
+RUN_ANALYSIS_COMMENT = (
+    "Whether the run's analysis (spans, nesting_issues) is stored: none (not analysed yet: recorded with "
+    "--no-analyze, the recording's own analysis still under way or its process killed) | partial (some ranks' "
+    "only) | stale (a rank recorded events after its analysis was stored) | stored. Until it is stored, "
+    "`modtrace analyze RUN` stores it."
+)
+RANK_ANALYSIS_COMMENT = (
+    "Whether this rank's analysis is stored: none | stale (the rank recorded events after it was stored) | stored."
+)
 
 runs = Table(
     "runs",
@@ -65,6 +77,7 @@ runs = Table(
     Column("error", Text, nullable=True, comment="Summary of the exception or signal that ended a failed or interrupted run."),
     Column("step_on", String(16), nullable=False, server_default="optimizer", comment="What starts a step, as asked of the recorder: auto (optimizer steps when the run made any, else root calls) | optimizer (optimizer steps and Recorder.step()) | root (each root call, see root_calls) | manual (Recorder.step() only)."),
     Column("schedule", Text, nullable=True, comment="The recording schedule, as `modtrace record --schedule` takes it (e.g. 'skip_first=10,wait=5,warmup=1,active=20,repeat=3'); NULL when every step was recorded."),
+    Column("analysis", String(16), nullable=False, server_default="none", comment=RUN_ANALYSIS_COMMENT),
     CheckConstraint(f"status IN ({_RUN_STATUSES})", name="ck_runs_status"),
     UniqueConstraint("name", name="uq_runs_name"),
     comment="One row per recorded run (one training or inference job, possibly many ranks).",
@@ -88,6 +101,7 @@ run_ranks = Table(
     Column("dropped_steps", Text, nullable=True, comment="The steps whose events were dropped, as ranges (e.g. '31-35,40'); NULL when none."),
     Column("fork_calls", BigInteger, nullable=False, server_default="0", comment="Module calls made in child processes forked during the recording (e.g. DataLoader workers); not recorded."),
     Column("recorded_steps", Text, nullable=True, comment="The steps this rank recorded under the run's schedule, as ranges (e.g. '10-29,35-54'); NULL when the run has no schedule (every step recorded)."),
+    Column("analysis", String(16), nullable=False, server_default="none", comment=RANK_ANALYSIS_COMMENT),
     PrimaryKeyConstraint("run_id", "rank", name="pk_run_ranks"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_run_ranks_run"),
     CheckConstraint(f"status IN ({_RUN_STATUSES})", name="ck_run_ranks_status"),
@@ -286,7 +300,7 @@ tree_nodes = Table(
 PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
     "runs": (
         "id", "name", "status", "started_at", "ended_at", "command", "hostname", "world_size",
-        "python_version", "torch_version", "modtrace_version", "tags", "step_on",
+        "python_version", "torch_version", "modtrace_version", "tags", "step_on", "analysis",
     ),
     "root_calls": ("run_id", "rank", "seq", "call_id", "kind"),
     "modules": ("run_id", "module_id", "fqn", "module_type", "parent_module_id", "compiled"),

@@ -16,7 +16,8 @@ from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.schema import run_ranks, runs
 from tests.helpers.harness import update_rank_progress
 
-COLUMNS = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks"]
+COLUMNS = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks",
+           "analysis"]
 STARTED = "2026-01-01T00:00:00.000000Z"
 ENDED = "2026-01-01T00:01:05.500000Z"
 
@@ -56,6 +57,7 @@ def test_json_lists_runs_newest_first_with_counts(run_cli, three_runs: str) -> N
     assert baseline == {
         "id": baseline["id"], "name": "baseline", "status": "completed", "started_at": STARTED,
         "ended_at": ENDED, "duration_s": 65.5, "events": 220, "steps": 5, "step_on": "optimizer", "ranks": 2,
+        "analysis": "none",
     }
     assert isinstance(baseline["id"], int) and tuned["id"] > baseline["id"]
     assert (tuned["status"], tuned["ended_at"], tuned["duration_s"], tuned["ranks"]) == ("running", None, None, 1)
@@ -77,9 +79,10 @@ def test_table_shows_the_summary_columns(run_cli, three_runs: str) -> None:  # t
     result = run_cli("runs", "--db", three_runs)
     assert result.code == 0
     header, *lines = result.out.splitlines()
-    assert header.split() == ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks"]
+    assert header.split() == ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks",
+                              "analysis"]
     assert [line.split()[1:3] for line in lines] == [["crashed", "incomplete"], ["tuned", "running"], ["baseline", "completed"]]
-    assert lines[2].split()[3:] == [STARTED, "1m05s", "220", "5", "optimizer", "2"]
+    assert lines[2].split()[3:] == [STARTED, "1m05s", "220", "5", "optimizer", "2", "none"]
 
 
 def test_limit_keeps_the_newest(run_cli, three_runs: str) -> None:  # type: ignore[no-untyped-def]

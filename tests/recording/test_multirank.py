@@ -74,6 +74,8 @@ def check_one_run_two_ranks(db: str, name_pattern: str, out: subprocess.Complete
         assert per_rank[rank] == ranks[rank]["events"] > 0
         assert ranks[rank]["status"] == "completed" and ranks[rank]["steps"] == 2
         assert steps[rank] == 1  # steps 0 and 1, advanced by the optimizer hook
+    # Each rank stored its analysis as it ended, the two maybe at once: the run reads stored.
+    assert info["analysis"] == "stored" and [ranks[r]["analysis"] for r in (0, 1)] == ["stored", "stored"]
     # The same model on both ranks records the same number of events; seq is dense per rank.
     assert per_rank[0] == per_rank[1]
     for _rank, n, lo, hi in gaps:

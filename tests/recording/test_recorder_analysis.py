@@ -29,7 +29,8 @@ def test_the_analysis_is_done_after_the_context_by_the_writer_process_and_show_t
     with modtrace.Recorder(db=str(db_path), run="bare", analyze=False, handle_sigterm=False) as rec2:
         train_step(model, opt)
     assert rec2.wait_analyzed() and rec2.analysis_stored is None
-    assert any(line.split()[:3] == ["analysis", "not", "stored"] for line in run_cli("show", "bare").out.splitlines())
+    assert any(line.split()[:5] == ["analysis", "none", "(not", "analysed", "yet;"]
+               for line in run_cli("show", "bare").out.splitlines())
 
 
 def test_the_analysis_is_done_in_process_when_the_program_writes(db_path: Path) -> None:

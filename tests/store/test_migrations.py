@@ -249,6 +249,28 @@ def test_frozen_database_upgrades_cleanly(frozen: Path, tmp_path: Path, run_cli,
     listed = run_cli("runs", "--db", str(db), "--format", "csv")
     assert listed.code == 0
     assert {line.split(",")[1] for line in listed.out.splitlines()[1:]} == {"frozen-ddp", "frozen-crashed"}
+    assert _analysis_states(db) == _expected_analysis_states(rev)
+
+
+def _analysis_states(db: Path | str) -> dict[str, str]:
+    """runs.analysis by run name, and run_ranks.analysis by (run name, rank)."""
+    engine = sa.create_engine(db if isinstance(db, str) else f"sqlite:///{db}", poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            found = {str(n): str(a) for n, a in conn.exec_driver_sql("SELECT name, analysis FROM runs")}
+            found.update({f"{n}/{k}": str(a) for n, k, a in conn.exec_driver_sql(
+                "SELECT r.name, k.rank, k.analysis FROM run_ranks k JOIN runs r ON r.id = k.run_id")})
+            return found
+    finally:
+        engine.dispose()
+
+
+def _expected_analysis_states(rev: str) -> dict[str, str]:
+    """Revision 0012 fills the analysis state from what was stored: the frozen files analyse
+    frozen-ddp (both ranks) from revision 0002, when spans were first stored, and never frozen-crashed."""
+    ddp = "stored" if rev >= "0002" else "none"
+    return {"frozen-ddp": ddp, "frozen-ddp/0": ddp, "frozen-ddp/1": ddp,
+            "frozen-crashed": "none", "frozen-crashed/0": "none"}
 
 
 @pytest.mark.parametrize("frozen", FROZEN, ids=[p.stem for p in FROZEN])
@@ -280,6 +302,7 @@ def test_frozen_data_upgrades_on_postgres(frozen: Path, pg_url: str, run_cli) ->
             assert _counts(store.engine, tables) == before_counts
         finally:
             store.dispose()
+        assert _analysis_states(pg_url) == _expected_analysis_states(rev)
     finally:
         target.dispose()
         source.dispose()
