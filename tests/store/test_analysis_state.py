@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from models import tiny_model_and_opt, train_step
-from recording import db_rows
+from tests.helpers.models import tiny_model_and_opt, train_step
+from tests.helpers.recording import db_rows
 
 import modtrace
 
