@@ -464,15 +464,20 @@ def _floor(db: str, run_id: int) -> float:
     return time.perf_counter() - t0
 
 
-def _file_size(path: str) -> int:
+def _file_size(path: str, into: str | None = None) -> int:
+    """The bytes of the database at ``path`` vacuumed, in place or into a new file ``into``
+    (SQLite writes that copy: a copy made here would open the database file outside SQLite)."""
     import sqlite3
 
     conn = sqlite3.connect(path)
     try:
-        conn.execute("VACUUM")
+        if into is None:
+            conn.execute("VACUUM")
+        else:
+            conn.execute("VACUUM INTO ?", (into,))
     finally:
         conn.close()
-    return os.path.getsize(path)
+    return os.path.getsize(into or path)
 
 
 def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> dict[str, Any]:
@@ -480,8 +485,6 @@ def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> di
     ``tree``, ``check``, ``export --format perfetto`` (each a fresh ``modtrace`` process), the
     floor of ``analyze`` on SQLite (a fresh process doing analyze's reading and analysing,
     storing nothing: ``_FLOOR``), and the SQLite file's bytes per event and per span after VACUUM.  Repeats are interleaved."""
-    import shutil
-
     path = os.path.join(tmp, f"e2e_{n}.db")
     run_id = _write_recording(path, n)
     events_only = _file_size(path)
@@ -520,9 +523,7 @@ def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> di
         with admin.connect() as conn:
             conn.execute(text("DROP SCHEMA IF EXISTS modtrace_bench_e2e CASCADE"))
         admin.dispose()
-    copy = os.path.join(tmp, "sized.db")
-    shutil.copyfile(path, copy)
-    total = _file_size(copy)
+    total = _file_size(path, into=os.path.join(tmp, "sized.db"))
     plain_s = statistics.median(plain)
     out: dict[str, Any] = {"events": n, "spans": spans, "plain_loop_median_s": plain_s,
                            "sqlite_read_and_analyse_only_median_s": statistics.median(floor),

@@ -23,7 +23,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
