@@ -381,14 +381,12 @@ STRESS = textwrap.dedent(
                             database.spans(row["name"])
                 reads[0] += 1
             except Exception as exc:
-                if "no modtrace database" not in str(exc) and "has no modtrace schema" not in str(exc):
-                    errors.append("read: " + "".join(traceback.format_exception(exc))[-2000:])
+                errors.append("read: " + "".join(traceback.format_exception(exc))[-2000:])
             time.sleep(0.05)
 
     model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(5)])
     opt, x = torch.optim.SGD(model.parameters(), lr=1e-3), torch.randn(4, 16)
     thread = threading.Thread(target=reader)
-    thread.start()
     conn = None
     end = time.monotonic() + seconds
     i = 0
@@ -397,6 +395,8 @@ STRESS = textwrap.dedent(
             run = f"{name}-{i}"
             calls[0] = 0
             with modtrace.Recorder(db=db, run=run, writer="process") as rec:
+                if i == 0:
+                    thread.start()  # the database exists from here on
                 for _ in range(10):
                     opt.zero_grad(); model(x).sum().backward(); opt.step()
             runs[run] = calls[0]
@@ -411,7 +411,8 @@ STRESS = textwrap.dedent(
         errors.append("record: " + "".join(traceback.format_exception(exc))[-2000:])
     finally:
         stop.set()
-        thread.join()
+        if thread.is_alive():
+            thread.join()
     json.dump({"runs": runs, "errors": errors, "reads": reads[0]}, open(out, "w"))
     """
 )
@@ -443,3 +444,29 @@ def test_four_processes_record_and_read_one_file_for_a_minute(tmp_path: Path) ->
         lost = conn.execute("SELECT count(*) FROM run_ranks k WHERE k.event_count != "
                             "(SELECT count(*) FROM events e WHERE e.run_id = k.run_id AND e.rank = k.rank)")
         assert lost.fetchone()[0] == 0
+
+
+# -- export and report never write over the database ----------------------------------------
+
+
+def digest_elsewhere(path: Path) -> str:
+    """sha256 of the file's bytes, read by another process (one here would open the database)."""
+    return subprocess.run([sys.executable, "-c", "import hashlib, sys; "
+                           "print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())", str(path)],
+                          check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_export_and_report_refuse_to_write_over_the_database(watch: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = watch
+    record(db, "r", small_model(), 2)
+    before = digest_elsewhere(db)
+    for target in (str(db), f"{db}-wal", f"{db.parent}/./{db.name}"):
+        for command in (("export", "r", "--format", "perfetto"), ("export", "r", "--format", "csv", "--what", "spans"),
+                        ("report", "r")):
+            result = run_cli(*command, "--db", str(db), "-o", target)
+            assert (result.code, result.out) == (2, ""), (command, target, result)
+            assert result.err == (f"modtrace: error: -o {target}: is the database being read (or a file of SQLite's "
+                                  "beside it); refusing to write over it\n")
+    assert digest_elsewhere(db) == before
+    with sqlite3.connect(db) as conn:
+        assert forward_enters(conn, "r") == 2 * 31

@@ -67,6 +67,22 @@ def _is_url(db: str) -> bool:
     return "://" in db
 
 
+def sqlite_files(db: str | None) -> list[Path]:
+    """The files of the SQLite database ``db`` names (see ``resolve_db``): the database and
+    SQLite's ``-wal``, ``-shm`` and ``-journal`` beside it; none for a server's URL."""
+    target = resolve_db(db)
+    if _is_url(target):
+        try:
+            parsed = make_url(target)
+        except ArgumentError:
+            return []
+        if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+            return []
+        target = parsed.database
+    path = Path(target).expanduser().absolute()
+    return [path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))]
+
+
 def _sqlite_engine(path: Path, *, readonly: bool = False, immutable: bool = False) -> Engine:
     if immutable:
         # On a read-only filesystem SQLite cannot create the WAL index (-shm)
