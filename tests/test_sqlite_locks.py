@@ -174,6 +174,13 @@ def record(db: Path, run: str, model: nn.Module, steps: int) -> tuple[modtrace.R
     return rec, counter.calls
 
 
+def recorded(db: Path, run: str, model: nn.Module, steps: int) -> int:
+    """``record``, and its analysis waited for (no writer process outlives the test)."""
+    rec, calls = record(db, run, model, steps)
+    assert rec.wait_analyzed(120) and rec.analysis_stored
+    return calls
+
+
 def forward_enters(conn: sqlite3.Connection, run: str) -> int:
     """The run's forward enter rows (kind 0, phase 0), counted in SQL."""
     return int(conn.execute("SELECT count(*) FROM events e JOIN runs r ON r.id = e.run_id "
@@ -223,7 +230,7 @@ def test_the_issue_reproduction_reads_the_run_while_the_writer_process_analyses_
 
 def test_a_plain_sqlite3_connection_opened_before_a_recording_keeps_its_lock(watch: Path) -> None:
     db = watch
-    record(db, "first", small_model(), 3)
+    recorded(db, "first", small_model(), 3)
     conn = sqlite3.connect(db)
     try:
         assert forward_enters(conn, "first") == 3 * 31
@@ -307,7 +314,7 @@ TARGET = textwrap.dedent(
 
 def test_modtrace_record_of_a_script_that_reads_the_database_it_records_into(watch: Path, tmp_path: Path) -> None:
     db = watch
-    record(db, "baseline", small_model(), 2)
+    recorded(db, "baseline", small_model(), 2)
     (tmp_path / "target.py").write_text(TARGET)
     env = child_env(tmp_path, db)
     proc = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", str(db), "--run", "rec", "target.py",
@@ -458,7 +465,7 @@ def digest_elsewhere(path: Path) -> str:
 
 def test_export_and_report_refuse_to_write_over_the_database(watch: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     db = watch
-    record(db, "r", small_model(), 2)
+    recorded(db, "r", small_model(), 2)
     before = digest_elsewhere(db)
     for target in (str(db), f"{db}-wal", f"{db.parent}/./{db.name}"):
         for command in (("export", "r", "--format", "perfetto"), ("export", "r", "--format", "csv", "--what", "spans"),
