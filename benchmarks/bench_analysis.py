@@ -303,15 +303,20 @@ store.dispose()
 """
 
 
-def file_size(path: str) -> int:
+def file_size(path: str, into: str | None = None) -> int:
+    """The bytes of the database at ``path`` vacuumed, in place or into a new file ``into``
+    (SQLite writes that copy: a copy made here would open the database file outside SQLite)."""
     import sqlite3
 
     conn = sqlite3.connect(path)
     try:
-        conn.execute("VACUUM")
+        if into is None:
+            conn.execute("VACUUM")
+        else:
+            conn.execute("VACUUM INTO ?", (into,))
     finally:
         conn.close()
-    return os.path.getsize(path)
+    return os.path.getsize(into or path)
 
 
 def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> dict[str, Any]:
@@ -319,8 +324,6 @@ def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> di
     ``tree``, ``check``, ``export --format perfetto`` (each a fresh ``modtrace`` process), the
     floor of ``analyze`` on SQLite (a fresh process doing analyze's reading and analysing,
     storing nothing: ``FLOOR``), and the SQLite file's bytes per event and per span after VACUUM.  Repeats are interleaved."""
-    import shutil
-
     from benchmarks._common import drop_schema, fresh_schema
 
     path = os.path.join(tmp, f"e2e_{n}.db")
@@ -349,9 +352,7 @@ def measure_end_to_end(n: int, repeats: int, tmp: str, pg_url: str | None) -> di
     samples = interleave(candidates, repeats, before=lambda name: gc.collect() if name == "plain" else None).wall
     if pg_url:
         drop_schema(pg_url, "modtrace_bench_e2e")
-    copy = os.path.join(tmp, "sized.db")
-    shutil.copyfile(path, copy)
-    total = file_size(copy)
+    total = file_size(path, into=os.path.join(tmp, "sized.db"))
     plain_s = median(samples["plain"])
     out: dict[str, Any] = {"events": n, "spans": spans[0], "plain_loop_median_s": plain_s,
                            "sqlite_read_and_analyse_only_median_s": median(samples["floor"]),

@@ -35,6 +35,7 @@ from modtrace.api._admin import (
 )
 from modtrace.api._functions import (
     diff_calls,
+    is_database_file,
     like_with_like,
     like_with_like_calls,
     no_common_step,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "RunCalls", "Stepped", "check_schema",
-    "current_revision", "diff_calls", "like_with_like", "like_with_like_calls", "no_common_step", "open", "preload_diff",
+    "current_revision", "diff_calls", "is_database_file", "like_with_like", "like_with_like_calls", "no_common_step", "open", "preload_diff",
     "preload_store", "query", "query_library", "resolve_query", "step_table", "upgrade",
 ]
 

@@ -19,6 +19,21 @@ def preload_store() -> None:
     import modtrace.store.engine  # noqa: F401
 
 
+def is_database_file(path: str, db: str | None) -> bool:
+    """Whether ``path`` is the SQLite database ``db`` names or one of SQLite's files beside it
+    (``-wal``, ``-shm``, ``-journal``): a file only SQLite may open, let alone replace."""
+    import os
+    from pathlib import Path
+
+    from modtrace.store.engine import sqlite_files
+
+    target = Path(path).expanduser().absolute()
+    for file in sqlite_files(db):
+        if target == file or (target.exists() and file.exists() and os.path.samefile(target, file)):
+            return True
+    return False
+
+
 def preload_diff() -> None:
     """Import what a diff needs (while other threads read the runs)."""
     from modtrace.api._diff import preload

@@ -173,11 +173,16 @@ def _check_output_dir(path: Path) -> None:
         raise UsageError(f"-o {path}: directory {path.parent} does not exist")
 
 
-def _check_output_file(path: str) -> None:
+def _check_output_file(path: str, db: str | None) -> None:
+    from modtrace.api import is_database_file
     from modtrace.core.errors import UsageError
 
     if path == "-":
         return
+    if is_database_file(path, db):
+        # replacing it would also pull the file from under SQLite's connections
+        raise UsageError(f"-o {path}: is the database being read (or a file of SQLite's beside it); "
+                         "refusing to write over it")
     parent = Path(path).parent
     if not parent.is_dir():
         raise UsageError(f"-o {path}: directory {parent} does not exist")
@@ -248,7 +253,7 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
     if fmt == "perfetto":
         if what not in (None, "spans"):
             raise UsageError("--format perfetto exports spans only; --what events|all needs --format parquet or csv")
-        _check_output_file(output)
+        _check_output_file(output, db)
     else:
         what = what or "all"
         if output == "-" and fmt == "parquet":
@@ -261,7 +266,7 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
         else:
             if output != "-" and Path(output).is_dir():
                 output = str(Path(output) / f"{what}.{fmt}")
-            _check_output_file(output)
+            _check_output_file(output, db)
 
     with modtrace.api.open(db) as database:
         chosen = database.clock(run, clock)
@@ -326,7 +331,7 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     from modtrace.renderers import get_renderer
     from modtrace.renderers.html_report import report_data
 
-    _check_output_file(output)
+    _check_output_file(output, db)
     with modtrace.api.open(db) as database:
         # --vs compares on one clock (as diff does); the run's own times are on it too.
         chosen = database.clock(run, clock) if base is None else database.diff_clock(base, run, clock=clock)

@@ -5,11 +5,20 @@ default is ``./modtrace.db``.  Before anything touches a SQLite file we check
 that it is ours: a file that is not SQLite, or a SQLite database of another
 application, is refused and left byte-identical.  Read commands never create
 a database.
+
+Nothing here opens a descriptor of the database file (or its ``-wal``/``-shm``)
+besides SQLite: closing any descriptor of a file drops every POSIX lock the
+process holds on it, SQLite's included, and another process may then
+checkpoint and reset the write-ahead log under this process's connections
+(the user's own ``sqlite3`` ones too), which then read a torn database.  So
+the file's header is judged by SQLite (``file is not a database``) and ranks
+that create the schema at once serialise on a side file, ``<db>.modtrace-lock``.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from modtrace.core.errors import StoreError, UsageError
@@ -26,13 +35,16 @@ from modtrace.store.base import Store, check_revision, read_revision
 
 try:
     import fcntl
-except ImportError:  # not POSIX: _file_lock falls back to a lock file
+except ImportError:  # not POSIX: _file_lock falls back to an exclusively created lock file
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["Store", "check_revision", "open_store", "read_revision", "resolve_db"]
 
 DEFAULT_DB = "modtrace.db"
-SQLITE_MAGIC = b"SQLite format 3\x00"
+# SQLite's smallest page: a non-empty file shorter than one page is not a SQLite database
+# (SQLite itself would take a one-byte file for an empty database and write over it).
+MIN_SQLITE_BYTES = 512
+LOCK_SUFFIX = ".modtrace-lock"
 BUSY_TIMEOUT_MS = 60_000  # MODTRACE_BUSY_TIMEOUT_MS overrides it (a writer retries past it, see store.retry)
 
 
@@ -53,6 +65,22 @@ def resolve_db(db: str | None) -> str:
 
 def _is_url(db: str) -> bool:
     return "://" in db
+
+
+def sqlite_files(db: str | None) -> list[Path]:
+    """The files of the SQLite database ``db`` names (see ``resolve_db``): the database and
+    SQLite's ``-wal``, ``-shm`` and ``-journal`` beside it; none for a server's URL."""
+    target = resolve_db(db)
+    if _is_url(target):
+        try:
+            parsed = make_url(target)
+        except ArgumentError:
+            return []
+        if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+            return []
+        target = parsed.database
+    path = Path(target).expanduser().absolute()
+    return [path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))]
 
 
 def _sqlite_engine(path: Path, *, readonly: bool = False, immutable: bool = False) -> Engine:
@@ -102,27 +130,36 @@ def _describe(url: str) -> str:
 
 
 def _check_sqlite_file(path: Path, *, create: bool) -> bool:
-    """Validate a SQLite path without writing to it. Returns True if it is new or empty."""
-    if path.is_dir():
-        raise StoreError(f"{path} is a directory, not a database file")
-    if not path.exists():
-        if not create:
-            raise StoreError(f"no modtrace database at {path} (record a run first, or pass --db)")
-        if not path.parent.is_dir():
-            raise StoreError(f"cannot create {path}: directory {path.parent} does not exist")
-        return True
+    """Validate a SQLite path from its metadata alone. Returns True if it is new or empty.
+
+    The header is not read here (a descriptor of the file, closed, would drop the
+    process's SQLite locks): SQLite reads it at the first connection, and
+    ``_read_revision_sqlite`` turns its ``file is not a database`` into the refusal."""
     try:
-        with path.open("rb") as fh:
-            head = fh.read(len(SQLITE_MAGIC))
+        st = path.stat()
+    except FileNotFoundError:
+        if not create:
+            raise StoreError(f"no modtrace database at {path} (record a run first, or pass --db)") from None
+        if not path.parent.is_dir():
+            raise StoreError(f"cannot create {path}: directory {path.parent} does not exist") from None
+        return True
     except PermissionError:
         raise StoreError(f"cannot read {path}: permission denied") from None
-    if not head:
+    if stat.S_ISDIR(st.st_mode):
+        raise StoreError(f"{path} is a directory, not a database file")
+    if not os.access(path, os.R_OK):
+        raise StoreError(f"cannot read {path}: permission denied")
+    if st.st_size == 0:
         if not create:
             raise StoreError(f"{path} is empty, not a modtrace database")
         return True
-    if head != SQLITE_MAGIC:
-        raise StoreError(f"{path} is not a SQLite database; refusing to touch it")
+    if st.st_size < MIN_SQLITE_BYTES:
+        raise StoreError(_not_sqlite(path))
     return False
+
+
+def _not_sqlite(path: Path | str) -> str:
+    return f"{path} is not a SQLite database; refusing to touch it"
 
 
 def open_store(db: str | None = None, *, create: bool = False, check: bool = True, readonly: bool = False) -> Store:
@@ -191,21 +228,49 @@ def _read_revision_sqlite(store: Store) -> tuple[str | None, bool]:
         return read_revision(store.engine)
     except OperationalError as exc:
         raise StoreError(f"cannot read {store.label}: {exc.orig}") from None
+    except DatabaseError as exc:
+        # SQLITE_NOTADB: SQLite read the header and it is not its own (it wrote nothing).
+        if getattr(exc.orig, "sqlite_errorcode", 26) == 26 and "not a database" in str(exc.orig):
+            raise StoreError(_not_sqlite(store.label)) from None
+        raise StoreError(f"cannot read {store.label}: {exc.orig}") from None
+
+
+def lock_path(path: Path) -> Path:
+    """The side file ranks lock to create ``path``'s schema one at a time (``_file_lock``)."""
+    return path.with_name(f"{path.name}{LOCK_SUFFIX}")
 
 
 @contextmanager
 def _file_lock(path: Path, *, shared: bool = False) -> Iterator[None]:
-    # Ranks of one launch may all find the database missing; a BSD lock on the
-    # file itself (independent of SQLite's own POSIX locks) lets one create it.
-    # A shared lock (read-only descriptor, never creates) waits for that creator.
+    # Ranks of one launch may all find the database missing: a BSD lock lets one
+    # create it.  It is taken on a side file, never on the database: the descriptor
+    # closed after would drop SQLite's POSIX locks of this process on the database.
+    # A shared lock (read-only, never creates) waits for a creator holding it.
+    # The creator removes the side file once the schema is committed, still holding
+    # it: a rank that then locks a new file of that name, or the removed one it had
+    # opened, finds the schema and creates nothing.  After a failure it is left
+    # (an empty file, harmless): the next creator locks it.
     if fcntl is None:
         with _lock_file(path, shared=shared):
             yield
         return
-    fd = os.open(path, os.O_RDONLY) if shared else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = lock_path(path)
+    try:
+        fd = os.open(lock, os.O_RDONLY) if shared else os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if not shared:
+            raise StoreError(f"cannot create {lock} (the lock that lets one process create {path.name}): "
+                             f"{exc.strerror}") from None
+        # No side file we can open: no modtrace of ours is creating the database.
+        fd = -1
+    if fd < 0:
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
+        if not shared:
+            lock.unlink(missing_ok=True)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from tests.helpers.models import tiny_model_and_opt, train_step
-from tests.helpers.recording import db_rows
 
 import modtrace
+from tests.helpers.models import tiny_model_and_opt, train_step
+from tests.helpers.recording import db_rows
 
 # Three steps of Sequential(Linear, ReLU, Linear); waits on stdin when asked, its events flushed.
 TARGET = textwrap.dedent(
