@@ -6,7 +6,8 @@
 -- i.e. the time inside module calls. It splits into phases by self time, so
 -- nested modules are not counted twice: forward + backward + recompute = step
 -- time (recompute runs inside backward spans and is counted only as
--- recompute). A step's wall time runs from its first span's start to the next
+-- recompute; a backward_call, a module called by backward code, counts as
+-- backward). A step's wall time runs from its first span's start to the next
 -- step's first start on the same rank (so the optimizer step and data loading
 -- that follow a step's backward count as its outside time); the last step ends
 -- at its last span's end. outside = wall - step time. Threads that run modules
@@ -21,7 +22,7 @@
 --   wall_ms       step wall time (see above), milliseconds
 --   step_ms       step time: time inside root module spans, milliseconds
 --   forward_ms    time in forward module code, milliseconds
---   backward_ms   time in backward module spans, milliseconds
+--   backward_ms   time in backward module spans (and backward_call spans), milliseconds
 --   recompute_ms  time recomputing checkpointed forwards during backward, milliseconds
 --   outside_ms    wall time outside any module span, milliseconds
 --   module_pct    share of wall time inside module spans (step / wall), percent
@@ -33,7 +34,7 @@ WITH per_step AS (
         MIN(start_ns) AS start_ns,
         MAX(COALESCE(end_ns, start_ns)) AS last_ns,
         SUM(CASE WHEN phase = 'forward' THEN COALESCE(self_ns, 0) ELSE 0 END) AS forward_ns,
-        SUM(CASE WHEN phase = 'backward' THEN COALESCE(self_ns, 0) ELSE 0 END) AS backward_ns,
+        SUM(CASE WHEN phase IN ('backward', 'backward_call') THEN COALESCE(self_ns, 0) ELSE 0 END) AS backward_ns,
         SUM(CASE WHEN phase = 'recompute' THEN COALESCE(self_ns, 0) ELSE 0 END) AS recompute_ns,
         SUM(CASE WHEN depth = 0 THEN COALESCE(duration_ns, 0) ELSE 0 END) AS step_ns,
         COUNT(*) AS spans
