@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import modtrace
+from modtrace.recompute_links import TESTED_TORCH, backward_codes
 from tests.clients import check_rows, query
 
 
@@ -202,3 +203,36 @@ def _tree_nodes(nodes: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     for node in nodes:
         yield node
         yield from _tree_nodes(node.get("children", []))
+
+
+@pytest.mark.parametrize("impl", ["NO_REENTRANT", "REENTRANT"])
+def test_checkpoint_wrapper_recomputes_are_linked(impl: str, db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """torch's checkpoint_wrapper (what Lightning's and FSDP's activation checkpointing wrap
+    blocks in) recomputes through torch.utils.checkpoint: linked recomputes, no backward_call."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    torch.manual_seed(0)
+    model = nn.Sequential(checkpoint_wrapper(Block(), checkpoint_impl=CheckpointImpl[impl]), nn.Linear(4, 1))
+    db = str(db_path)
+    with modtrace.Recorder(db=db, run="wrapped"):
+        for _ in range(2):
+            model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    recomputed = query(db, "SELECT fqn, count(*) FROM spans WHERE phase = 'recompute' GROUP BY fqn ORDER BY fqn")
+    # the wrapper checkpoints the module it wraps: that module and its submodule run again
+    assert recomputed == [("Sequential.0._checkpoint_wrapped_module", 2), ("Sequential.0._checkpoint_wrapped_module.fc", 2)]
+    assert query(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
+                     " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
+    assert query(db, "SELECT count(*) FROM events WHERE phase = 3") == [(0,)]
+    check_rows(run_cli, db)
+
+
+def test_the_torch_internals_that_tell_recompute_apart_are_found(recwarn: pytest.WarningsRecorder) -> None:
+    """The private torch names modtrace.recompute_links reads exist on the tested torch
+    (pinned by constraints.txt); on another, a missing one is a warning, not a failure."""
+    assert torch.__version__.startswith(TESTED_TORCH + ".")
+    codes = backward_codes()
+    assert codes is not None and sorted(codes.values()) == [False, False, False, True, True]
+    assert not [w for w in recwarn if "modtrace" in str(w.message)]
