@@ -3,11 +3,13 @@ visible nesting issue naming the module, never a silent fresh call id."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 import torch
 from torch import nn
@@ -236,3 +238,30 @@ def test_the_torch_internals_that_tell_recompute_apart_are_found(recwarn: pytest
     codes = backward_codes()
     assert codes is not None and sorted(codes.values()) == [False, False, False, True, True]
     assert not [w for w in recwarn if "modtrace" in str(w.message)]
+
+
+def test_backward_calls_count_as_backward_in_the_step_time(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """forward + backward + recompute = step time still holds with backward calls (in
+    step_table and in the step_breakdown query): their self time is backward's."""
+    from modtrace.analysis.step_time import step_table
+
+    torch.manual_seed(0)
+    model = Projected(proj_in_forward=False, reentrant=False)
+    db = str(db_path)
+    clock = itertools.count(0, 7)
+    with modtrace.Recorder(db=db, run="steps", clock=lambda: next(clock)) as rec:
+        for _ in range(2):
+            model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+            rec.step()
+    rec.wait_analyzed()
+    with modtrace.open(db) as database:
+        spans = database.spans("steps")
+    assert spans.filter(pl.col("phase") == "backward_call")["self_ns"].min() > 0
+    steps = step_table(spans)
+    assert steps.height == 2
+    assert (steps["forward_ns"] + steps["backward_ns"] + steps["recompute_ns"]).to_list() == steps["step_ns"].to_list()
+    sql = run_cli("query", "step_breakdown", "--run", "steps", "--format", "json")
+    assert sql.code == 0, sql
+    rows = json.loads(sql.out)
+    for phase in ("forward", "backward", "recompute"):
+        assert [round(r[f"{phase}_ms"] * 1e6) for r in rows] == steps[f"{phase}_ns"].to_list()
