@@ -34,7 +34,7 @@ from modtrace.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.

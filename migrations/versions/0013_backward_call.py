@@ -3,8 +3,8 @@ recomputation (a custom autograd Function's backward, a backward hook), a call
 of its own; the event_log and spans views name it, the phase columns' comments
 list it
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-02 10:00:00.000000
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
