@@ -26,7 +26,7 @@
 --   wall_ms       step wall time (see above), milliseconds
 --   step_ms       step time: time inside root module spans, milliseconds
 --   forward_ms    time in forward module code, milliseconds
---   backward_ms   time in backward module spans, milliseconds
+--   backward_ms   time in backward module spans (and backward_call spans), milliseconds
 --   recompute_ms  time recomputing checkpointed forwards during backward, milliseconds
 --   outside_ms    wall time outside any module span, milliseconds
 --   module_pct    share of wall time inside module spans (step / wall), percent

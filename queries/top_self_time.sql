@@ -2,7 +2,7 @@
 --
 -- Self time is a span's duration minus its child spans' durations: the time
 -- spent in the module's own code and in torch ops it called directly, not in
--- its submodules. Summed over forward, backward and recompute spans of all
+-- its submodules. Summed over the spans of every phase, all
 -- steps and ranks; spans never exited count as calls but add no time.
 --
 -- Parameters:
@@ -16,7 +16,7 @@
 --   self_ms         total self time in all phases, milliseconds
 --   self_pct        share of the run's total self time in modules, percent
 --   forward_ms      self time in forward, milliseconds
---   backward_ms     self time in backward, milliseconds
+--   backward_ms     self time in backward (and backward_call: modules called by backward code), milliseconds
 --   recompute_ms    self time in activation-checkpoint recompute, milliseconds
 --   self_us_per_call  self_ms per forward call, microseconds (NULL without forward calls)
 WITH per_module AS (
@@ -26,7 +26,7 @@ WITH per_module AS (
         SUM(CASE WHEN phase = 'forward' THEN 1 ELSE 0 END) AS calls,
         CAST(SUM(COALESCE(self_ns, 0)) AS DOUBLE PRECISION) AS self_ns,
         CAST(SUM(CASE WHEN phase = 'forward' THEN COALESCE(self_ns, 0) ELSE 0 END) AS DOUBLE PRECISION) AS forward_ns,
-        CAST(SUM(CASE WHEN phase = 'backward' THEN COALESCE(self_ns, 0) ELSE 0 END) AS DOUBLE PRECISION) AS backward_ns,
+        CAST(SUM(CASE WHEN phase IN ('backward', 'backward_call') THEN COALESCE(self_ns, 0) ELSE 0 END) AS DOUBLE PRECISION) AS backward_ns,
         CAST(SUM(CASE WHEN phase = 'recompute' THEN COALESCE(self_ns, 0) ELSE 0 END) AS DOUBLE PRECISION) AS recompute_ns
     FROM spans
     WHERE run_id = :run_id

@@ -41,7 +41,7 @@ MODULES = [
 
 
 def _events(steps: int) -> list[tuple[object, ...]]:
-    """Forward, backward (with a tie and a closed-at-end exit), recompute and an error exit."""
+    """Forward, backward (with a tie and a closed-at-end exit), recompute, a backward call and an error exit."""
     rows: list[dict[str, object]] = []
     ts = 0
     call = 0
@@ -80,6 +80,9 @@ def _events(steps: int) -> list[tuple[object, ...]]:
         ev(Kind.ENTER, 2, Phase.RECOMPUTE, calls[2], step, graph_task=g)
         ev(Kind.EXIT, 2, Phase.RECOMPUTE, calls[2], step, graph_task=g)
         ev(Kind.EXIT, 1, Phase.RECOMPUTE, calls[1], step, graph_task=g, status=Status.EARLY_STOP)
+        # a module called by backward code (revision 0013): a call of its own
+        ev(Kind.ENTER, 4, Phase.BACKWARD_CALL, 1000 + step, step, graph_task=g)
+        ev(Kind.EXIT, 4, Phase.BACKWARD_CALL, 1000 + step, step, graph_task=g)
         ev(Kind.ENTER, 3, Phase.BACKWARD, calls[3], step, graph_task=g)
         ev(Kind.EXIT, 3, Phase.BACKWARD, calls[3], step, graph_task=g)
         ev(Kind.ENTER, 2, Phase.BACKWARD, calls[2], step, graph_task=g)

@@ -124,8 +124,9 @@ def _stack_expr(ev: pl.DataFrame) -> pl.Expr:
 def with_stack(ev: pl.DataFrame) -> pl.DataFrame:
     """Add ``stack`` (Int64): one value per hierarchy the rows form.
 
-    Forward rows stack per (rank, thread); backward and recompute rows per
-    (rank, thread, graph task), so a recompute nests under the backward span
+    Forward rows stack per (rank, thread); backward, recompute and
+    backward_call rows per (rank, thread, graph task), so a recompute (or a
+    backward_call) nests under the backward span
     open on its thread when it ran.  The value is a key, not a number to
     read: rank * 2**48 + thread * 2**32 + a number for the graph task (0 for
     forward rows; for the others the task id + 2, a null task counting as

@@ -4,7 +4,7 @@ The issues frame (``ISSUE_COLUMNS``) has::
 
     run_id Int32, rank Int32, seq Int64 (the row the issue is about),
     kind String, severity String (error | warning | info),
-    fqn String, phase Enum(forward|backward|recompute), call_id Int64,
+    fqn String, phase Enum(forward|backward|recompute|backward_call), call_id Int64,
     step Int32, thread_id Int32, message String
 
 Kinds (``modtrace.core.contracts.ISSUE_KINDS``, with their severity):

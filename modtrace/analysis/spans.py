@@ -6,7 +6,7 @@ its place in the hierarchy.  The spans frame (``SPAN_COLUMNS``) has::
     run_id Int32, rank Int32, span_id Int64 (seq of the enter row),
     parent_span_id Int64 (null at a root), depth Int32 (0 at a root),
     module_id Int32, fqn Categorical, module_type Categorical,
-    phase Enum(forward|backward|recompute), call_id Int64, step Int32,
+    phase Enum(forward|backward|recompute|backward_call), call_id Int64, step Int32,
     thread_id Int32, graph_task Int64, start_ns Int64, end_ns Int64,
     duration_ns Int64, self_ns Int64 (duration minus its children's),
     device_id Int32, device Categorical, stream Int64,
@@ -15,9 +15,9 @@ its place in the hierarchy.  The spans frame (``SPAN_COLUMNS``) has::
 
 A span that was never exited has null end_ns, duration_ns, self_ns,
 status and exit_seq.  Hierarchy is per stack (``events.with_stack``):
-forward per (rank, thread), backward and recompute per (rank, thread,
-graph task), so a recompute span's parent is the backward span open on its
-thread when it ran.
+forward per (rank, thread), the other phases per (rank, thread, graph
+task), so a recompute or backward_call span's parent is the backward span
+open on its thread when it ran.
 
 Stacks whose rows nest cleanly are rebuilt with window expressions (depth
 is a running sum of +1 per enter and -1 per exit; an exit is the next row

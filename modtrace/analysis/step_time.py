@@ -8,7 +8,8 @@ pool's requests in one optimizer step, say) count the time any of them ran
 once.  Self times partition the root spans, so it splits into phases by self
 time: forward + backward + recompute = step time when the step's root spans
 do not overlap (recompute runs inside backward spans and counts once, as
-recompute); where they overlap, the phases sum the threads' time and exceed
+recompute; a backward_call, a module called by backward code, counts as
+backward); where they overlap, the phases sum the threads' time and exceed
 it.
 
 A step's *wall* time runs from its first span's start to the next step's
@@ -63,10 +64,19 @@ def summed_step_time() -> pl.Expr:
     return pl.col("duration_ns").filter(pl.col("depth") == 0).sum()
 
 
-def _phase_time(phase: Phase) -> pl.Expr:
-    """Aggregation over a (rank, step)'s spans: the part of its step time spent in ``phase``
-    (summed self time of the phase's closed spans)."""
-    return pl.col("self_ns").filter(pl.col("phase").to_physical() == int(phase)).sum()
+# The step table's phase columns and the phases each sums: a module called by backward code
+# (backward_call) is backward's work.
+_PHASE_COLUMNS: dict[str, tuple[Phase, ...]] = {
+    "forward_ns": (Phase.FORWARD,),
+    "backward_ns": (Phase.BACKWARD, Phase.BACKWARD_CALL),
+    "recompute_ns": (Phase.RECOMPUTE,),
+}
+
+
+def _phase_time(*phases: Phase) -> pl.Expr:
+    """Aggregation over a (rank, step)'s spans: the part of its step time spent in ``phases``
+    (summed self time of their closed spans)."""
+    return pl.col("self_ns").filter(pl.col("phase").to_physical().is_in([int(p) for p in phases])).sum()
 
 
 def step_table(spans: pl.DataFrame) -> pl.DataFrame:
@@ -77,7 +87,7 @@ def step_table(spans: pl.DataFrame) -> pl.DataFrame:
         spans.group_by("rank", "step")
         .agg(
             step_time().cast(pl.Int64).alias("step_ns"),
-            *(_phase_time(p).cast(pl.Int64).alias(f"{p.name.lower()}_ns") for p in Phase),
+            *(_phase_time(*phases).cast(pl.Int64).alias(column) for column, phases in _PHASE_COLUMNS.items()),
             pl.col("start_ns").min().alias("_start"),
             last.alias("_last"),
             pl.len().alias("spans"),

@@ -312,7 +312,7 @@ class Database:
 
         Steps follow ``step_on`` (see ``steps``); ``step_kind`` keeps the steps
         of one kind (``-``: steps without a root call; None or ``all``: every
-        step).  ``phase`` (forward | backward | recompute), ``step`` and
+        step).  ``phase`` (forward | backward | recompute | backward_call), ``step`` and
         ``rank`` select spans; ``max_depth`` and ``min_percent`` hide nodes.
         The whole run's tree (no ``step``, ``rank`` or ``step_kind``) is read
         from the stored one when the run has it (``api._tree``)."""

@@ -19,7 +19,7 @@ from modtrace.cli._options import (
     stdout_terminal,
 )
 from modtrace.cli._steps import step_kind_option, step_on_option
-from modtrace.core.contracts import SEVERITIES
+from modtrace.core.contracts import PHASES, SEVERITIES
 
 if TYPE_CHECKING:
     import polars as pl
@@ -71,7 +71,7 @@ def _step_arg(value: str) -> int | None:
 @click.command()
 @click.argument("run")
 @db_option
-@click.option("--phase", type=click.Choice(["forward", "backward", "recompute", "all"]), default="all",
+@click.option("--phase", type=click.Choice([*PHASES, "all"]), default="all",
               show_default=True, help="Show only calls of this phase.")
 @click.option("--step", "step_opt", default="all", show_default=True, metavar="N|all",
               help="Only this step (from 0), or all steps.")
@@ -96,8 +96,9 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
 
     Times are per-step medians (over the steps a node ran in) and totals;
     % step is a node's total inclusive time over the summed step time (time in
-    root module calls, every phase) of the selected steps.  Backward and
-    recompute calls form their own subtrees.  Steps follow --step-on;
+    root module calls, every phase) of the selected steps.  Backward,
+    recompute and backward_call calls (modules called by backward code, such
+    as a custom autograd Function's backward) form their own subtrees.  Steps follow --step-on;
     --step-kind keeps the steps of one kind (e.g. the decode steps of a
     generate() loop).  Times are on --clock: device time by default when
     the run has it (CUDA), else host time.  The table names each node by

@@ -24,6 +24,9 @@ class Phase(IntEnum):
     FORWARD = 0
     BACKWARD = 1
     RECOMPUTE = 2  # activation-checkpoint recomputation of a forward
+    # A module called by backward code other than checkpointing (a custom autograd
+    # Function's backward, a backward hook): a call of its own, not a recompute.
+    BACKWARD_CALL = 3
 
 
 class Status(IntEnum):

@@ -26,7 +26,7 @@ SELECT
     CASE e.kind WHEN 0 THEN 'enter' WHEN 1 THEN 'exit' END AS kind,
     m.fqn,
     m.module_type,
-    CASE e.phase WHEN 0 THEN 'forward' WHEN 1 THEN 'backward' WHEN 2 THEN 'recompute' END AS phase,
+    CASE e.phase WHEN 0 THEN 'forward' WHEN 1 THEN 'backward' WHEN 2 THEN 'recompute' WHEN 3 THEN 'backward_call' END AS phase,
     e.call_id,
     e.step,
     e.rank,
@@ -58,7 +58,7 @@ SELECT
     s.depth,
     m.fqn,
     m.module_type,
-    CASE s.phase WHEN 0 THEN 'forward' WHEN 1 THEN 'backward' WHEN 2 THEN 'recompute' END AS phase,
+    CASE s.phase WHEN 0 THEN 'forward' WHEN 1 THEN 'backward' WHEN 2 THEN 'recompute' WHEN 3 THEN 'backward_call' END AS phase,
     s.call_id,
     s.step,
     s.thread_id,
@@ -157,7 +157,7 @@ per_step AS (
             WHEN start_ns + duration_ns > covered THEN start_ns + duration_ns - covered
             ELSE 0 END) AS BIGINT) AS step_ns,
         CAST(SUM(CASE WHEN phase = 0 THEN COALESCE(self_ns, 0) ELSE 0 END) AS BIGINT) AS forward_ns,
-        CAST(SUM(CASE WHEN phase = 1 THEN COALESCE(self_ns, 0) ELSE 0 END) AS BIGINT) AS backward_ns,
+        CAST(SUM(CASE WHEN phase IN (1, 3) THEN COALESCE(self_ns, 0) ELSE 0 END) AS BIGINT) AS backward_ns,
         CAST(SUM(CASE WHEN phase = 2 THEN COALESCE(self_ns, 0) ELSE 0 END) AS BIGINT) AS recompute_ns,
         COUNT(*) AS spans,
         CAST(SUM(CASE WHEN duration_ns IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS unclosed

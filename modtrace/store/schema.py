@@ -34,7 +34,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -157,14 +157,14 @@ events = Table(
     Column("ts_ns", BigInteger, nullable=False, comment="Monotonic nanoseconds since the rank started recording (run_ranks.wall_anchor_ns is ts_ns = 0)."),
     Column("kind", SmallInteger, nullable=False, comment="0 enter, 1 exit (modtrace.core.codes.Kind)."),
     Column("module_id", Integer, nullable=False, comment="modules.module_id of the module."),
-    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.core.codes.Phase)."),
-    Column("call_id", BigInteger, nullable=False, comment="One per forward module call; its backward and recompute events carry the same id."),
+    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute, 3 backward_call (modtrace.core.codes.Phase)."),
+    Column("call_id", BigInteger, nullable=False, comment="One per forward or backward_call module call; its backward and recompute events carry the same id."),
     Column("step", Integer, nullable=False, comment="Step number, from 0; advanced by Recorder.step() and after each optimizer step."),
     Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the hook ran on."),
     Column("device_id", Integer, nullable=True, comment="devices.device_id where the call computes; NULL when it has no tensor input, parameter or buffer."),
     Column("stream", BigInteger, nullable=True, comment="Current CUDA/accelerator stream handle on that device; NULL on CPU."),
     Column("status", SmallInteger, nullable=False, server_default="0", comment="0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter, 5 unlinked (modtrace.core.codes.Status)."),
-    Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task id for backward and recompute events; NULL in forward."),
+    Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task id for backward, recompute and backward_call events; NULL in forward."),
     Column("tie", SmallInteger, nullable=False, server_default="0", comment="1 when produced by the same autograd hook dispatch as the previous event of this thread (a tie to normalise), else 0."),
     PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_events"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_events_run"),
@@ -226,18 +226,18 @@ span_rows = Table(
     Column("span_id", BigInteger, nullable=False, comment="Span id: the seq of its enter event, unique per (run_id, rank)."),
     Column("depth", Integer, nullable=False, comment="Nesting depth on its stack, 0 at a root."),
     Column("module_id", Integer, nullable=False, comment="modules.module_id of the module called."),
-    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute (modtrace.core.codes.Phase)."),
+    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute, 3 backward_call (modtrace.core.codes.Phase)."),
     Column("call_id", BigInteger, nullable=False, comment="The forward call this span belongs to (events.call_id)."),
     Column("step", Integer, nullable=False, comment="Step at the span's enter."),
     Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the span ran on."),
-    Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task of a backward or recompute span; NULL in forward."),
+    Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task of a backward, recompute or backward_call span; NULL in forward."),
     Column("start_ns", BigInteger, nullable=False, comment="ts_ns of the enter event."),
     Column("duration_ns", BigInteger, nullable=True, comment="end_ns - start_ns (inclusive time); NULL when never exited."),
     Column("self_ns", BigInteger, nullable=True, comment="duration_ns minus the durations of its child spans (exclusive time); NULL when never exited."),
     Column("device_id", Integer, nullable=True, comment="devices.device_id at the enter; NULL when unknown."),
     Column("stream", BigInteger, nullable=True, comment="Accelerator stream at the enter; NULL on CPU."),
     Column("status", SmallInteger, nullable=True, comment="Status of the exit event (modtrace.core.codes.Status); NULL when the span was never exited (shown as unclosed in the spans view)."),
-    Column("parent_gap", BigInteger, nullable=True, comment="span_id minus the span_id of the enclosing span on the same stack (the spans view's parent_span_id); NULL at a root. A recompute span's parent is the backward span open on its thread when it ran."),
+    Column("parent_gap", BigInteger, nullable=True, comment="span_id minus the span_id of the enclosing span on the same stack (the spans view's parent_span_id); NULL at a root. A recompute or backward_call span's parent is the backward span open on its thread when it ran."),
     Column("exit_gap", BigInteger, nullable=True, comment="seq of the exit event minus span_id (the spans view's exit_seq); NULL when never exited."),
     PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_rows"),
     # No foreign key to runs: PostgreSQL checks one with a trigger per inserted row, most of
@@ -257,7 +257,7 @@ nesting_issues = Table(
     Column("kind", String(32), nullable=False, comment="no_enter | unclosed | crossed | reentered | duplicate_enter | duplicate_exit | error_exit | early_stop | closed_at_end_of_backward | unlinked_recompute | compiled | invalid_row | time_reversed | seq_gap."),
     Column("severity", String(8), nullable=False, comment="error | warning | info. A healthy record has no error or warning."),
     Column("fqn", Text, nullable=True, comment="Fully qualified name of the module of that event."),
-    Column("phase", String(16), nullable=True, comment="forward | backward | recompute; NULL for an invalid_row whose phase code is unknown."),
+    Column("phase", String(16), nullable=True, comment="forward | backward | recompute | backward_call; NULL for an invalid_row whose phase code is unknown."),
     Column("call_id", BigInteger, nullable=False, comment="events.call_id of that event."),
     Column("step", Integer, nullable=True, comment="Step of that event."),
     Column("thread_id", Integer, nullable=True, comment="threads.thread_id of that event."),
@@ -279,7 +279,7 @@ tree_nodes = Table(
     Column("level", Integer, nullable=False, comment="Depth of the node in the tree, 0 at a root."),
     Column("fqn", Text, nullable=False, comment="Fully qualified name of the node's module (modules.fqn)."),
     Column("module_type", String(200), nullable=False, comment="Class name of the node's module (modules.module_type)."),
-    Column("phase", String(16), nullable=False, comment="forward | backward | recompute."),
+    Column("phase", String(16), nullable=False, comment="forward | backward | recompute | backward_call."),
     Column("calls", BigInteger, nullable=False, comment="Spans on this path, every rank and step."),
     Column("steps", Integer, nullable=False, comment="(rank, step) pairs the node ran in."),
     Column("inclusive_total_ns", BigInteger, nullable=False, comment="Summed duration_ns of the node's spans, in nanoseconds (spans never exited count 0)."),

@@ -33,6 +33,7 @@ _EXIT = int(Kind.EXIT)
 _FORWARD = int(Phase.FORWARD)
 _BACKWARD = int(Phase.BACKWARD)
 _RECOMPUTE = int(Phase.RECOMPUTE)
+_BACKWARD_CALL = int(Phase.BACKWARD_CALL)
 _SILENT = -1  # phase of a frame that records nothing (the module of a compile wrapper, run eagerly)
 _OK = int(Status.OK)
 _ERROR = int(Status.ERROR)
@@ -238,7 +239,7 @@ class Call(NodeHook):
         self.call_id = call_id
         self.device_id = device_id
         self.phase = phase
-        self.task = task  # graph task of a recompute, None in forward: the rows' task column
+        self.task = task  # graph task of a recompute or backward_call, None in forward: the rows' task column
         # inputs needing grad, until the forward returns: one tensor, or a list of them
         self.exit_nodes = exit_nodes
         self.bw_task = -1  # graph task in which the backward was entered

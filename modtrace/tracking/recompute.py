@@ -1,5 +1,17 @@
-"""Recompute linking: forward hooks firing inside a backward graph task are
-activation-checkpoint recomputation, and take the original forward call's id.
+"""Recompute linking: forward hooks firing inside a backward graph task while
+activation checkpointing recomputes are recomputation, and take the original
+forward call's id; any other module call made during backward (by a custom
+autograd Function's backward, a backward hook) is a ``backward_call`` of its own.
+
+What made the call is told by the Python frames above its hook, and only for
+the outermost module call made in a graph task (the calls inside it are what
+it is): the first frame that is checkpoint's recomputation (the unpack hook of
+non-reentrant ``torch.utils.checkpoint``, the backward of its reentrant
+``CheckpointFunction``; Hugging Face's and Lightning's gradient checkpointing
+run these) makes a recompute; the first that is other backward code (a custom
+Function's backward, run by ``BackwardCFunction.apply``; a backward started by
+``_engine_run_backward``, whose hooks made the call), or none, a backward call.
+Ordinary forwards never look.
 
 The outermost recomputed call takes the module's latest forward call not yet
 recomputed in this graph task, nested calls take the next unused call of that
@@ -14,11 +26,66 @@ its own, and its enter row the status ``unlinked`` that the analysis reports.
 from __future__ import annotations
 
 import itertools
+import warnings
 import weakref
 from collections import deque
+from functools import cache
+from types import CodeType, FrameType
+
+import torch
 
 from modtrace.tracking.calls import _RECOMPUTE, Call
 from modtrace.tracking.module_names import ModuleInfo
+
+# The torch whose private names below were checked (a test pins them).
+TESTED_TORCH = "2.13"
+
+
+@cache
+def backward_codes() -> dict[CodeType, bool] | None:
+    """The code objects whose frames tell what made a module call in a backward
+    graph task: True for checkpoint recomputation, False for other backward
+    code.  None, with a warning once, when this torch lacks one of them (they
+    are private: torch.utils.checkpoint's ``_checkpoint_hook`` and
+    ``CheckpointFunction``, torch.autograd's ``BackwardCFunction`` and
+    ``_engine_run_backward``, as in torch 2.13)."""
+    try:
+        from torch.autograd.function import BackwardCFunction
+        from torch.autograd.graph import _engine_run_backward
+        from torch.utils import checkpoint as ckpt
+
+        unpack = [c for c in ckpt._checkpoint_hook.__init__.__code__.co_consts
+                  if isinstance(c, CodeType) and c.co_name == "unpack_hook"]
+        if len(unpack) != 1:
+            raise LookupError("torch.utils.checkpoint._checkpoint_hook has no one unpack_hook")
+        return {
+            unpack[0]: True,
+            ckpt.CheckpointFunction.backward.__code__: True,
+            BackwardCFunction.apply.__code__: False,
+            BackwardCFunction.apply_boxed.__code__: False,
+            _engine_run_backward.__code__: False,
+        }
+    except (ImportError, AttributeError, LookupError) as exc:
+        warnings.warn(
+            f"modtrace: torch {torch.__version__} lacks the internals that tell checkpoint recomputation from other"
+            f" module calls made during backward (tested with torch {TESTED_TORCH}: {exc}); every module call made"
+            " during backward is recorded as a recompute", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def recomputing(frame: FrameType | None) -> bool:
+    """Whether the module call whose hook runs below ``frame`` (in a backward
+    graph task) is checkpoint recomputation; see the module docstring."""
+    codes = backward_codes()
+    if codes is None:
+        return True
+    while frame is not None:
+        found = codes.get(frame.f_code)
+        if found is not None:
+            return found
+        frame = frame.f_back
+    return False
+
 
 
 class RecomputeLinks:

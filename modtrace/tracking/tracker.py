@@ -17,8 +17,10 @@ How each phase is seen:
   post-hook hangs the call on the autograd nodes of its inputs and outputs;
   one pre-hook per node writes the backward enter and exit rows.
 * recompute (``modtrace.tracking.recompute``): forward hooks firing inside a
-  backward graph task are activation-checkpoint recomputation, linked to the
-  original forward call's id.
+  backward graph task while activation checkpointing recomputes, linked to
+  the original forward call's id; other module calls made during backward
+  (a custom autograd Function's backward calling a module) are phase
+  ``backward_call``, calls of their own.
 
 The hooks run for every module call of the program, so they are written for
 it: attributes read once into locals, no per-call helper where an inline line
@@ -51,6 +53,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from modtrace.tracking.backward import BackwardHooks, _leaf_node
 from modtrace.tracking.calls import (
+    _BACKWARD_CALL,
     _DYNAMO,
     _ENTER,
     _EXIT,
@@ -69,7 +72,7 @@ from modtrace.tracking.calls import (
 )
 from modtrace.tracking.devices import DeviceLookup
 from modtrace.tracking.module_names import ModuleInfo, ModuleNames, as_list, grad_tensors
-from modtrace.tracking.recompute import RecomputeLinks
+from modtrace.tracking.recompute import RecomputeLinks, recomputing
 from modtrace.tracking.step_kind import input_kind
 
 if TYPE_CHECKING:
@@ -296,10 +299,19 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             self._recent_order.append(info)
             task_col = None
         else:
-            phase = _RECOMPUTE
-            call_id = self._link_recompute(info, stack, task)
-            if call_id < 0:  # no forward call to link to: a call id of its own, and the row says so
-                call_id, status = -call_id, _UNLINKED
+            # A module call inside a backward graph task: checkpoint recomputing a
+            # forward, or backward code calling a module.  A call inside another
+            # one of the same task is what that one is; the outermost asks its frames.
+            if parent is not None and parent.task == task and (parent.phase == _RECOMPUTE or parent.phase == _BACKWARD_CALL):
+                phase = parent.phase
+            else:
+                phase = _RECOMPUTE if recomputing(sys._getframe(1)) else _BACKWARD_CALL
+            if phase == _RECOMPUTE:
+                call_id = self._link_recompute(info, stack, task)
+                if call_id < 0:  # no forward call to link to: a call id of its own, and the row says so
+                    call_id, status = -call_id, _UNLINKED
+            else:
+                call_id = next(self._call_ids)
             frame = Call(mod, info, parent, call_id, device_id, phase, task, exit_nodes)
             task_col = task
         stack.append(frame)

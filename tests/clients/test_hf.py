@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 import modtrace
 from tests.helpers.clients import (
@@ -84,3 +85,36 @@ def test_hugging_face_training_steps(name: str, db_path: Path, run_cli) -> None:
     names = [f for (f,) in query(str(db_path), "SELECT fqn FROM modules")]
     assert len(names) == len(set(names))
     assert not [n for n in names if "#" in n]
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_hugging_face_activation_checkpointing_is_linked_recompute(  # type: ignore[no-untyped-def]
+        reentrant: bool, db_path: Path, run_cli) -> None:
+    """HF's activation checkpointing (torch.utils.checkpoint underneath, either kind): every
+    module call torch sees inside a backward graph task is a recompute linked to its forward call."""
+    torch.manual_seed(0)
+    model, batch = gpt2()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    names = {id(m): type(model).__name__ + (f".{n}" if n else "") for n, m in model.named_modules()}
+    in_backward: list[str] = []  # the oracle: torch's own hooks and graph task id
+
+    def pre(mod: nn.Module, args: Any) -> None:
+        if torch._C._current_graph_task_id() != -1 and id(mod) in names:
+            in_backward.append(names[id(mod)])
+
+    handle = register_module_forward_pre_hook(pre)
+    try:
+        with modtrace.Recorder(db=str(db_path), run="hf-ckpt") as rec:
+            train(model, batch, steps=2)
+        rec.wait_analyzed()
+    finally:
+        handle.remove()
+    db = str(db_path)
+    assert any(".transformer.h.0" in n for n in in_backward)
+    recomputed = [f for (f,) in query(db, "SELECT fqn FROM event_log WHERE kind = 'enter' AND phase = 'recompute' ORDER BY seq")]
+    assert recomputed == in_backward
+    assert query(db, "SELECT count(*) FROM events WHERE phase = 3") == [(0,)]  # no backward_call
+    assert query(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
+                     " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
+    check_rows(run_cli, db)

@@ -67,14 +67,28 @@ class _Block(nn.Module):
         return self.act(self.lin(x))
 
 
+class _Project(torch.autograd.Function):
+    """Identity forward; its backward calls a module (a backward_call)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        ctx.module = module
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.module(grad), None
+
+
 class _Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.a = _Block()
         self.b = _Block()
+        self.proj = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(checkpoint(self.a, x, use_reentrant=False))
+        return self.b(_Project.apply(checkpoint(self.a, x, use_reentrant=False), self.proj))
 
 
 def _track() -> tuple[Tracker, list[tuple[Any, ...]]]:

@@ -6,7 +6,7 @@
   var DATA = JSON.parse(document.getElementById("modtrace-data").textContent);
   var PHASES = DATA.phases;
   var STATUSES = DATA.statuses;
-  var COLORS = { forward: "#3b7dd8", backward: "#e0803a", recompute: "#3aa66b" };
+  var COLORS = { forward: "#3b7dd8", backward: "#e0803a", recompute: "#3aa66b", backward_call: "#9b59b6" };
   var ROW_H = 18;
   var LANE_HEAD = 18;
   var AXIS_H = 22;
@@ -152,7 +152,7 @@
   });
 
   function layout(step) {
-    // One lane per (thread, band); band 0 forward, 1 backward with its recompute.
+    // One lane per (thread, band); band 0 forward, 1 backward with its recomputes and backward calls.
     var keys = {};
     step.spans.forEach(function (sp) {
       var k = sp[4] + ":" + sp[3];
@@ -165,7 +165,7 @@
     var y = AXIS_H;
     lanes.forEach(function (l) {
       l.y = y;
-      l.label = "thread " + l.thread + " \u00b7 " + (l.band === 0 ? "forward" : "backward + recompute");
+      l.label = "thread " + l.thread + " \u00b7 " + (l.band === 0 ? "forward" : "backward");
       y += LANE_HEAD + l.rows * ROW_H + 6;
     });
     return { lanes: lanes, height: Math.max(y, 80) };
