@@ -9,9 +9,8 @@ recorder's ``RankWriter`` and analysed with ``modtrace.results.materialize``
 as a recording would be.  Then times ``modtrace diff BASE CAND --format
 json`` as a subprocess (interpreter start and imports included; wall and CPU
 time, the CPU time from the child's rusage), the interpreter start with the
-diff's imports alone, and, in this process, the two stages (reading both
-runs' calls side by side through ``modtrace.open(db).diff_side``, then
-``modtrace.api.diff_calls``).  Prints a JSON summary with medians
+diff's imports alone, and, in this process, ``modtrace.open(db).diff`` (both
+runs read, then compared).  Prints a JSON summary with medians
 of ``--repeats`` interleaved runs and the load average before and after
 (this machine is shared: compare CPU times when the load is high).
 """
@@ -118,31 +117,17 @@ def build(db: str, n_events: int, blocks: int) -> dict[str, Any]:
     return info
 
 
-def read_sides(db: str) -> tuple[Any, Any]:
-    """Both runs' sides of a diff, read side by side as ``modtrace diff`` reads them (a thread
-    and a database handle each: the driver lets go of Python's lock while it steps)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def stages(db: str) -> dict[str, float]:
+    """In-process time of one ``Database.diff`` (both runs read, then compared)."""
     import modtrace
 
-    def side(ref: str) -> Any:
+    def compare() -> Any:
         with modtrace.open(db) as database:
-            return database.diff_side(ref)
+            return database.diff("base", "cand")
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        base, cand = pool.submit(side, "base"), pool.submit(side, "cand")
-        return base.result(), cand.result()
-
-
-def stages(db: str) -> dict[str, float]:
-    """In-process times of the two stages of one diff."""
-    from modtrace.api import diff_calls, like_with_like_calls
-
-    load_s, load_cpu_s, (base, cand) = timed_cpu(lambda: read_sides(db))
-    spans = float(base[0].calls.height + cand[0].calls.height)
-    diff_s, diff_cpu_s, result = timed_cpu(lambda: diff_calls(*like_with_like_calls(base, cand, None)))
+    diff_s, diff_cpu_s, result = timed_cpu(compare)
     assert result.timing.height > 0
-    return {"load_s": load_s, "load_cpu_s": load_cpu_s, "diff_s": diff_s, "diff_cpu_s": diff_cpu_s, "spans": spans}
+    return {"diff_s": diff_s, "diff_cpu_s": diff_cpu_s}
 
 
 IMPORTS = (
@@ -189,11 +174,8 @@ def main() -> int:
         "end_to_end_s": [round(t, 3) for t in e2e],
         "end_to_end_cpu_s_median": round(median(e2e_cpu), 3),
         "startup_and_imports_s_median": round(median(startup), 3),
-        "read_calls_s_median": round(median(s["load_s"] for s in stage_runs), 3),
-        "read_calls_cpu_s_median": round(median(s["load_cpu_s"] for s in stage_runs), 3),
-        "diff_runs_s_median": round(median(s["diff_s"] for s in stage_runs), 3),
-        "diff_runs_cpu_s_median": round(median(s["diff_cpu_s"] for s in stage_runs), 3),
-        "spans_compared": int(stage_runs[0]["spans"]),
+        "api_diff_s_median": round(median(s["diff_s"] for s in stage_runs), 3),
+        "api_diff_cpu_s_median": round(median(s["diff_cpu_s"] for s in stage_runs), 3),
         "regressions": [f"{r['fqn']}:{r['phase']}" for r in doc["timing"] if r["verdict"] == "regression"],
         "target_s": 3.0,
         "cpus": os.cpu_count(),

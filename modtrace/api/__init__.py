@@ -1,6 +1,6 @@
 """The public Python API: a recording database as polars frames.
 
-For notebooks and scripts, and the only thing the CLI calls::
+For notebooks, scripts and CI jobs::
 
     import modtrace
 
@@ -16,12 +16,17 @@ A run is named as on the command line: a name, an id, ``@`` (the newest),
 issues are the stored analysis when the run has one, otherwise computed
 from its events (nothing is written); ``analyze`` stores them.  Frames
 follow the contracts in ``modtrace.core.contracts``.
+
+``Database`` is the product: eleven members, each documented with an
+example.  Module-level functions cover the database itself (``upgrade``,
+``current_revision``, ``check_schema``) and read-only SQL (``query``,
+``query_library``, ``resolve_query``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -33,36 +38,24 @@ from modtrace.api._admin import (
     resolve_query,
     upgrade,
 )
-from modtrace.api._functions import (
-    diff_calls,
-    is_database_file,
-    like_with_like,
-    like_with_like_calls,
-    no_common_step,
-    preload_diff,
-    preload_store,
-    step_table,
-)
-from modtrace.api._steps import Stepped
-from modtrace.core.errors import UsageError
 
 if TYPE_CHECKING:
     import polars as pl
 
     from modtrace.analysis import Analysis
     from modtrace.analysis.diff import DiffOptions, DiffResult, RunCalls
+    from modtrace.api._steps import Stepped
     from modtrace.store.engine import Store
 
 __all__ = [
-    "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "RunCalls", "Stepped", "check_schema",
-    "current_revision", "diff_calls", "is_database_file", "like_with_like", "like_with_like_calls", "no_common_step", "open", "preload_diff",
-    "preload_store", "query", "query_library", "resolve_query", "step_table", "upgrade",
+    "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "check_schema", "current_revision", "open",
+    "query", "query_library", "resolve_query", "upgrade",
 ]
 
 
 def __getattr__(name: str) -> Any:
     # The diff's option and result types, without importing polars with this module.
-    if name in ("DiffOptions", "DiffResult", "RunCalls"):
+    if name in ("DiffOptions", "DiffResult"):
         import modtrace.analysis.diff
 
         return getattr(modtrace.analysis.diff, name)
@@ -71,10 +64,12 @@ def __getattr__(name: str) -> Any:
 
 @dataclass(frozen=True)
 class Run:
-    """A resolved run reference."""
+    """A resolved run: its id and name, and (from ``Database.run``) what ``modtrace show`` prints
+    of it in ``details``: status, times, counts, steps under its own rule, tags, ranks."""
 
     id: int
     name: str
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -90,15 +85,34 @@ RunLike = str | int | Run
 
 
 def open(db: str | None = None) -> Database:  # noqa: A001 -- modtrace.open(db), like sqlite3.connect
-    """Open a recording database for reading: a file path or SQLAlchemy URL;
-    default ``$MODTRACE_DB``, else ``./modtrace.db``.  Nothing is created."""
+    """Open a recording database for reading.
+
+    Parameters
+    ----------
+    db
+        A file path or SQLAlchemy URL; default ``$MODTRACE_DB``, else ``./modtrace.db``.
+        Nothing is created: a missing file is an error.
+
+    Examples
+    --------
+    >>> import modtrace
+    >>> with modtrace.open("modtrace.db") as db:  # doctest: +SKIP
+    ...     db.runs().select("name", "status", "steps")
+    """
     from modtrace.store.engine import open_store
 
     return Database(open_store(db))
 
 
 class Database:
-    """An open recording database.  Close it (or use ``with``) when done."""
+    """An open recording database: runs, their events, spans, issues, steps and trees as polars
+    frames, and comparisons of runs.  Close it (or use ``with``) when done.
+
+    Examples
+    --------
+    >>> with modtrace.open("modtrace.db") as db:  # doctest: +SKIP
+    ...     db.tree("@", phase="forward", max_depth=2)
+    """
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -106,10 +120,11 @@ class Database:
 
     @property
     def label(self) -> str:
-        """The database as messages name it (a path, or a URL without password)."""
+        """The database as messages name it: a path, or a URL without its password."""
         return self._store.label
 
     def close(self) -> None:
+        """Release the database's connections."""
         self._store.dispose()
 
     def __enter__(self) -> Database:
@@ -120,8 +135,319 @@ class Database:
 
     # -- runs ----------------------------------------------------------------------
 
+    def runs(self, *, limit: int | None = None) -> pl.DataFrame:
+        """The runs, newest first: one row each.
+
+        Parameters
+        ----------
+        limit
+            At most this many runs (the newest).
+
+        Returns
+        -------
+        polars.DataFrame
+            ``id, name, status, started_at, ended_at, duration_s, events, steps, step_on, step_rule,
+            ranks, analysis``: ``steps`` counts the steps under the run's own rule (``step_rule``,
+            resolved from ``step_on``, the rule it was recorded with); ``analysis`` says whether
+            its spans and issues are stored (``none``, ``partial``, ``stale``, ``stored``).
+
+        Examples
+        --------
+        >>> db.runs(limit=5).select("name", "status", "steps")  # doctest: +SKIP
+        """
+        import polars as pl
+
+        from modtrace.api._cli import run_list
+
+        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on",
+                   "step_rule", "ranks", "analysis"]
+        rows = run_list(self, limit)
+        return pl.DataFrame([[r.get(c) for c in columns] for r in rows], schema=columns, orient="row")
+
     def run(self, ref: RunLike) -> Run:
-        """Resolve a run reference (raises ``RunNotFound``)."""
+        """A run by reference, with its details.
+
+        Parameters
+        ----------
+        ref
+            A name, an id, ``@`` (the newest run), ``@~N``, ``id:N``, ``name:X``, or a ``Run``.
+
+        Returns
+        -------
+        Run
+            ``id``, ``name`` and ``details`` (what ``modtrace show`` prints: status, times,
+            counts, steps under the run's own rule, tags, ranks).  Raises ``RunNotFound`` for an
+            unknown reference (with the close names it knows).
+
+        Examples
+        --------
+        >>> db.run("@").details["status"]  # doctest: +SKIP
+        'completed'
+        """
+        from modtrace.api._steps import details_with_steps
+        from modtrace.store.runs import run_details
+
+        found = self._ref(ref)
+        return Run(found.id, found.name, details_with_steps(self._store, found.id, run_details(self._store, found.id)))
+
+    # -- frames --------------------------------------------------------------------
+
+    def events(self, run: RunLike, *, rank: int | None = None, named: bool = False) -> pl.DataFrame:
+        """The run's enter and exit rows, sorted by (rank, seq).
+
+        Parameters
+        ----------
+        run
+            The run (see ``run``).
+        rank
+            Only this rank's rows.
+        named
+            Names instead of codes, as the ``event_log`` SQL view has them (``fqn``, ``kind``,
+            ``phase``, ``status``, ``device`` as text) with ``wall_ns``, the wall-clock time.
+
+        Returns
+        -------
+        polars.DataFrame
+            ``contracts.EVENT_FRAME`` (codes), or the ``event_log`` columns when ``named``.
+
+        Examples
+        --------
+        >>> db.events("@", named=True).filter(pl.col("phase") == "backward")  # doctest: +SKIP
+        """
+        if named:
+            import polars as pl
+
+            from modtrace.api._cli import event_log
+
+            frame = pl.concat(list(event_log(self, run)), how="vertical")
+            return frame if rank is None else frame.filter(pl.col("rank") == rank)
+        from modtrace.store.reader import read_events
+
+        return read_events(self._store, self._ref(run).id, ranks=None if rank is None else [rank])
+
+    def spans(self, run: RunLike, *, clock: str | None = "host", named: bool = False) -> pl.DataFrame:
+        """The run's spans: one per module call and phase, with parent, depth, inclusive and self
+        time; stored when the run was analysed, else computed from its events (nothing written).
+
+        Parameters
+        ----------
+        run
+            The run (see ``run``).
+        clock
+            ``host`` (when Python ran the hooks), ``device`` (when the GPU ran the module's work:
+            a usage error on a run without device times), or None: device when the run has it.
+        named
+            Names as plain strings, ``unclosed`` for a span never exited, and ``wall_start_ns``
+            (as the ``spans`` SQL view and the spans export give them).
+
+        Returns
+        -------
+        polars.DataFrame
+            ``contracts.SPAN_FRAME`` (with ``contracts.DEVICE_SPAN_COLUMNS`` when the run has device
+            times); times on ``clock``.
+
+        Examples
+        --------
+        >>> db.spans("@").sort("self_ns", descending=True).head(10)  # doctest: +SKIP
+        """
+        ref = self._ref(run)
+        spans = self._spans_on(ref, clock)
+        if not named:
+            return spans
+        from modtrace.api._tables import spans_table
+        from modtrace.store.runs import read_anchors
+
+        return spans_table(spans, read_anchors(self._store, ref.id))
+
+    def issues(self, run: RunLike, *, summary: bool = False) -> pl.DataFrame:
+        """The run's nesting issues: events that do not nest (lost, repeated or crossed events,
+        calls never exited) and what else ``modtrace check`` reports.
+
+        Parameters
+        ----------
+        run
+            The run (see ``run``).
+        summary
+            As ``modtrace check`` lists them: every error and warning, and one row per (kind,
+            module, phase) of the info issues with ``count``.
+
+        Returns
+        -------
+        polars.DataFrame
+            ``contracts.ISSUE_FRAME``; ``step`` under the run's own step rule, as ``runs`` counts
+            its steps.
+
+        Examples
+        --------
+        >>> db.issues("@").filter(pl.col("severity") == "error")  # doctest: +SKIP
+        """
+        from modtrace.core.errors import UsageError
+        from modtrace.results.materialize import load_issues
+
+        ref = self._ref(run)
+        issues = self._analyses[ref.id].issues if ref.id in self._analyses else load_issues(self._store, ref.id)
+        if issues.height:
+            try:
+                issues = self._restep(ref, issues.rename({"seq": "span_id"})).frame.rename({"span_id": "seq"})
+            except UsageError:  # a rule its recording cannot follow: the recorded steps
+                pass
+        if not summary:
+            return issues
+        from modtrace.analysis.nesting import summarize_issues
+
+        return summarize_issues(issues)
+
+    def steps(self, run: RunLike, *, step_on: str | None = None, step_kind: str | None = None,
+              clock: str | None = "host") -> pl.DataFrame:
+        """The run's steps: one row per (rank, step), with its kind, step time and its split by
+        phase, wall time, spans entered and spans never exited (docs/schema.md, "Step time").
+
+        Parameters
+        ----------
+        run
+            The run (see ``run``).
+        step_on
+            What makes a step: ``optimizer``, ``root`` (each outermost module call of any
+            thread), ``manual`` or ``auto``; None: the rule the run was recorded with.
+        step_kind
+            Only the steps of this kind (a root call's input shape, e.g. ``tokens=1x1`` for a
+            generate() loop's decode steps; ``-`` for steps without a root call).
+        clock
+            As for ``spans``.
+
+        Returns
+        -------
+        polars.DataFrame
+            ``rank, step, kind`` and ``analysis.step_time.STEP_COLUMNS``.
+
+        Examples
+        --------
+        >>> db.steps("serve", step_on="root").select("step", "kind", "step_ns")  # doctest: +SKIP
+        """
+        from modtrace.analysis.step_time import step_table
+        from modtrace.api._steps import of_kind
+
+        ref = self._ref(run)
+        stepped = self._restep(ref, self._spans_on(ref, clock), step_on)
+        frame = stepped.frame if step_kind in (None, "all") else of_kind(ref.name, stepped, step_kind)
+        table = step_table(frame)
+        return table.join(stepped.kinds, on=["rank", "step"], how="left").select(
+            "rank", "step", "kind", *[c for c in table.columns if c not in ("rank", "step")])
+
+    def tree(
+        self, run: RunLike, *, phase: str | None = None, step: int | None = None, rank: int | None = None,
+        max_depth: int | None = None, min_percent: float | None = None, step_on: str | None = None,
+        step_kind: str | None = None, clock: str | None = None,
+    ) -> pl.DataFrame:
+        """The module call tree with calls, per-step median and total inclusive and self time,
+        and percent of step, in pre-order.
+
+        Parameters
+        ----------
+        run
+            The run (see ``run``).
+        phase
+            ``forward``, ``backward``, ``recompute`` or ``backward_call``; None: all.
+        step, rank
+            Only this step (under ``step_on``) or rank.
+        max_depth, min_percent
+            Hide nodes deeper than this, or under this percent of the step time.
+        step_on, step_kind
+            As for ``steps``.
+        clock
+            As for ``spans``; by default device time when the run has it.
+
+        Returns
+        -------
+        polars.DataFrame
+            ``contracts.TREE_NODE_FRAME``.  The whole run's tree (no ``step``, ``rank`` or
+            ``step_kind``) is read from the tree stored with the analysis when the run has one.
+
+        Examples
+        --------
+        >>> db.tree("@", phase="forward", max_depth=2)  # doctest: +SKIP
+        """
+        from modtrace.api._tree import TreeOptions, nodes_from_spans, stored_nodes
+        from modtrace.results.tree import nodes_frame
+
+        opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind)
+        opts.check()
+        ref = self._ref(run)
+        chosen = self._clock(ref, clock)
+        stored = stored_nodes(self, ref, chosen, opts)
+        return nodes_frame(stored) if stored is not None else nodes_from_spans(self, ref, chosen, opts)
+
+    # -- writes and comparisons ------------------------------------------------------
+
+    def analyze(self, run: RunLike) -> AnalyzeSummary:
+        """Rebuild and store the run's spans, nesting issues and tree (idempotent); what a
+        recording does when it ends.
+
+        Examples
+        --------
+        >>> db.analyze("@").spans  # doctest: +SKIP
+        """
+        from modtrace.results.materialize import materialize
+        from modtrace.store.analysis_store import count_span_rows
+
+        ref = self._ref(run)
+        self._analyses.pop(ref.id, None)
+        result = materialize(self._store, ref.id)
+        return AnalyzeSummary(ref, count_span_rows(self._store, ref.id), result.issues)
+
+    def diff(
+        self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,
+        cand_db: Database | None = None, rank: int | None = None, step_on: str | None = None,
+        step_kind: str | None = None, clock: str | None = None,
+    ) -> DiffResult:
+        """Compare run ``cand`` against run ``base``: structure changes, and per module and phase
+        whether its self time per step changed beyond noise (``modtrace diff``).
+
+        Parameters
+        ----------
+        base, cand
+            The runs (see ``run``); ``RUN:RANK`` picks one rank of a run.
+        options
+            Thresholds, significance level, warm-up steps, phases (``DiffOptions``).
+        cand_db
+            The database ``cand`` is in, when it is not this one.
+        rank
+            Both runs restricted to this rank.
+        step_on, step_kind
+            As for ``steps``; by default the kind most steps of both runs share.
+        clock
+            Both runs on this clock; None: device when both have device times, else host.
+
+        Returns
+        -------
+        DiffResult
+            ``timing`` and ``structure`` frames, the first ``divergence``, a ``summary``, the two
+            sides' descriptions (``sides``) and ``notes``; ``exit_code(fail_on)`` is what
+            ``modtrace diff`` exits with.
+
+        Examples
+        --------
+        >>> result = db.diff("baseline", "@")  # doctest: +SKIP
+        >>> result.timing.filter(pl.col("verdict") == "regression")  # doctest: +SKIP
+        """
+        from dataclasses import replace
+
+        from modtrace.analysis.diff import diff_runs
+        from modtrace.api._diff import like_with_like, no_common_step
+
+        other = cand_db or self
+        chosen = self._diff_clock(base, cand, other, clock)
+        base_side = self._side(base, rank, step_on, chosen)
+        cand_side = other._side(cand, rank, step_on, chosen)
+        base_calls, cand_calls = like_with_like(base_side, cand_side, step_kind)
+        result = diff_runs(base_calls, cand_calls, options)
+        disjoint = no_common_step(base_side[1], cand_side[1])
+        return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,))
+
+    # -- for this package's own modules (api._tree, api._diff, api._cli) --------------
+
+    def _ref(self, ref: RunLike) -> Run:
+        """Resolve a run reference (raises ``RunNotFound``), without reading its details."""
         from modtrace.store.runs import resolve_run
 
         if isinstance(ref, Run):
@@ -129,259 +455,38 @@ class Database:
         found = resolve_run(self._store, str(ref) if isinstance(ref, str) else f"id:{int(ref)}")
         return Run(found.id, found.name)
 
-    def run_list(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Runs newest first, as dicts (id, name, status, started_at, ended_at, duration_s, events, steps,
-        step_on, step_rule, ranks...): ``steps`` counts the steps under the run's own rule (``step_rule``,
-        resolved from ``step_on``, the rule it was recorded with)."""
-        from modtrace.api._steps import with_steps
-        from modtrace.store.runs import list_runs
-
-        return with_steps(self._store, list_runs(self._store, limit))
-
-    def runs(self, limit: int | None = None) -> pl.DataFrame:
-        """``run_list`` as a frame."""
-        import polars as pl
-
-        columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on",
-                   "step_rule", "ranks"]
-        rows = self.run_list(limit)
-        return pl.DataFrame([[r[c] for c in columns] for r in rows], schema=columns, orient="row")
-
-    def details(self, run: RunLike) -> dict[str, Any]:
-        """The run's metadata, status and counts (what ``modtrace show`` prints); steps under its own rule."""
-        from modtrace.api._steps import details_with_steps
-        from modtrace.store.runs import run_details
-
-        ref = self.run(run)
-        return details_with_steps(self._store, ref.id, run_details(self._store, ref.id))
-
-    def ranks(self, run: RunLike) -> list[int]:
-        """The ranks that wrote events or lookups for the run, ascending."""
-        from modtrace.store.reader import read_ranks
-
-        return read_ranks(self._store, self.run(run).id)
-
-    def anchors(self, run: RunLike) -> dict[int, int]:
-        """rank -> wall-clock nanoseconds at that rank's ``ts_ns = 0``."""
-        from modtrace.store.runs import read_anchors
-
-        return read_anchors(self._store, self.run(run).id)
-
-    def thread_names(self, run: RunLike) -> dict[tuple[int, int], str | None]:
-        """(rank, thread_id) -> thread name."""
-        from modtrace.store.runs import read_thread_names
-
-        return read_thread_names(self._store, self.run(run).id)
-
-    # -- frames --------------------------------------------------------------------
-
-    def events(self, run: RunLike, *, rank: int | None = None) -> pl.DataFrame:
-        """The run's events (``contracts.EVENT_FRAME``: codes), sorted by (rank, seq)."""
-        from modtrace.store.reader import read_events
-
-        return read_events(self._store, self.run(run).id, ranks=None if rank is None else [rank])
-
-    def event_log(self, run: RunLike) -> Iterator[pl.DataFrame]:
-        """The run's events with names instead of codes (as the ``event_log`` view) and
-        ``wall_ns``, in chunks, rank by rank in seq order."""
-        from modtrace.api._tables import event_log
-
-        ref = self.run(run)
-        return event_log(self._store, ref.id, self.anchors(ref))
-
-    def analysis(self, run: RunLike) -> Analysis:
+    def _analysis(self, run: Run) -> Analysis:
         """The run's spans and issues: stored when analysed, else computed (and kept for this object)."""
         from modtrace.results.materialize import load
 
-        ref = self.run(run)
-        if ref.id not in self._analyses:
-            self._analyses[ref.id] = load(self._store, ref.id)
-        return self._analyses[ref.id]
+        if run.id not in self._analyses:
+            self._analyses[run.id] = load(self._store, run.id)
+        return self._analyses[run.id]
 
-    def has_analysis(self, run: RunLike) -> bool:
-        """Whether the run's spans and issues are stored (``analyze``, or the recorder, wrote them)."""
-        from modtrace.store.analysis_store import has_analysis
-
-        return has_analysis(self._store, self.run(run).id)
-
-    def spans(self, run: RunLike) -> pl.DataFrame:
-        """The run's spans frame (``contracts.SPAN_FRAME``; with ``contracts.DEVICE_SPAN_COLUMNS``
-        when the run has device times)."""
-        return self.analysis(run).spans
-
-    def spans_with(self, run: RunLike, columns: tuple[str, ...]) -> pl.DataFrame:
-        """The run's spans frame with at least ``columns`` filled, the others null when only those
-        were read (a cheaper read of a stored analysis); without the device columns."""
-        return self.start_spans_with(run, columns)()
-
-    def start_spans_with(self, run: RunLike, columns: tuple[str, ...]) -> Callable[[], pl.DataFrame]:
-        """``spans_with`` begun: a stored analysis is read in threads from now on, while the caller
-        does other work; calling the result gives the frame."""
-        from modtrace.results.materialize import start_spans
-
-        ref = self.run(run)
-        if ref.id in self._analyses:
-            held = self._analyses[ref.id].spans
-            return lambda: held
-        return start_spans(self._store, ref.id, columns)
-
-    def clock(self, run: RunLike, clock: str | None = None) -> str:
-        """The clock RUN's times are read on: ``clock`` (host | device, checked: a usage error for
-        device on a run without device times); None: device when the run has device times."""
+    def _clock(self, run: Run, clock: str | None) -> str:
         from modtrace.api._clock import resolve_clock
 
-        ref = self.run(run)
-        return resolve_clock(self._store, ref.id, ref.name, clock)
+        return resolve_clock(self._store, run.id, run.name, clock)
 
-    def spans_on(self, run: RunLike, clock: str | None = None) -> tuple[pl.DataFrame, str]:
-        """(the run's spans with start, end, duration and self time on the clock, that clock):
-        ``analysis.device.on_clock`` of ``spans`` under ``clock(run, clock)``."""
+    def _spans_on(self, run: Run, clock: str | None) -> pl.DataFrame:
         from modtrace.analysis.device import on_clock
 
-        chosen = self.clock(run, clock)
-        return on_clock(self.spans(run), chosen), chosen
+        return on_clock(self._analysis(run).spans, self._clock(run, clock))
 
-    def issues(self, run: RunLike) -> pl.DataFrame:
-        """The run's nesting issues frame (``contracts.ISSUE_FRAME``), ``step`` under the run's own step
-        rule as ``runs`` counts its steps (an issue's event belongs to the step of the span it is in);
-        stored ones are read without the spans."""
-        from modtrace.results.materialize import load_issues
-
-        ref = self.run(run)
-        issues = self._analyses[ref.id].issues if ref.id in self._analyses else load_issues(self._store, ref.id)
-        if issues.height == 0:
-            return issues
-        try:
-            stepped = self.steps(ref, issues.rename({"seq": "span_id"}))
-        except UsageError:  # a rule its recording cannot follow: the recorded steps
-            return issues
-        return stepped.frame.rename({"span_id": "seq"})
-
-    def issue_summary(self, run: RunLike) -> pl.DataFrame:
-        """The run's issues as ``modtrace check`` lists them: every error and warning, and one row per
-        (kind, module, phase) of the info issues with ``count`` (``analysis.nesting.summarize_issues``)."""
-        from modtrace.analysis.nesting import summarize_issues
-
-        return summarize_issues(self.issues(run))
-
-    def spans_table(self, run: RunLike, clock: str = "host") -> pl.DataFrame:
-        """Spans with names as plain strings, ``unclosed`` for a span never exited, and ``wall_start_ns``;
-        times on ``clock`` (see ``spans_on``)."""
-        from modtrace.api._tables import spans_table
-
-        return spans_table(self.spans_on(run, clock)[0], self.anchors(run))
-
-    def analyze(self, run: RunLike) -> AnalyzeSummary:
-        """Rebuild and store the run's spans and nesting issues (idempotent)."""
-        from modtrace.results.materialize import materialize
-        from modtrace.store.analysis_store import count_span_rows
-
-        ref = self.run(run)
-        self._analyses.pop(ref.id, None)
-        result = materialize(self._store, ref.id)
-        return AnalyzeSummary(ref, count_span_rows(self._store, ref.id), result.issues)
-
-    def steps(
-        self, run: RunLike, frame: pl.DataFrame | None = None, *, step_on: str | None = None,
-        ranks: Sequence[int] | None = None,
-    ) -> Stepped:
-        """``frame`` (default: the run's spans; or any frame of its rows with ``rank``, ``span_id``
-        and ``step``) with its steps under ``step_on`` (auto | optimizer | root | manual; None: the
-        rule the run was recorded with), and each step's kind.  ``ranks``: the ranks ``frame`` holds."""
+    def _restep(self, run: Run, frame: pl.DataFrame, step_on: str | None = None,
+                ranks: Sequence[int] | None = None) -> Stepped:
         from modtrace.api._steps import restep
 
-        ref = self.run(run)
-        return restep(self._store, ref.id, ref.name, self.spans(ref) if frame is None else frame, step_on, ranks)
+        return restep(self._store, run.id, run.name, frame, step_on, ranks)
 
-    def root_call_counts(self, runs: Sequence[RunLike] | None = None) -> dict[tuple[int, int], int]:
-        """Root calls recorded per (run id, rank), of ``runs`` (default: every run)."""
-        from modtrace.store.roots import root_call_counts
-
-        return root_call_counts(self._store, None if runs is None else [self.run(r).id for r in runs])
-
-    # -- derived views -------------------------------------------------------------
-
-    def tree(
-        self, run: RunLike, *, phase: str | None = None, step: int | None = None, rank: int | None = None,
-        max_depth: int | None = None, min_percent: float | None = None, step_on: str | None = None,
-        step_kind: str | None = None, clock: str | None = None,
-    ) -> pl.DataFrame:
-        """The module call tree with per-step median and total times and % of step, on ``clock``
-        (see ``clock``: by default device time when the run has it), as a nodes frame
-        (``contracts.TREE_NODE_FRAME``) in pre-order.
-
-        Steps follow ``step_on`` (see ``steps``); ``step_kind`` keeps the steps
-        of one kind (``-``: steps without a root call; None or ``all``: every
-        step).  ``phase`` (forward | backward | recompute | backward_call), ``step`` and
-        ``rank`` select spans; ``max_depth`` and ``min_percent`` hide nodes.
-        The whole run's tree (no ``step``, ``rank`` or ``step_kind``) is read
-        from the stored one when the run has it (``api._tree``)."""
-        from modtrace.api._tree import TreeOptions, nodes_from_spans, stored_nodes
-        from modtrace.results.tree import nodes_frame
-
-        opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind)
-        opts.check()
-        ref = self.run(run)
-        chosen = self.clock(ref, clock)
-        stored = stored_nodes(self, ref, chosen, opts)
-        return nodes_frame(stored) if stored is not None else nodes_from_spans(self, ref, chosen, opts)
-
-    def tree_rows(
-        self, run: RunLike, *, phase: str | None = None, step: int | None = None, rank: int | None = None,
-        max_depth: int | None = None, min_percent: float | None = None, step_on: str | None = None,
-        step_kind: str | None = None, clock: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """``tree`` as plain dicts, one per node in pre-order (what the tree renderers take); a
-        stored tree is read and filtered without polars."""
-        from modtrace.api._tree import TreeOptions, nodes_from_spans, stored_nodes
-
-        opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind)
-        opts.check()
-        ref = self.run(run)
-        chosen = self.clock(ref, clock)
-        stored = stored_nodes(self, ref, chosen, opts)
-        return stored if stored is not None else nodes_from_spans(self, ref, chosen, opts).to_dicts()
-
-    def diff(
-        self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,
-        cand_db: Database | None = None, rank: int | None = None, step_on: str | None = None,
-        step_kind: str | None = None, clock: str | None = None,
-    ) -> DiffResult:
-        """Compare run ``cand`` (in ``cand_db``, default this database) against ``base``: steps under
-        ``step_on``, of ``step_kind`` (None: the kind most steps of both share; ``all``: every step),
-        both on one clock (``diff_clock``)."""
-        from modtrace.analysis.diff import diff_runs
-
-        chosen = self.diff_clock(base, cand, cand_db=cand_db, clock=clock)
-        base_side = self.diff_side(base, rank, step_on, clock=chosen)
-        cand_side = (cand_db or self).diff_side(cand, rank, step_on, clock=chosen)
-        return diff_runs(*like_with_like_calls(base_side, cand_side, step_kind), options)
-
-    def diff_spans(
-        self, base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions | None = None
-    ) -> DiffResult:
-        """Compare two spans frames (e.g. of two runs in different databases, or filtered)."""
-        from modtrace.analysis.diff import diff_spans
-
-        return diff_spans(base_spans, cand_spans, options)
-
-    def diff_clock(self, base: RunLike, cand: RunLike, *, cand_db: Database | None = None,
-                   clock: str | None = None) -> str:
-        """The one clock both sides of a diff are read on: ``clock`` (checked against both runs);
-        None: device when both runs have device times, else host."""
+    def _diff_clock(self, base: RunLike, cand: RunLike, other: Database, clock: str | None) -> str:
         from modtrace.api._clock import common_clock
         from modtrace.api._diff import split_ref
 
-        other = cand_db or self
         b, c = split_ref(self, base)[0], split_ref(other, cand)[0]
         return common_clock([(self._store, b.id, b.name), (other._store, c.id, c.name)], clock)
 
-    def diff_side(
-        self, ref: RunLike, rank: int | None = None, step_on: str | None = None, *, clock: str = "host"
-    ) -> tuple[RunCalls, dict[str, Any]]:
-        """One side of a diff: (``RunCalls``, description), steps under ``step_on``, times on
-        ``clock`` (pick it for both sides with ``diff_clock``).  ``ref`` may be ``RUN:RANK``.  Pass
-        two sides through ``like_with_like_calls`` before ``diff_calls``."""
+    def _side(self, ref: RunLike, rank: int | None, step_on: str | None, clock: str) -> tuple[RunCalls, dict[str, Any]]:
         from modtrace.api._diff import load_side
 
         return load_side(self, self._store, ref, rank, step_on, clock)

@@ -1,9 +1,6 @@
 """One side of a diff, read from the store: a run's closed calls and its description.
 
-The run's closed calls are fetched as text first, before polars is needed:
-the database works (releasing the GIL) while the caller imports the rest,
-so ``modtrace diff`` reads both sides in two threads at once.  A run never
-analysed is analysed in memory, nothing written.
+A run never analysed is analysed in memory, nothing written.
 """
 
 from __future__ import annotations
@@ -22,14 +19,14 @@ if TYPE_CHECKING:
 def split_ref(db: Database, ref: RunLike) -> tuple[Run, int | None]:
     """RUN or RUN:RANK -> (run, rank or None); a run whose name contains ':' still resolves whole."""
     if not isinstance(ref, str):
-        return db.run(ref), None
+        return db._ref(ref), None
     try:
-        return db.run(ref), None
+        return db._ref(ref), None
     except RunNotFound:
         head, sep, tail = ref.rpartition(":")
         if not sep or not head or not tail.isdigit():
             raise
-    return db.run(head), int(tail)
+    return db._ref(head), int(tail)
 
 
 def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -> RunCalls:
@@ -60,7 +57,7 @@ def _device_calls(db: Database, run: Run, rank: int | None) -> RunCalls:
 
     from modtrace.analysis.diff import calls_of_spans
 
-    spans, _ = db.spans_on(run, "device")
+    spans = db._spans_on(run, "device")
     return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
 
 
@@ -76,7 +73,9 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
     if ref_rank is not None:
         rank = ref_rank
     if rank is not None:
-        ranks = db.ranks(run)
+        from modtrace.store.reader import read_ranks
+
+        ranks = read_ranks(store, run.id)
         if rank not in ranks:
             raise UsageError(f"run {run.name!r} has no rank {rank} (ranks: {', '.join(map(str, ranks))})")
     if clock == "device":
@@ -109,14 +108,6 @@ def like_with_like(base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, 
     for (_, info), (_, stepped) in zip((base, cand), sides, strict=True):
         info.update(stepped.describe(), step_kind=chosen)
     return replace(base[0], calls=frames[0]), replace(cand[0], calls=frames[1])
-
-
-def preload() -> None:
-    """Import what a diff needs (while another thread reads the runs)."""
-    import modtrace.analysis.diff  # noqa: F401
-    import modtrace.analysis.steps  # noqa: F401
-    import modtrace.store.analysis_store  # noqa: F401
-    import modtrace.store.roots  # noqa: F401
 
 
 def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:

@@ -1,4 +1,4 @@
-"""``Database.tree`` and ``tree_rows``: a run's module call tree, from its stored tree when
+"""``Database.tree`` and ``api._cli.tree_rows``: a run's module call tree, from its stored tree when
 that answers the options, else from its spans.
 
 A stored tree (``modtrace.results.tree``) is the whole run's, on one clock, its
@@ -87,12 +87,12 @@ def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> p
     from modtrace.results.materialize import load_spans
 
     if clock != "host":  # device time: the spans with their device columns
-        frame = db.spans_on(ref, clock)[0]
+        frame = db._spans_on(ref, clock)
     elif ref.id in db._analyses:  # host time: the spans held, else only the columns the tree reads
         frame = db._analyses[ref.id].spans
     else:
         frame = load_spans(db._store, ref.id, TREE_SPAN_COLUMNS)
-    stepped = db.steps(ref, frame, step_on=opts.step_on)
+    stepped = db._restep(ref, frame, opts.step_on)
     spans = stepped.frame if opts.step_kind in (None, "all") else of_kind(ref.name, stepped, opts.step_kind)
     if opts.rank is not None:
         if opts.rank not in set(spans["rank"].unique().to_list()):

@@ -105,6 +105,7 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     its part below its parent (--full-names: by its full name, as JSON does).
     """
     import modtrace.api
+    from modtrace.api._cli import tree_rows
     from modtrace.core.tree_rows import sort_nodes, top_nodes
     from modtrace.renderers import get_renderer
     from modtrace.renderers.tree import TreeView
@@ -112,8 +113,8 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     step = _step_arg(step_opt)
     with modtrace.api.open(db) as database:
         ref = database.run(run)
-        rows: list[dict[str, Any]] = database.tree_rows(
-            ref, phase=None if phase == "all" else phase, step=step, rank=rank, max_depth=max_depth,
+        rows: list[dict[str, Any]] = tree_rows(
+            database, ref, phase=None if phase == "all" else phase, step=step, rank=rank, max_depth=max_depth,
             min_percent=min_percent, step_on=step_on, step_kind=step_kind, clock=clock)
     if top is not None:
         rows = top_nodes(rows, sort_by or "self", top)
@@ -150,7 +151,7 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str, show_all: bool
     with modtrace.api.open(db) as database:
         ref = database.run(run)
         issues = database.issues(ref)
-        summary = database.issue_summary(ref) if fmt == "table" and not show_all else None
+        summary = database.issues(ref, summary=True) if fmt == "table" and not show_all else None
     columns = ["severity", "kind", "rank", "seq", "step", "phase", "fqn", "message"]
     if fmt == "json":
         out = issues.with_columns(pl.col("phase").cast(pl.String)).select(columns).rows()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import contextlib
 
 import click
 
@@ -16,51 +16,6 @@ from modtrace.cli._options import (
 from modtrace.cli._steps import step_kind_option, step_on_option
 from modtrace.core.contracts import PHASES
 
-if TYPE_CHECKING:
-    from modtrace.api import RunCalls
-
-
-def _load(db: str | None, ref: str, rank: int | None, step_on: str | None = None,
-          clock: str = "host") -> tuple[RunCalls, dict[str, Any]]:
-    """Open DB and read one side of the diff: RUN[:RANK]'s closed calls, steps under STEP_ON, times
-    on CLOCK, and its description."""
-    import modtrace.api
-
-    with modtrace.api.open(db) as database:
-        return database.diff_side(ref, rank, step_on, clock=clock)
-
-
-def _clock(db: str | None, base: str, cand_db: str | None, cand: str, clock: str | None) -> str:
-    """The one clock of both sides (``Database.diff_clock``)."""
-    import modtrace.api
-
-    with modtrace.api.open(db) as database:
-        if cand_db is None:
-            return database.diff_clock(base, cand, clock=clock)
-        with modtrace.api.open(cand_db) as other:
-            return database.diff_clock(base, cand, cand_db=other, clock=clock)
-
-
-def _load_both(
-    base: tuple[str | None, str, int | None, str | None, str],
-    cand: tuple[str | None, str, int | None, str | None, str],
-) -> tuple[tuple[RunCalls, dict[str, Any]], tuple[RunCalls, dict[str, Any]]]:
-    """Both runs, read side by side (the database driver releases the GIL while it steps), while
-    this thread imports what the diff needs."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import modtrace.api
-
-    modtrace.api.preload_store()  # before the threads: they would import it at once
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        fb = pool.submit(_load, *base)
-        fc = pool.submit(_load, *cand)
-        modtrace.api.preload_diff()
-        import modtrace.renderers.diff  # noqa: F401
-        import modtrace.renderers.diff_document  # noqa: F401
-
-        return fb.result(), fc.result()
 
 
 @click.command()
@@ -109,7 +64,8 @@ def diff(
     by default when both have it, else host time. Exit status: 0 clean, 1
     findings (per --fail-on), 2 usage error.
     """
-    from modtrace.api import DiffOptions, diff_calls, like_with_like_calls, no_common_step
+    import modtrace.api
+    from modtrace.api import DiffOptions
     from modtrace.core.errors import UsageError
     from modtrace.renderers import get_renderer
     from modtrace.renderers.diff import DiffView
@@ -123,16 +79,15 @@ def diff(
         absolute=absolute,
         phases=tuple(p for p in PHASES if p in phases) if phases else None,
     )
-    chosen = _clock(db, base, cand_db, cand, clock)
-    loaded_base, loaded_cand = _load_both(
-        (db, base, rank, step_on, chosen), (cand_db if cand_db is not None else db, cand, rank, step_on, chosen)
-    )
-    base_calls, cand_calls = like_with_like_calls(loaded_base, loaded_cand, step_kind)
-    base_info, cand_info = loaded_base[1], loaded_cand[1]
-    disjoint = no_common_step(base_info, cand_info)
-    if disjoint is not None:
-        click.echo(f"modtrace: note: {disjoint}", err=True)
-    result = diff_calls(base_calls, cand_calls, options)
+    with contextlib.ExitStack() as opened:
+        database = opened.enter_context(modtrace.api.open(db))
+        other = opened.enter_context(modtrace.api.open(cand_db)) if cand_db is not None else None
+        result = database.diff(base, cand, options, cand_db=other, rank=rank, step_on=step_on,
+                               step_kind=step_kind, clock=clock)
+    for note in result.notes:
+        click.echo(f"modtrace: note: {note}", err=True)
+    assert result.sides is not None
+    base_info, cand_info = result.sides
     for side, info in (("base_steps", base_info), ("cand_steps", cand_info)):
         if not result.summary[side]:
             raise UsageError(

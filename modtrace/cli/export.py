@@ -47,26 +47,30 @@ def load_run(database: Database, ref: str, *, quiet: bool = False, trace: str | 
     device columns on the device clock), and on the host clock no issues (an
     empty frame); that read begins first, and runs while the rest is read.
     """
+    from modtrace.api._cli import analysis, has_analysis, start_spans_with
+    from modtrace.api._cli import anchors as read_anchors
+    from modtrace.api._cli import thread_names as read_thread_names
+
     run = database.run(ref)
     begun = None
     if trace == "host":
         from modtrace.renderers.trace_columns import TRACE_SPAN_COLUMNS
 
-        begun = database.start_spans_with(run, TRACE_SPAN_COLUMNS)
-    info = database.details(run)
+        begun = start_spans_with(database, run, TRACE_SPAN_COLUMNS)
+    info = dict(run.details)
 
     def read() -> tuple[pl.DataFrame, pl.DataFrame]:
         if begun is None:
-            found = database.analysis(run)
+            found = analysis(database, run)
             return found.spans, found.issues
         import polars as pl
 
         return begun(), pl.DataFrame()
 
     with progress_spinner(f"reading run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
-        stored = database.has_analysis(run)
+        stored = has_analysis(database, run)
         if stored:
-            anchors, thread_names = database.anchors(run), database.thread_names(run)
+            anchors, thread_names = read_anchors(database, run), read_thread_names(database, run)
             spans, issues = read()
     if not stored:
         if not quiet and info.get("events"):
@@ -74,7 +78,7 @@ def load_run(database: Database, ref: str, *, quiet: bool = False, trace: str | 
                        f"(`modtrace analyze {run.name}` stores it)", err=True)
         with progress_spinner(f"analysing run {run.name!r}", int(info.get("events") or 0) // 2, quiet=quiet):
             spans, issues = read()
-        anchors, thread_names = database.anchors(run), database.thread_names(run)
+        anchors, thread_names = read_anchors(database, run), read_thread_names(database, run)
     return RunData(info=info, spans=spans, issues=issues, anchors=anchors, thread_names=thread_names)
 
 
@@ -174,7 +178,7 @@ def _check_output_dir(path: Path) -> None:
 
 
 def _check_output_file(path: str, db: str | None) -> None:
-    from modtrace.api import is_database_file
+    from modtrace.api._cli import is_database_file
     from modtrace.core.errors import UsageError
 
     if path == "-":
@@ -248,6 +252,7 @@ def export(run: str, db: str | None, fmt: str, output: str, what: str | None, cl
 def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, clock: str | None,
             quiet: bool) -> None:
     import modtrace.api
+    from modtrace.api import _cli
     from modtrace.core.errors import UsageError
 
     if fmt == "perfetto":
@@ -269,7 +274,7 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
             _check_output_file(output, db)
 
     with modtrace.api.open(db) as database:
-        chosen = database.clock(run, clock)
+        chosen = _cli.clock(database, run, clock)
         data = load_run(database, run, quiet=quiet, trace=chosen) if fmt == "perfetto" else load_run(
             database, run, quiet=quiet)
         if fmt == "perfetto":
@@ -287,7 +292,7 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
                 Path(output).mkdir(exist_ok=True)
             if what in ("spans", "all"):
                 path = output if what == "spans" else str(Path(output) / f"spans.{fmt}")
-                table = database.spans_table(data.info["id"], chosen)
+                table = database.spans(data.info["id"], clock=chosen, named=True)
                 _write_frame(table, path, fmt)
                 written.append((path, table.height, "spans"))
             if what in ("events", "all"):
@@ -297,7 +302,7 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
                 total = int(data.info.get("events") or 0)
                 parts = []
                 with progress_bar("reading events", total, quiet=quiet) as advance:
-                    for part in database.event_log(data.info["id"]):
+                    for part in _cli.event_log(database, data.info["id"]):
                         parts.append(part)
                         if advance is not None:
                             advance(part.height)
@@ -327,6 +332,7 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     from dataclasses import replace
 
     import modtrace.api
+    from modtrace.api import _cli
     from modtrace.core.errors import UsageError
     from modtrace.renderers import get_renderer
     from modtrace.renderers.html_report import report_data
@@ -334,10 +340,10 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     _check_output_file(output, db)
     with modtrace.api.open(db) as database:
         # --vs compares on one clock (as diff does); the run's own times are on it too.
-        chosen = database.clock(run, clock) if base is None else database.diff_clock(base, run, clock=clock)
+        chosen = _cli.clock(database, run, clock) if base is None else _cli.diff_clock(database, base, run, clock)
         data = load_run(database, run, quiet=quiet)
-        data = replace(data, spans=database.spans_on(data.info["id"], chosen)[0], info={**data.info, "clock": chosen})
-        stepped = database.steps(data.info["id"], data.spans, step_on=step_on)
+        data = replace(data, spans=database.spans(data.info["id"], clock=chosen), info={**data.info, "clock": chosen})
+        stepped = _cli.restep(database, data.info["id"], data.spans, step_on)
         data = replace(data, spans=stepped.frame)
         diff = None
         base_info = None
@@ -345,17 +351,17 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
             base_data = load_run(database, base, quiet=quiet)
             if base_data.info["id"] == data.info["id"]:
                 raise UsageError(f"--vs {base}: is the same run as {run}")
-            base_spans_on = database.spans_on(base_data.info["id"], chosen)[0]
-            base_stepped = database.steps(base_data.info["id"], base_spans_on, step_on=step_on)
-            (base_spans, spans), _ = modtrace.api.like_with_like(
+            base_spans_on = database.spans(base_data.info["id"], clock=chosen)
+            base_stepped = _cli.restep(database, base_data.info["id"], base_spans_on, step_on)
+            (base_spans, spans), _ = _cli.like_with_like(
                 [(base_data.info["name"], base_stepped), (data.info["name"], stepped)], None)
-            diff = database.diff_spans(base_spans, spans)
+            diff = _cli.diff_spans(base_spans, spans)
             base_info = base_data.info
     if rank is not None and data.spans.height and rank not in set(data.spans["rank"].unique().to_list()):
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
         payload = report_data(
-            data.info, data.spans, data.issues, steps=modtrace.api.step_table(data.spans), step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
+            data.info, data.spans, data.issues, steps=_cli.step_table(data.spans), step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
         )
     html = get_renderer("report", "html").render(payload)
     with atomic_text(output) as out:

@@ -37,10 +37,11 @@ _ANALYSIS_HINT = {
 def runs(db: str | None, limit: int | None, fmt: str) -> None:
     """List recorded runs, newest first."""
     import modtrace.api
+    from modtrace.api._cli import run_list
     from modtrace.renderers import Table, get_renderer
 
     with modtrace.api.open(db) as database:
-        rows = database.run_list(limit)
+        rows = run_list(database, limit)
     for r in rows:
         r["step_on"] = rule_label(r["step_on"], r.pop("step_rule"))
         if r.get("recorded_steps") is not None:  # a schedule: which of the steps are stored
@@ -73,10 +74,11 @@ def show(run: str, db: str | None, fmt: str) -> None:
     RUN is a run name, a numeric id, @ (the newest run) or @~N.
     """
     import modtrace.api
+    from modtrace.api._cli import details
     from modtrace.renderers import Table, get_renderer
 
     with modtrace.api.open(db) as database:
-        info = database.details(run)
+        info = details(database, run)
     if fmt == "json":
         click.echo(json.dumps(info, indent=2, default=str))
         return

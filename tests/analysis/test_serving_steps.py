@@ -31,6 +31,14 @@ from modtrace.store.engine import open_store
 RunCli = Callable[..., Any]
 
 
+def _stepped(db: str, run: str) -> pl.DataFrame:
+    """The run's spans with their steps under its own rule (as tree and diff assign them)."""
+    from modtrace.api._cli import restep
+
+    with modtrace.open(db) as database:
+        return restep(database, run, database.spans(run), None).frame
+
+
 def _serve(db: str, run: str, requests: int = 4) -> nn.Module:
     """The issue's reproduction: a pool of two worker threads serving requests under inference_mode."""
     torch.manual_seed(0)
@@ -146,7 +154,7 @@ def test_a_thread_pool_serving_requests_gets_one_step_per_request(
     assert runs["serve"]["steps"] == 4
     assert runs["serve"]["step_on"] == "auto: root"
     # every request's calls are one step each, whichever thread ran it
-    stepped = modtrace.open(any_db).steps("serve").frame
+    stepped = _stepped(any_db, "serve")
     assert stepped["step"].unique().sort().to_list() == [0, 1, 2, 3]
     per_step = stepped.group_by("step").agg(pl.col("thread_id").n_unique().alias("threads"), pl.len().alias("n"))
     assert per_step["threads"].to_list() == [1] * 4 and per_step["n"].to_list() == [4] * 4
@@ -184,7 +192,7 @@ def test_overlapping_root_calls_count_their_union(any_db: str, run_cli: RunCli, 
                 # a request still running when the next one started ends at its own end
                 assert row["wall_ms"] * 1e6 >= end - start - tolerance
         # the polars step table says the same
-        table = step_table(modtrace.open(any_db).steps(run).frame)
+        table = step_table(_stepped(any_db, run))
         assert [int(t) for t in table["step_ns"]] == [_view_row["step_ns"] for _view_row in _view(any_db, "steps", run)]
 
 
@@ -245,16 +253,15 @@ def test_the_steps_view_equals_the_polars_step_table(any_db: str, analysed: Call
     _train(any_db, "train")
     _serve(any_db, "serve", requests=6)
     _infer(any_db, "infer", 3)
-    db = modtrace.open(any_db)
     for run, rule in (("train", "optimizer"), ("serve", "root"), ("infer", "root")):
         analysed(run)
-        py = step_table(db.steps(run).frame)
+        py = step_table(_stepped(any_db, run))
         rows = _view(any_db, "steps", run)
         assert {r["step_rule"] for r in rows} == {rule}
         sql = pl.DataFrame([[r[c] for c in STEP_COLUMNS] for r in rows], schema=py.schema, orient="row")
         assert sql.equals(py), (run, sql, py)
         # and span by span
-        spans = db.steps(run).frame.select("rank", "span_id", "step").sort("rank", "span_id")
+        spans = _stepped(any_db, run).select("rank", "span_id", "step").sort("rank", "span_id")
         view = pl.DataFrame(_view(any_db, "span_steps", run)).select(
             pl.col("rank").cast(pl.Int32), pl.col("span_id").cast(pl.Int64), pl.col("step").cast(pl.Int32)
         ).sort("rank", "span_id")

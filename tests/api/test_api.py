@@ -8,9 +8,15 @@ import pytest
 import modtrace
 import modtrace.api
 from modtrace.analysis import analyze_events
+from modtrace.api import _cli
 from modtrace.core.contracts import EVENT_FRAME, ISSUE_FRAME, SPAN_FRAME
 from modtrace.core.errors import RunNotFound, UsageError
 from tests.helpers.diff_runs import STEPS, record
+
+
+def _analysis(db: modtrace.api.Database, run: str) -> str:
+    """What the runs frame says of the run's stored analysis."""
+    return str(db.runs().filter(pl.col("name") == run)["analysis"].item())
 
 
 @pytest.fixture
@@ -28,8 +34,8 @@ def test_runs_and_run_references(recorded: str) -> None:
         assert runs["status"].to_list() == ["completed"] * 3
         assert db.run("@") == db.run("raw") == db.run(int(runs["id"][0]))
         assert db.run("@~2").name == "base"
-        assert db.details("base")["steps"] == STEPS
-        assert db.ranks("base") == [0]
+        assert db.run("base").details["steps"] == STEPS
+        assert db.events("base")["rank"].unique().to_list() == [0]
         with pytest.raises(RunNotFound):
             db.run("nope")
 
@@ -41,7 +47,7 @@ def test_frames_follow_the_contracts_and_match_the_analysis_of_the_events(record
         assert events.schema == pl.Schema(EVENT_FRAME.polars())
         assert spans.schema == pl.Schema(SPAN_FRAME.polars())
         assert issues.schema == pl.Schema(ISSUE_FRAME.polars())
-        assert db.has_analysis("base")
+        assert _analysis(db, "base") == "stored"
         # the stored analysis is what analysing the events gives
         computed = analyze_events(events, *_lookups(db, "base"))
         assert spans.sort("rank", "span_id").equals(computed.spans.sort("rank", "span_id"))
@@ -57,14 +63,14 @@ def _lookups(db: modtrace.api.Database, run: str) -> tuple[pl.DataFrame, pl.Data
 
 def test_a_run_never_analysed_is_computed_without_writing_until_analyze(recorded: str) -> None:
     with modtrace.open(recorded) as db:
-        assert not db.has_analysis("raw")
+        assert _analysis(db, "raw") == "none"
         spans = db.spans("raw")
         assert spans.height > 0 and spans.height * 2 == db.events("raw").height
-        assert not db.has_analysis("raw")  # reading computed it, wrote nothing
+        assert _analysis(db, "raw") == "none"  # reading computed it, wrote nothing
         done = db.analyze("raw")
         assert done.run.name == "raw" and done.spans == spans.height
         assert done.issues.filter(pl.col("severity") != "info").height == 0
-        assert db.has_analysis("raw")
+        assert _analysis(db, "raw") == "stored"
         assert db.spans("raw").sort("span_id").equals(spans.sort("span_id"))
 
 
@@ -99,12 +105,12 @@ def test_diff_blames_the_slower_module_and_is_typed(recorded: str) -> None:
 
 def test_event_log_and_spans_table_carry_names_and_wall_clock(recorded: str) -> None:
     with modtrace.open(recorded) as db:
-        log = pl.concat(list(db.event_log("base")))
-        anchors = db.anchors("base")
+        log = db.events("base", named=True)
+        anchors = _cli.anchors(db, "base")
         assert log.height == db.events("base").height
         assert set(log["kind"].unique().to_list()) == {"enter", "exit"}
         assert (log["wall_ns"] - log["ts_ns"]).unique().to_list() == [anchors[0]]
-        table = db.spans_table("base")
+        table = db.spans("base", named=True)
         assert table["phase"].dtype == pl.String and table["status"].null_count() == 0
 
 
@@ -126,3 +132,23 @@ def test_importing_the_api_stays_light() -> None:
     assert "modtrace.api" in names
     heavy = ("torch", "polars", "alembic", "sqlalchemy.orm")
     assert sorted(n for n in names if any(n == h or n.startswith(h + ".") for h in heavy)) == []
+
+
+def test_the_database_is_a_small_documented_product() -> None:
+    """At most a dozen public members, each with a docstring; the methods name their parameters
+    and show an example (numpydoc), and none of them speaks of the command line's flags."""
+    import inspect
+    import re
+
+    from modtrace.api import Database
+
+    members = {name: value for name, value in vars(Database).items() if not name.startswith("_")}
+    assert len(members) <= 12, sorted(members)
+    for name, value in members.items():
+        doc = inspect.getdoc(value.fget if isinstance(value, property) else value)
+        assert doc, name
+        assert not re.search(r"--[a-z]", doc), f"{name} speaks of a CLI flag"
+        if callable(value) and len(inspect.signature(value).parameters) > 1:
+            assert "Examples" in doc or "Parameters" in doc, name
+    assert set(modtrace.api.__all__) >= {"Database", "Run", "open", "query", "upgrade"}
+    assert not {n for n in modtrace.api.__all__ if "like_with_like" in n or n.startswith("preload")}

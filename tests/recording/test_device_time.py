@@ -24,6 +24,7 @@ from torch import nn
 
 import modtrace
 import modtrace.api
+from modtrace.api import _cli
 from tests.helpers.device_clock import FakeDeviceClock, FakeEvent, FakeStream
 from tests.helpers.device_recording import (
     ALLOC,
@@ -202,7 +203,7 @@ def test_the_stored_analysis_keeps_the_device_columns_and_a_cpu_run_stores_none(
 def test_tree_reads_device_time_by_default_and_host_time_when_asked(db_path: Path, run_cli: Any) -> None:
     _record(db_path, "gpu", writer="thread")
     with modtrace.open(str(db_path)) as database:
-        assert database.clock("gpu") == "device"
+        assert _cli.clock(database, "gpu", None) == "device"
         device_tree = database.tree("gpu", phase="forward")
         host_tree = database.tree("gpu", phase="forward", clock="host")
     a = device_tree.filter(pl.col("fqn") == "DeviceNet.a").row(0, named=True)
@@ -331,9 +332,9 @@ def test_on_cuda_spans_get_device_times_and_memory(db_path: Path) -> None:
 def test_device_times_round_trip_on_every_backend(any_db: str) -> None:
     _record_url(any_db, "gpu")
     with modtrace.open(any_db) as database:
-        assert database.clock("gpu") == "device"
+        assert _cli.clock(database, "gpu", None) == "device"
         spans = database.spans("gpu").with_columns(pl.col("fqn").cast(pl.String), pl.col("phase").cast(pl.String))
-        events = pl.concat(list(database.event_log("gpu")))
+        events = database.events("gpu", named=True)
     rows = modtrace.api.query(any_db, "SELECT count(*), count(device_ts_ns), count(mem_bytes) FROM event_log").rows
     stored = modtrace.api.query(any_db, "SELECT count(*) FROM spans WHERE device_duration_ns IS NOT NULL").rows
     assert rows == [(events.height, events.height, events.height)]

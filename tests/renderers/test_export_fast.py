@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import modtrace
 import modtrace.api
+from modtrace.api import _cli
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
 from modtrace.renderers.trace_columns import TRACE_SPAN_COLUMNS
@@ -218,12 +219,12 @@ def test_a_read_begun_early_gives_what_the_plain_read_gives(any_db: str) -> None
             Pair()(torch.randn(2, 6)).sum().backward()
     rec.wait_analyzed()
     with modtrace.api.open(any_db) as database:
-        begun = database.start_spans_with("early", TRACE_SPAN_COLUMNS)
-        details = database.details("early")  # other work meanwhile, on other connections
+        begun = _cli.start_spans_with(database, "early", TRACE_SPAN_COLUMNS)
+        details = database.run("early").details  # other work meanwhile, on other connections
         early = begun()
     with modtrace.api.open(any_db) as database:
-        plain = database.spans_with("early", TRACE_SPAN_COLUMNS)
-        whole = database.analysis("early").spans
+        plain = _cli.start_spans_with(database, "early", TRACE_SPAN_COLUMNS)()
+        whole = database.spans("early")
     assert details["events"] > 0 and early.height > 10
     assert early.equals(plain)
     assert early.select(TRACE_SPAN_COLUMNS).equals(whole.select(TRACE_SPAN_COLUMNS))
@@ -234,9 +235,9 @@ def test_a_read_begun_early_of_a_run_never_analysed_is_its_computed_spans(db_pat
     with modtrace.Recorder(db=str(db_path), run="raw", clock=FakeClock(), analyze=False):
         Pair()(torch.randn(2, 6)).sum().backward()
     with modtrace.api.open(str(db_path)) as database:
-        assert not database.has_analysis("raw")
-        early = database.start_spans_with("raw", TRACE_SPAN_COLUMNS)()
-        computed = database.analysis("raw").spans
+        assert not _cli.has_analysis(database, "raw")
+        early = _cli.start_spans_with(database, "raw", TRACE_SPAN_COLUMNS)()
+        computed = database.spans("raw")
     assert early.height > 0 and early.equals(computed)
 
 

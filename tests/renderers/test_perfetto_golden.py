@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import modtrace
+from modtrace.api import _cli
 from tests.helpers.device_clock import FakeStream
 from tests.helpers.device_recording import _record
 from tests.helpers.golden import check_golden
@@ -83,7 +84,7 @@ def test_two_ranks_and_nested_graph_tasks(db_path: Path, tmp_path: Path, run_cli
     # The ranks are aligned by their wall-clock anchors: each rank starts one clock tick after its anchor,
     # and the later rank starts later by the difference of the two anchors.
     with modtrace.open(db) as database:
-        anchors = database.anchors("dist")
+        anchors = _cli.anchors(database, "dist")
     starts = {pid: min(e["ts"] for e in got["traceEvents"] if e["ph"] == "X" and e["pid"] == pid) for pid in (1, 2)}
     assert abs((starts[2] - starts[1]) * 1000 - Decimal(anchors[1] - anchors[0])) <= 1, (starts, anchors)
     got = _check(db_path, "reentrant", "host", tmp_path, run_cli)

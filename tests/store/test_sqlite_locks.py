@@ -304,7 +304,7 @@ TARGET = textwrap.dedent(
         opt.zero_grad(); model(x).sum().backward(); opt.step()
         if step % 10 == 9:
             with modtrace.open(db) as database:  # read the run being recorded, and the baseline
-                seen.append([r["name"] for r in database.run_list()])
+                seen.append(database.runs()["name"].to_list())
                 database.spans("baseline")
     after = held_locks()
     json.dump({"calls": calls[0], "before": before, "after": after, "seen": seen}, open(out, "w"))
@@ -383,7 +383,7 @@ STRESS = textwrap.dedent(
         while not stop.is_set():
             try:
                 with modtrace.open(db) as database:
-                    for row in database.run_list():
+                    for row in database.runs().to_dicts():
                         if row["status"] != "running":
                             database.spans(row["name"])
                 reads[0] += 1

@@ -10,7 +10,7 @@ runs by name: every module name of both runs gets an integer ``mkey``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -161,6 +161,10 @@ class DiffResult:
     structure: pl.DataFrame  # STRUCTURE_SCHEMA
     divergence: Divergence | None
     summary: dict[str, object] = field(default_factory=dict)
+    # What was compared: each side's description (run, database, rank, clock, step rule and
+    # kinds), filled by the API that read the runs; and notes worth a line to the reader.
+    sides: tuple[dict[str, Any], dict[str, Any]] | None = None
+    notes: tuple[str, ...] = ()
 
     def failed(self, fail_on: str) -> bool:
         """Whether the findings ``fail_on`` names are present (``FAIL_ON``): what makes
