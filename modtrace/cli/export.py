@@ -301,6 +301,18 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
             click.echo(f"modtrace: wrote {n:,} {kind} of run {data.info['name']!r} to {path}", err=True)
 
 
+def _diff_document(database: Database, base: str, cand: str, step_on: str | None, clock: str) -> dict[str, Any]:
+    """What ``modtrace diff BASE CAND --step-on STEP_ON --clock CLOCK --format json`` prints: the
+    report's diff is that command's, read the same way, so both show the same numbers."""
+    from modtrace.api import DiffOptions, diff_calls, like_with_like_calls
+    from modtrace.renderers.diff_document import document
+
+    sides = database.diff_side(base, None, step_on, clock=clock), database.diff_side(cand, None, step_on, clock=clock)
+    base_calls, cand_calls = like_with_like_calls(*sides, None)
+    options = DiffOptions()
+    return document(diff_calls(base_calls, cand_calls, options), sides[0][1], sides[1][1], options, "regression")
+
+
 @click.command()
 @click.argument("run")
 @db_option
@@ -332,22 +344,16 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
         stepped = database.steps(data.info["id"], data.spans, step_on=step_on)
         data = replace(data, spans=stepped.frame)
         diff = None
-        base_info = None
         if base is not None:
-            base_data = load_run(database, base, quiet=quiet)
-            if base_data.info["id"] == data.info["id"]:
+            base_run = database.run(base)
+            if base_run.id == data.info["id"]:
                 raise UsageError(f"--vs {base}: is the same run as {run}")
-            base_spans_on = database.spans_on(base_data.info["id"], chosen)[0]
-            base_stepped = database.steps(base_data.info["id"], base_spans_on, step_on=step_on)
-            (base_spans, spans), _ = modtrace.api.like_with_like(
-                [(base_data.info["name"], base_stepped), (data.info["name"], stepped)], None)
-            diff = database.diff_spans(base_spans, spans)
-            base_info = base_data.info
+            diff = _diff_document(database, base_run.name, data.info["name"], step_on, chosen)
     if rank is not None and data.spans.height and rank not in set(data.spans["rank"].unique().to_list()):
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
         payload = report_data(
-            data.info, data.spans, data.issues, steps=modtrace.api.step_table(data.spans), step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
+            data.info, data.spans, data.issues, steps=modtrace.api.step_table(data.spans), step=step, rank=rank, diff=diff, progress=advance
         )
     html = get_renderer("report", "html").render(payload)
     with atomic_text(output) as out:
