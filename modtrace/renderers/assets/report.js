@@ -134,8 +134,12 @@
         var cls = [c.num ? "num" : "", c.name ? "fqn" : "", c.cls ? (typeof c.cls === "function" ? c.cls(v, r) : c.cls) : ""].join(" ").trim();
         var td = el("td", cls ? { cls: cls } : null);
         if (c.name && v !== null && v !== undefined) {
+          // a part longer than the column is cut with an ellipsis: the title has it whole
           td.title = String(v);
-          td.appendChild(breakable(shortName(v)));
+          td.appendChild(el("div", { cls: "name" }, [el("span", { cls: "n" }, [breakable(shortName(v))])]));
+        } else if (c.ident && v !== null && v !== undefined) {
+          td.title = text;
+          td.appendChild(el("span", { cls: "n", text: text }));
         } else if (c.breaks) {
           td.appendChild(breakable(text, c.breaks));
         } else {
@@ -499,7 +503,7 @@
   var maxSelf = mods.reduce(function (m, r) { return Math.max(m, r.self_total_ns || 0); }, 0) || 1;
   document.getElementById("modules-table").appendChild(table([
     { key: "fqn", label: "module", name: true },
-    { key: "module_type", label: "type" },
+    { key: "module_type", label: "type", ident: true, cls: "ident" },
     { key: "phase", label: "phase" },
     { key: "calls", label: "calls", num: true, fmt: function (v) { return fmtNum(v); }, title: GLOSSARY.calls },
     { key: "self_median_ns", label: "self/step", num: true, fmt: fmtNs, title: GLOSSARY.selfStep },
@@ -509,8 +513,8 @@
   ], mods));
   var modRows = document.querySelectorAll("#modules-table tbody tr");
   mods.forEach(function (r, i) {
-    var cell = modRows[i].children[0];
-    var bar = el("span", { cls: "bar", style: "width:" + Math.max(2, Math.round(60 * (r.self_total_ns || 0) / maxSelf)) + "px;background:" + (COLORS[r.phase] || "#888") + ";margin-right:6px" });
+    var cell = modRows[i].children[0].firstChild;
+    var bar = el("span", { cls: "bar", style: "width:" + Math.max(2, Math.round(60 * (r.self_total_ns || 0) / maxSelf)) + "px;background:" + (COLORS[r.phase] || "#888") });
     cell.insertBefore(bar, cell.firstChild);
   });
   if (!mods.length) document.getElementById("modules-table").appendChild(el("p", { cls: "note", text: "no closed spans" }));
@@ -615,7 +619,7 @@
           title: "CI of delta: confidence interval of delta at 1 - alpha" },
         { label: "p (Holm)", num: true, get: function (r) { return st(r).p_adjusted; }, fmt: fmtP, title: GLOSSARY.pHolm },
         { label: "share of step", num: true, cls: "wrap", get: function (r) { return metric === "self" ? r.self_share : r.inclusive_share; },
-          fmt: function (v) { return v.base_pct === null || v.cand_pct === null ? "" : fmtG(v.base_pct, 3) + "% \u2192 " + fmtG(v.cand_pct, 3) + "%"; },
+          fmt: function (v) { return v.base_pct === null || v.cand_pct === null ? "" : fmtG(v.base_pct, 3) + "% \u2192" + NB + fmtG(v.cand_pct, 3) + "%"; },
           title: "share of step: median share of the step time, base \u2192 cand" },
         { label: "impact/step", num: true, cls: "wrap", get: function (r) { return r; },
           fmt: function (r) {
