@@ -318,7 +318,7 @@ def _diff_document(database: Database, base: str, cand: str, step_on: str | None
 @db_option
 @click.option("--vs", "base", metavar="BASE", default=None, help="Compare with run BASE: the diff, regressions highlighted.")
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="HTML file to write (- for stdout).")
-@click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the median-time step).")
+@click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the step of median wall time).")
 @rank_option("Rank shown in the flame chart (default: the lowest).")
 @step_on_option
 @clock_option

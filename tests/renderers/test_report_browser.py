@@ -203,7 +203,7 @@ def test_report_renders_in_chromium_without_console_errors(browser: WebDriver, t
         """
     )
     assert after["shown"] and after["text"].startswith("TinyLM\nforward"), after
-    assert after["selected"].startswith("step 0 (") and after["hiddenAfter"]
+    assert after["selected"].startswith("step 0: step time ") and ", wall time " in after["selected"] and after["hiddenAfter"]
     log = browser.browser_log()
     errors = [e for e in log if e.get("level") in ("SEVERE", "ERROR")]
     assert errors == [], errors
