@@ -17,7 +17,6 @@ from modtrace.cli._steps import step_kind_option, step_on_option
 from modtrace.core.contracts import PHASES
 
 
-
 @click.command()
 @click.argument("base", metavar="BASE")
 @click.argument("cand", metavar="CAND")

@@ -314,12 +314,24 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
             click.echo(f"modtrace: wrote {n:,} {kind} of run {data.info['name']!r} to {path}", err=True)
 
 
+def _diff_document(database: Database, base: str, cand: str, step_on: str | None, clock: str) -> dict[str, Any]:
+    """What ``modtrace diff BASE CAND --step-on STEP_ON --clock CLOCK --format json`` prints: the
+    report's diff is that command's, read the same way, so both show the same numbers."""
+    from modtrace.api import DiffOptions
+    from modtrace.renderers.diff_document import document
+
+    options = DiffOptions()
+    result = database.diff(base, cand, options, step_on=step_on, clock=clock)
+    assert result.sides is not None
+    return document(result, result.sides[0], result.sides[1], options, "regression")
+
+
 @click.command()
 @click.argument("run")
 @db_option
 @click.option("--vs", "base", metavar="BASE", default=None, help="Compare with run BASE: the diff, regressions highlighted.")
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="HTML file to write (- for stdout).")
-@click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the median-time step).")
+@click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the step of median wall time).")
 @rank_option("Rank shown in the flame chart (default: the lowest).")
 @step_on_option
 @clock_option
@@ -346,22 +358,16 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
         stepped = _cli.restep(database, data.info["id"], data.spans, step_on)
         data = replace(data, spans=stepped.frame)
         diff = None
-        base_info = None
         if base is not None:
-            base_data = load_run(database, base, quiet=quiet)
-            if base_data.info["id"] == data.info["id"]:
+            base_run = database.run(base)
+            if base_run.id == data.info["id"]:
                 raise UsageError(f"--vs {base}: is the same run as {run}")
-            base_spans_on = database.spans(base_data.info["id"], clock=chosen)
-            base_stepped = _cli.restep(database, base_data.info["id"], base_spans_on, step_on)
-            (base_spans, spans), _ = _cli.like_with_like(
-                [(base_data.info["name"], base_stepped), (data.info["name"], stepped)], None)
-            diff = _cli.diff_spans(base_spans, spans)
-            base_info = base_data.info
+            diff = _diff_document(database, base_run.name, data.info["name"], step_on, chosen)
     if rank is not None and data.spans.height and rank not in set(data.spans["rank"].unique().to_list()):
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
         payload = report_data(
-            data.info, data.spans, data.issues, steps=_cli.step_table(data.spans), step=step, rank=rank, diff=diff, base_info=base_info, progress=advance
+            data.info, data.spans, data.issues, steps=_cli.step_table(data.spans), step=step, rank=rank, diff=diff, progress=advance
         )
     html = get_renderer("report", "html").render(payload)
     with atomic_text(output) as out:

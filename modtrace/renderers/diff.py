@@ -62,7 +62,7 @@ def _ci(stats: dict[str, Any]) -> str:
 def _side(doc: dict[str, Any], side: str) -> str:
     info = doc[side]
     rank = "" if info.get("rank") is None else f" rank {info['rank']}"
-    return f"{info['run']!r} (run {info['run_id']}{rank}, {info['steps']} steps, median step {fmt_time(info['step_us'])})"
+    return f"{info['run']!r} (run {info['run_id']}{rank}, {info['steps']} steps, median step time {fmt_time(info['step_us'])})"
 
 
 def headline(doc: dict[str, Any]) -> list[str]:

@@ -7,8 +7,8 @@ existing ones are not renamed or removed without bumping ``format``.
     format        "modtrace.diff/1"
     base, cand    {run, run_id, db, rank (null: all ranks), clock (host |
                   device: the one clock both sides are read on), steps (compared
-                  (rank, step) samples), step_us (median time in root spans
-                  per step)}
+                  (rank, step) samples), step_us (median step time: time
+                  in root spans per step, over the compared steps)}
     options       {threshold_pct, min_delta_us, alpha, skip_steps, phases
                   (null: all), fail_on, absolute (true: shares of the step
                   were not required to move)}

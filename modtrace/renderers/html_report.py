@@ -20,6 +20,7 @@ import polars as pl
 from modtrace.core.contracts import PHASES
 from modtrace.core.errors import UsageError
 from modtrace.renderers.base import Progress, Renderer
+from modtrace.renderers.diff import headline
 
 STATUSES: tuple[str, ...] = ("ok", "error", "early_stop", "closed_at_end_of_backward", "no_enter", "unclosed")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -118,18 +119,30 @@ def flame_steps(spans: pl.DataFrame, rank: int, first: int, budget: int = FLAME_
 
 
 def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES) -> pl.DataFrame:
-    """(fqn, phase) of ``rank`` by total self time: calls, total and per-step self and inclusive time."""
+    """(fqn, phase) of ``rank`` by total self time, with ``modtrace tree``'s numbers under its JSON keys.
+
+    calls and the totals sum every step; ``self_median_ns`` / ``inclusive_median_ns`` (the report's
+    and the tree's "self/step" and "incl/step") are the median, over the steps the module ran in, of
+    its time summed over its calls in the step.
+    """
     sp = spans.filter((pl.col("rank") == rank) & pl.col("duration_ns").is_not_null())
-    n_steps = max(sp["step"].n_unique(), 1) if sp.height else 1
+    keys = (pl.col("fqn").cast(pl.String), pl.col("module_type").cast(pl.String), pl.col("phase").cast(pl.String))
+    per_step = sp.group_by(*keys, "step").agg(
+        pl.len().alias("calls"),
+        pl.col("self_ns").sum().alias("_self"),
+        pl.col("duration_ns").sum().alias("_incl"),
+    )
     return (
-        sp.group_by(pl.col("fqn").cast(pl.String), pl.col("module_type").cast(pl.String), pl.col("phase").cast(pl.String))
+        per_step.group_by("fqn", "module_type", "phase")
         .agg(
-            pl.len().alias("calls"),
-            pl.col("self_ns").sum().alias("self_ns"),
-            pl.col("duration_ns").sum().alias("inclusive_ns"),
+            pl.col("calls").sum().alias("calls"),
+            pl.len().alias("steps"),
+            pl.col("_self").median().alias("self_median_ns"),
+            pl.col("_incl").median().alias("inclusive_median_ns"),
+            pl.col("_self").sum().alias("self_total_ns"),
+            pl.col("_incl").sum().alias("inclusive_total_ns"),
         )
-        .with_columns((pl.col("self_ns") / n_steps).alias("self_per_step_ns"))
-        .sort("self_ns", "fqn", "phase", descending=[True, False, False])
+        .sort("self_total_ns", "fqn", "phase", descending=[True, False, False])
         .head(limit)
     )
 
@@ -151,27 +164,13 @@ def issue_data(issues: pl.DataFrame, limit: int = ISSUE_ROWS) -> dict[str, Any]:
     }
 
 
-def diff_data(diff: Any, base_info: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A ``modtrace.analysis.diff.DiffResult`` as JSON-able rows (regressions first, capped)."""
-    timing = diff.timing
-    changed = timing.filter(pl.col("verdict") != "unchanged")
-    shown = changed if changed.height >= TIMING_ROWS else pl.concat(
-        [changed, timing.filter(pl.col("verdict") == "unchanged").head(TIMING_ROWS - changed.height)]
-    )
-    out: dict[str, Any] = {
-        "base": {k: (base_info or {}).get(k) for k in ("id", "name", "status", "started_at")},
-        "summary": {k: _clean(v) for k, v in diff.summary.items()},
-        "timing_total": timing.height,
-        "timing": _rows(shown.with_columns(pl.col("phase").cast(pl.String))),
-        "structure": _rows(diff.structure),
-        "divergence": None,
-    }
-    if diff.divergence is not None:
-        d = diff.divergence
-        out["divergence"] = {
-            "step_base": d.step_base, "step_cand": d.step_cand, "position": d.position, "excerpt": _rows(d.excerpt),
-        }
-    return out
+def diff_data(doc: Mapping[str, Any], limit: int = TIMING_ROWS) -> dict[str, Any]:
+    """``modtrace diff``'s JSON document (``renderers.diff_document``), its timing rows capped at
+    ``limit``: every changed row, then unchanged ones (the document lists them in that order)."""
+    timing = list(doc["timing"])
+    changed = [r for r in timing if r["verdict"] != "unchanged"]
+    shown = changed if len(changed) >= limit else timing[:limit]
+    return {**doc, "timing": shown}
 
 
 _INFO_KEYS = (
@@ -190,13 +189,14 @@ def report_data(
     steps: pl.DataFrame,
     step: int | None = None,
     rank: int | None = None,
-    diff: Any = None,
-    base_info: Mapping[str, Any] | None = None,
+    diff: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """The report's model: run metadata, per-step times, flame chart data, top modules, issues, diff.
 
     ``steps`` is ``modtrace.analysis.step_time.step_table(spans)``: step time, its phases and wall time.
+    ``diff`` is the document ``modtrace diff BASE RUN --format json`` prints (``diff_document.document``),
+    so the report's diff shows the same numbers under the same names.
     """
     from modtrace._version import __version__
 
@@ -225,7 +225,8 @@ def report_data(
         "statuses": list(STATUSES),
         "top_modules": _rows(top_modules(spans, rank)) if spans.height else [],
         "issues": issue_data(issues),
-        "diff": diff_data(diff, base_info) if diff is not None else None,
+        "diff": diff_data(diff) if diff is not None else None,
+        "diff_headline": headline(dict(diff)) if diff is not None else None,
     }
 
 
@@ -254,7 +255,7 @@ class HtmlReportRenderer(Renderer[Mapping[str, Any]]):
         template = _asset("report.html")
         title = f"modtrace report: {data['run'].get('name')}"
         if data.get("diff"):
-            title += f" vs {data['diff']['base'].get('name')}"
+            title += f" vs {data['diff']['base'].get('run')}"
         # Placeholders are replaced in one pass each, data last: nothing inserted is scanned again.
         page = template.replace("{{TITLE}}", _html_text(title), 1)
         page = page.replace("/*{{CSS}}*/", _asset("report.css"), 1)

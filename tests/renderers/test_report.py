@@ -7,8 +7,10 @@ Also home of the recording helpers the export and browser tests share.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,11 +91,11 @@ def test_report_vs_base_carries_the_diff_with_the_regression_first(tmp_path: Pat
     html = out.read_text()
     assert "<title>modtrace report: slow vs base</title>" in html
     diff = embedded(html)["diff"]
-    assert diff["base"]["name"] == "base"
+    assert diff["base"]["run"] == "base"
     assert diff["summary"]["regressions"] == 1
     first = diff["timing"][0]
     assert (first["fqn"], first["phase"], first["verdict"]) == ("Toy.body.2", "forward", "regression")
-    assert first["impact_ns"] == 400_000  # exact: the injected clock charged it
+    assert first["impact_us"] == 400  # exact: the injected clock charged it
     assert [r for r in diff["timing"] if r["verdict"] == "regression"] == [first]
     assert diff["structure"] == []
 
@@ -101,6 +103,41 @@ def test_report_vs_base_carries_the_diff_with_the_regression_first(tmp_path: Pat
     same = run_cli("report", "slow", "--vs", "slow", "--db", db, "-o", str(tmp_path / "x.html"))
     assert (same.code, same.err) == (2, "modtrace: error: --vs slow: is the same run as slow\n")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_report_numbers_are_the_clis_numbers(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """One meaning per number: the report's diff is what `modtrace diff BASE RUN --format json` prints,
+    and its modules' calls, self/step, incl/step and totals are what `modtrace tree --format json` gives."""
+    db = str(tmp_path / "t.db")
+    record_toy(db, "base", steps=8)
+    record_toy(db, "slow", steps=8, slow_ns=400_000)
+    out = tmp_path / "r.html"
+    assert run_cli("report", "slow", "--vs", "base", "--db", db, "-o", str(out)).code == 0
+    data = embedded(out.read_text())
+
+    diff = run_cli("diff", "base", "slow", "--db", db, "--format", "json")
+    assert diff.code == 1, diff  # the regression
+    doc = json.loads(diff.out)
+    assert data["diff"] == doc  # every number of every row, the Holm-adjusted p among them
+    row = next(r for r in data["diff"]["timing"] if r["fqn"] == "Toy.body.2" and r["phase"] == "forward")
+    # two p-values per row, told apart by name: the page's "p (Holm)" column is p_adjusted (test_report_browser)
+    assert row["verdict"] == "regression" and row["self"]["p_value"] < row["self"]["p_adjusted"] < 0.01
+    assert data["diff_headline"][0].startswith("base 'base' (run 1, 7 steps, median step time ")
+
+    tree = run_cli("tree", "slow", "--db", db, "--format", "json")
+    assert tree.code == 0, tree
+    nodes: dict[tuple[str, str], dict[str, Any]] = {}
+    todo = json.loads(tree.out)
+    while todo:
+        node = todo.pop()
+        assert (node["fqn"], node["phase"]) not in nodes  # one call path per module and phase in the toy
+        nodes[(node["fqn"], node["phase"])] = node
+        todo.extend(node["children"])
+    assert len(data["top_modules"]) == len(nodes)
+    for mod in data["top_modules"]:
+        node = nodes[(mod["fqn"], mod["phase"])]
+        for key in ("calls", "steps", "self_median_ns", "inclusive_median_ns", "self_total_ns", "inclusive_total_ns"):
+            assert mod[key] == node[key], (mod["fqn"], mod["phase"], key)
 
 
 def test_report_of_a_run_never_analysed_is_analysed_on_the_fly_without_writing(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]

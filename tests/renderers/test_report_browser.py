@@ -23,8 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
-from tests.helpers.report import record_tiny
+import modtrace
+from modtrace.renderers.diff import TIMING_HEADERS, fmt_p
+from tests.helpers.report import StepClock, record_tiny
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -199,7 +203,7 @@ def test_report_renders_in_chromium_without_console_errors(browser: WebDriver, t
         """
     )
     assert after["shown"] and after["text"].startswith("TinyLM\nforward"), after
-    assert after["selected"].startswith("step 0 (") and after["hiddenAfter"]
+    assert after["selected"].startswith("step 0: step time ") and ", wall time " in after["selected"] and after["hiddenAfter"]
     log = browser.browser_log()
     errors = [e for e in log if e.get("level") in ("SEVERE", "ERROR")]
     assert errors == [], errors
@@ -220,3 +224,134 @@ def test_report_renders_in_chromium_without_console_errors(browser: WebDriver, t
     width, height = png_size(shot)
     assert width >= 1000 and height >= 600, (width, height)
     assert len(shot) > 20_000, len(shot)
+
+
+# -- laptop width ------------------------------------------------------------------------
+
+
+class LongNamedBlock(nn.Module):
+    """Names as long as a Hugging Face decoder layer's; ``clock`` charges ``cost_ns`` to the projection."""
+
+    def __init__(self, clock: StepClock, cost_ns: int) -> None:
+        super().__init__()
+        self.self_attention_projection = nn.Linear(8, 8)
+        self.post_attention_layernorm = nn.LayerNorm(8)
+        self.feed_forward_network = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        self.clock, self.cost_ns = clock, cost_ns
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.post_attention_layernorm(x + self.self_attention_projection(x))
+        self.clock.add(self.cost_ns)
+        return x + self.feed_forward_network(x)
+
+
+class LongNamedModelForCausalLanguageModeling(nn.Module):
+    def __init__(self, clock: StepClock, slow_ns: int) -> None:
+        super().__init__()
+        self.transformer_backbone = nn.ModuleDict({
+            "decoder_layers": nn.ModuleList([LongNamedBlock(clock, 20_000), LongNamedBlock(clock, 20_000 + slow_ns)]),
+        })
+        self.language_modeling_head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.transformer_backbone["decoder_layers"]:
+            x = layer(x)
+        return self.language_modeling_head(x)
+
+
+def record_long_names(db: str, run: str, slow_ns: int = 0) -> None:
+    clock = StepClock()
+    torch.manual_seed(0)
+    model = LongNamedModelForCausalLanguageModeling(clock, slow_ns)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with modtrace.Recorder(db=db, run=run, clock=clock) as rec:
+        for _ in range(12):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    rec.wait_analyzed()
+
+
+# Per table cell: its characters' line boxes (one Range per character) and where a line breaks;
+# a break may fall at a space or after a dot, slash or comma (between a name's or a path's parts),
+# never between two letters or digits: inside a word.
+LAYOUT_JS = """
+var out = {innerWidth: window.innerWidth, pageWidth: document.documentElement.scrollWidth,
+           overflowing: [], badBreaks: [], cells: 0, wrapped: 0};
+document.querySelectorAll('.scroll, table').forEach(function (box) {
+  if (box.scrollWidth > box.clientWidth + 1) out.overflowing.push((box.closest('section') || {}).id + ' ' + box.tagName);
+});
+var range = document.createRange();
+document.querySelectorAll('td, th').forEach(function (cell) {
+  if (!cell.offsetParent) return;  // hidden
+  out.cells++;
+  if (cell.scrollWidth > cell.clientWidth + 1) out.overflowing.push('cell ' + cell.textContent);
+  var walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  var prev = null, lines = 1, node;
+  while ((node = walker.nextNode())) {
+    for (var i = 0; i < node.data.length; i++) {
+      range.setStart(node, i); range.setEnd(node, i + 1);
+      var rect = range.getClientRects()[0];
+      if (!rect) continue;  // a space collapsed at the end of a line
+      if (prev && rect.top > prev.top + rect.height / 2) {
+        lines++;
+        var before = prev.ch, here = node.data[i];
+        if (/[\\p{L}\\p{N}_]/u.test(before) && /[\\p{L}\\p{N}_]/u.test(here)) {
+          out.badBreaks.push(cell.textContent + ' | ' + before + '/' + here);
+        }
+      }
+      prev = {top: rect.top, ch: node.data[i]};
+    }
+  }
+  if (lines > 1) out.wrapped++;
+});
+return out;
+"""
+
+
+def test_report_fits_a_laptop_window_and_wraps_between_words_only(browser: WebDriver, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "long.db")
+    record_long_names(db, "base")
+    record_long_names(db, "slow", slow_ns=100_000)
+    page = tmp_path / "report.html"
+    assert run_cli("report", "slow", "--vs", "base", "--db", db, "-o", str(page)).code == 0
+    doc = json.loads(run_cli("diff", "base", "slow", "--db", db, "--format", "json").out)
+
+    seen = {}
+    for width in (900, 1400):
+        browser.call("POST", browser.s("/window/rect"), {"width": width, "height": 1000})
+        browser.navigate(page.as_uri())
+        seen[width] = layout = browser.execute(LAYOUT_JS)
+        assert layout["innerWidth"] == width, layout["innerWidth"]
+        assert layout["pageWidth"] <= width, f"the page scrolls sideways at {width} px: {layout['pageWidth']}"
+        assert layout["overflowing"] == [], (width, layout["overflowing"])
+        assert layout["badBreaks"] == [], (width, layout["badBreaks"][:10])
+        assert layout["cells"] > 200
+    assert seen[900]["wrapped"] > seen[1400]["wrapped"]  # the check saw lines break, at allowed points
+
+    names = browser.execute(
+        """
+        var cells = Array.from(document.querySelectorAll('td.fqn'));
+        var heads = Array.from(document.querySelectorAll('#diff-timing table'))[0].querySelectorAll('th');
+        var reg = document.querySelector('#diff-timing tr.regression');
+        return {
+          note: document.getElementById('prefix-note').textContent,
+          cells: cells.map(function (c) { return [c.textContent, c.title]; }),
+          headers: Array.from(heads).map(function (h) { return h.textContent; }),
+          regression: Array.from(reg.children).map(function (c) { return c.textContent; }),
+        };
+        """
+    )
+    prefix = "LongNamedModelForCausalLanguageModeling"
+    assert f"leave out the prefix {prefix}. " in names["note"]
+    assert len(names["cells"]) > 30
+    for text, title in names["cells"]:
+        # the whole name on hover, the name without the shared prefix in the cell
+        assert title == text or title == f"{prefix}.{text}", (text, title)
+        assert not text.startswith(prefix + ".")
+    # The diff's table is modtrace diff's: same headers, and its p is the Holm-adjusted one.
+    assert tuple(names["headers"]) == TIMING_HEADERS
+    row = next(r for r in doc["timing"] if r["verdict"] == "regression")
+    assert names["regression"][0] == row["fqn"].removeprefix(prefix + ".")
+    assert names["regression"][TIMING_HEADERS.index("p (Holm)")] == fmt_p(row["self"]["p_adjusted"])
+    assert fmt_p(row["self"]["p_adjusted"]) != fmt_p(row["self"]["p_value"])

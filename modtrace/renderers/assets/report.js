@@ -28,13 +28,50 @@
     return node;
   }
 
+  // Numbers are written as the CLI writes them (renderers/tree.py format_ns, renderers/diff.py
+  // fmt_time, fmt_ratio, fmt_p): three significant digits, so a number reads the same in both.
+  var NB = "\u00a0";  // between a number and its unit: a cell may wrap between numbers, never inside one
+
+  function fmtG(v, digits) {
+    // Python's format(v, "." + digits + "g")
+    if (v === 0) return "0";
+    var exp = Math.floor(Math.log10(Math.abs(Number(v.toPrecision(digits)))));
+    if (exp < -4 || exp >= digits) {
+      var m = v.toExponential(digits - 1).split("e");
+      var mant = m[0].indexOf(".") >= 0 ? m[0].replace(/0+$/, "").replace(/\.$/, "") : m[0];
+      var e = parseInt(m[1], 10);
+      return mant + "e" + (e < 0 ? "-" : "+") + (Math.abs(e) < 10 ? "0" : "") + Math.abs(e);
+    }
+    var fixed = v.toFixed(Math.max(0, digits - 1 - exp));
+    return fixed.indexOf(".") >= 0 ? fixed.replace(/0+$/, "").replace(/\.$/, "") : fixed;
+  }
+
   function fmtNs(ns) {
     if (ns === null || ns === undefined || isNaN(ns)) return "";
-    var a = Math.abs(ns);
-    if (a < 1e3) return ns.toFixed(0) + " ns";
-    if (a < 1e6) return (ns / 1e3).toFixed(a < 1e4 ? 2 : 1) + " \u00b5s";
-    if (a < 1e9) return (ns / 1e6).toFixed(a < 1e7 ? 2 : 1) + " ms";
-    return (ns / 1e9).toFixed(2) + " s";
+    var units = [["s", 1e9], ["ms", 1e6], ["\u00b5s", 1e3]];
+    for (var i = 0; i < units.length; i++) {
+      if (Math.abs(ns) >= units[i][1]) return fmtG(ns / units[i][1], 3) + NB + units[i][0];
+    }
+    return ns.toFixed(0) + NB + "ns";
+  }
+
+  function fmtUs(us, signed) {
+    if (us === null || us === undefined) return "";
+    var sign = signed && us > 0 ? "+" : (us < 0 ? "-" : "");
+    var v = Math.abs(us);
+    var text = v >= 1e6 ? fmtG(v / 1e6, 3) + NB + "s" : v >= 1000 ? fmtG(v / 1000, 3) + NB + "ms" : fmtG(v, 3) + NB + "\u00b5s";
+    return sign + text;
+  }
+
+  function fmtRatio(ratio) {
+    if (ratio === null || ratio === undefined) return "new";
+    var pct = (ratio - 1) * 100;
+    return (pct >= 0 ? "+" : "") + pct.toFixed(1) + "%";
+  }
+
+  function fmtP(p) {
+    if (p === null || p === undefined) return "";
+    return p < 1e-6 ? "<1e-6" : fmtG(p, 2);
   }
 
   function fmtNum(v, digits) {
@@ -43,17 +80,72 @@
     return digits === undefined ? v.toLocaleString("en-US") : v.toFixed(digits);
   }
 
-  // columns: [{key, label, fmt, num, cls}]
+  // Text that may break after these characters only (as well as at spaces): a module name
+  // wraps between its parts, never inside one.
+  function breakable(text, chars) {
+    var frag = document.createDocumentFragment();
+    var re = chars || /[.]/;
+    var part = "";
+    for (var i = 0; i < text.length; i++) {
+      part += text[i];
+      if (re.test(text[i]) && i < text.length - 1) {
+        frag.appendChild(document.createTextNode(part));
+        frag.appendChild(document.createElement("wbr"));
+        part = "";
+      }
+    }
+    if (part) frag.appendChild(document.createTextNode(part));
+    return frag;
+  }
+
+  // Module names are shown without the dotted prefix they all share (the model's class, as a
+  // rule); the whole name is in each cell's title, shown on hover.
+  function commonPrefix(names) {
+    var parts = null;
+    names.forEach(function (n) {
+      if (n === null || n === undefined) return;
+      var p = String(n).split(".");
+      if (parts === null) { parts = p; return; }
+      var k = 0;
+      while (k < parts.length && k < p.length && parts[k] === p[k]) k++;
+      parts = parts.slice(0, k);
+    });
+    return parts && parts.length ? parts.join(".") : "";
+  }
+
+  function shortName(fqn) {
+    if (fqn === null || fqn === undefined) return "";
+    var s = String(fqn);
+    return PREFIX && s.indexOf(PREFIX + ".") === 0 ? s.slice(PREFIX.length + 1) : s;
+  }
+
+  // columns: [{key, label, fmt, num, cls, title (what the number is), name (a module name),
+  // breaks (characters a long value may wrap after)}]
   function table(columns, rows, rowClass) {
     var head = el("tr", null, columns.map(function (c) {
-      return el("th", { cls: c.num ? "num" : "", text: c.label });
+      var attrs = { cls: c.num ? "num" : "", text: c.label };
+      if (c.title) attrs.title = c.title;
+      return el("th", attrs);
     }));
     var body = rows.map(function (r) {
       var tr = el("tr", rowClass ? { cls: rowClass(r) } : null, columns.map(function (c) {
-        var v = r[c.key];
+        var v = c.get ? c.get(r) : r[c.key];
         var text = c.fmt ? c.fmt(v, r) : (v === null || v === undefined ? "" : String(v));
-        var cls = [c.num ? "num" : "", c.cls ? (typeof c.cls === "function" ? c.cls(v, r) : c.cls) : ""].join(" ").trim();
-        return el("td", cls ? { cls: cls, text: text } : { text: text });
+        var cls = [c.num ? "num" : "", c.name ? "fqn" : "", c.cls ? (typeof c.cls === "function" ? c.cls(v, r) : c.cls) : ""].join(" ").trim();
+        var td = el("td", cls ? { cls: cls } : null);
+        if (c.name && v !== null && v !== undefined) {
+          // a part longer than the column is cut with an ellipsis: the title has it whole
+          td.title = String(v);
+          td.appendChild(el("div", { cls: "name" }, [el("span", { cls: "n" }, [breakable(shortName(v))])]));
+        } else if (c.ident && v !== null && v !== undefined) {
+          td.title = text;
+          td.appendChild(el("span", { cls: "n", text: text }));
+        } else if (c.breaks) {
+          td.appendChild(breakable(text, c.breaks));
+        } else {
+          td.textContent = text;
+        }
+        return td;
       }));
       return tr;
     });
@@ -97,17 +189,40 @@
     run.command ? run.command : null,
   ].filter(Boolean).join(" \u00b7 ");
 
+  // What each number is (docs/schema.md, "Glossary"): one name per quantity, the CLI's.
+  var GLOSSARY = {
+    stepTime: "step time: the time inside module calls of one step, the summed duration of its root calls (every phase); forward + backward + recompute split it by self time",
+    wallTime: "wall time: from the step's first call to the next step's first call, so it includes the optimizer step and data loading after the backward",
+    outside: "outside modules: wall time - step time",
+    selfStep: "self/step: median, over the steps the module ran in, of its self time summed over its calls in the step (as in modtrace tree)",
+    inclStep: "incl/step: median, over the steps the module ran in, of its inclusive time summed over its calls in the step (as in modtrace tree)",
+    calls: "calls: every call of the module in that phase, all steps (as in modtrace tree)",
+    selfTotal: "self total: self time summed over every call and step",
+    inclTotal: "incl total: inclusive time summed over every call and step",
+    pHolm: "p (Holm): two-sided Mann-Whitney p over the compared steps, Holm-adjusted over every module and phase compared; the verdict uses this one (the JSON also has the unadjusted p_value)",
+  };
+
   var steps = DATA.steps;
   var mySteps = steps.filter(function (s) { return s.rank === DATA.rank; });
-  var walls = mySteps.map(function (s) { return s.wall_ns; }).sort(function (a, b) { return a - b; });
-  var median = walls.length ? walls[Math.floor((walls.length - 1) / 2)] : null;
+  function medianOf(key) {
+    var v = mySteps.map(function (s) { return s[key]; }).sort(function (a, b) { return a - b; });
+    return v.length ? v[Math.floor((v.length - 1) / 2)] : null;
+  }
   var sev = { error: 0, warning: 0, info: 0 };
   DATA.issues.counts.forEach(function (c) { sev[c.severity] = (sev[c.severity] || 0) + c.n; });
+
+  var allNames = DATA.flame.names.concat(DATA.top_modules.map(function (r) { return r.fqn; }));
+  if (DATA.diff) {
+    DATA.diff.timing.forEach(function (r) { allNames.push(r.fqn); });
+    DATA.diff.structure.forEach(function (r) { if (r.fqn) allNames.push(r.fqn); });
+  }
+  var PREFIX = commonPrefix(allNames);
 
   var cards = [
     ["status", run.status || "", run.status === "failed" ? "bad" : ""],
     ["steps", fmtNum(mySteps.length), ""],
-    ["median step", fmtNs(median), ""],
+    ["median step time", fmtNs(medianOf("step_ns")), "", GLOSSARY.stepTime],
+    ["median wall time", fmtNs(medianOf("wall_ns")), "", GLOSSARY.wallTime],
     ["clock", run.clock || "host", ""],
     ["spans", fmtNum(DATA.span_count), ""],
     ["ranks", fmtNum(run.ranks || DATA.ranks.length), ""],
@@ -117,17 +232,26 @@
   if (DATA.diff) {
     var s = DATA.diff.summary;
     cards.push(["regressions", fmtNum(s.regressions), s.regressions ? "bad" : ""]);
-    if (s.step_ratio) cards.push(["step time vs base", "\u00d7" + s.step_ratio.toFixed(3), s.step_ratio > 1.05 ? "bad" : ""]);
+    if (s.step_ratio !== null) {
+      cards.push(["step time vs base", fmtRatio(s.step_ratio), s.step_changed && s.step_ratio > 1 ? "bad" : "",
+        "median step time over the compared steps, candidate against base (as modtrace diff's headline)"]);
+    }
   }
   var summary = document.getElementById("summary");
   cards.forEach(function (c) {
-    summary.appendChild(el("div", { cls: "card " + c[2] }, [el("div", { cls: "v", text: c[1] }), el("div", { cls: "k", text: c[0] })]));
+    var card = el("div", { cls: "card " + c[2] }, [el("div", { cls: "v", text: c[1] }), el("div", { cls: "k", text: c[0] })]);
+    if (c[3]) card.title = c[3];
+    summary.appendChild(card);
   });
   if (run.compiled_modules && run.compiled_modules.length) {
     // compiled modules hide their inner calls: say so above everything they would be missing from
     summary.parentNode.insertBefore(el("p", { cls: "note", text: run.compiled_modules.join(", ") +
       " ran compiled (torch.compile): the module calls inside are not recorded; `modtrace record --eager` records them" }),
       summary.nextSibling);
+  }
+  if (PREFIX) {
+    summary.parentNode.insertBefore(el("p", { cls: "note", id: "prefix-note", text: "Module names below leave out the prefix " +
+      PREFIX + ". that they all share; hover a name for the whole." }), summary.nextSibling);
   }
 
   // -- flame chart ---------------------------------------------------------------
@@ -145,8 +269,13 @@
     legend.appendChild(document.createTextNode(p));
   });
 
+  var stepRow = {};
+  mySteps.forEach(function (s) { stepRow[s.step] = s; });
   flame.steps.forEach(function (s, i) {
-    var opt = el("option", { value: String(i), text: "step " + s.step + " (" + fmtNs(s.duration_ns) + ", " + s.spans.length + " spans)" });
+    var row = stepRow[s.step];
+    var label = "step " + s.step + (row ? ": step time " + fmtNs(row.step_ns) + ", wall time " + fmtNs(row.wall_ns) : "") +
+      ", " + s.spans.length + " spans";
+    var opt = el("option", { value: String(i), text: label });
     if (s.step === DATA.default_step) opt.selected = true;
     select.appendChild(opt);
   });
@@ -221,7 +350,7 @@
       if (w < 0.4) return;
       var lane = laneOf[sp[4] + ":" + sp[3]];
       var y = lane.y + LANE_HEAD + sp[2] * ROW_H;
-      var name = names[sp[5]] || "?";
+      var name = shortName(names[sp[5]] || "?");
       var phase = PHASES[sp[6]];
       var status = STATUSES[sp[7]];
       ctx.fillStyle = shade(COLORS[phase] || "#888888", name);
@@ -356,11 +485,13 @@
   var multiRank = DATA.ranks.length > 1;
   var stepCols = (multiRank ? [{ key: "rank", label: "rank", num: true }] : []).concat([
     { key: "step", label: "step", num: true },
-    { key: "wall_ns", label: "wall", num: true, fmt: fmtNs },
-    { key: "step_ns", label: "in modules", num: true, fmt: fmtNs },
-    { key: "forward_ns", label: "forward", num: true, fmt: fmtNs },
-    { key: "backward_ns", label: "backward", num: true, fmt: fmtNs },
-    { key: "recompute_ns", label: "recompute", num: true, fmt: fmtNs },
+    { key: "step_ns", label: "step time", num: true, fmt: fmtNs, title: GLOSSARY.stepTime },
+    { key: "forward_ns", label: "forward", num: true, fmt: fmtNs, title: "forward: self time of the step's forward calls (part of the step time)" },
+    { key: "backward_ns", label: "backward", num: true, fmt: fmtNs, title: "backward: self time of the step's backward calls (part of the step time)" },
+    { key: "recompute_ns", label: "recompute", num: true, fmt: fmtNs, title: "recompute: self time of the step's activation-checkpoint recomputes (part of the step time)" },
+    { key: "wall_ns", label: "wall time", num: true, fmt: fmtNs, title: GLOSSARY.wallTime },
+    { key: "outside_ns", label: "outside modules", num: true, fmt: fmtNs, title: GLOSSARY.outside,
+      get: function (r) { return r.wall_ns - r.step_ns; } },
     { key: "spans", label: "spans", num: true, fmt: function (v) { return fmtNum(v); } },
     { key: "unclosed", label: "unclosed", num: true, fmt: function (v) { return v ? fmtNum(v) : ""; }, cls: function (v) { return v ? "sev-error" : ""; } },
   ]);
@@ -369,20 +500,21 @@
   // -- modules by self time ------------------------------------------------------
 
   var mods = DATA.top_modules;
-  var maxSelf = mods.reduce(function (m, r) { return Math.max(m, r.self_ns || 0); }, 0) || 1;
+  var maxSelf = mods.reduce(function (m, r) { return Math.max(m, r.self_total_ns || 0); }, 0) || 1;
   document.getElementById("modules-table").appendChild(table([
-    { key: "fqn", label: "module", cls: "fqn" },
-    { key: "module_type", label: "type" },
+    { key: "fqn", label: "module", name: true },
+    { key: "module_type", label: "type", ident: true, cls: "ident" },
     { key: "phase", label: "phase" },
-    { key: "calls", label: "calls", num: true, fmt: function (v) { return fmtNum(v); } },
-    { key: "self_per_step_ns", label: "self / step", num: true, fmt: fmtNs },
-    { key: "self_ns", label: "self total", num: true, fmt: fmtNs },
-    { key: "inclusive_ns", label: "inclusive total", num: true, fmt: fmtNs },
+    { key: "calls", label: "calls", num: true, fmt: function (v) { return fmtNum(v); }, title: GLOSSARY.calls },
+    { key: "self_median_ns", label: "self/step", num: true, fmt: fmtNs, title: GLOSSARY.selfStep },
+    { key: "inclusive_median_ns", label: "incl/step", num: true, fmt: fmtNs, title: GLOSSARY.inclStep },
+    { key: "self_total_ns", label: "self total", num: true, fmt: fmtNs, title: GLOSSARY.selfTotal },
+    { key: "inclusive_total_ns", label: "incl total", num: true, fmt: fmtNs, title: GLOSSARY.inclTotal },
   ], mods));
   var modRows = document.querySelectorAll("#modules-table tbody tr");
   mods.forEach(function (r, i) {
-    var cell = modRows[i].children[0];
-    var bar = el("span", { cls: "bar", style: "width:" + Math.max(2, Math.round(60 * (r.self_ns || 0) / maxSelf)) + "px;background:" + (COLORS[r.phase] || "#888") + ";margin-right:6px" });
+    var cell = modRows[i].children[0].firstChild;
+    var bar = el("span", { cls: "bar", style: "width:" + Math.max(2, Math.round(60 * (r.self_total_ns || 0) / maxSelf)) + "px;background:" + (COLORS[r.phase] || "#888") });
     cell.insertBefore(bar, cell.firstChild);
   });
   if (!mods.length) document.getElementById("modules-table").appendChild(el("p", { cls: "note", text: "no closed spans" }));
@@ -407,7 +539,7 @@
       { key: "severity", label: "severity", cls: function (v) { return "sev-" + v; } },
       { key: "kind", label: "kind" },
       { key: "step", label: "step", num: true },
-      { key: "message", label: "message", cls: "fqn" },
+      { key: "message", label: "message", breaks: /[.]/ },
     ]);
     issuesBox.appendChild(scroll(table(cols, iss.rows)));
     if (iss.rows.length < iss.total) {
@@ -418,33 +550,36 @@
   // -- diff --------------------------------------------------------------------
 
   if (DATA.diff) {
+    // The document `modtrace diff BASE RUN --format json` prints, drawn as its table renderer draws
+    // it (renderers/diff.py): the same headline, sections, headers and numbers.
     var d = DATA.diff;
     document.getElementById("diff-section").hidden = false;
-    document.getElementById("diff-base").textContent = (d.base.name || "run " + d.base.id) + " (base)";
+    document.getElementById("diff-base").textContent = d.base.run + " (base)";
     var sm = d.summary;
-    document.getElementById("diff-summary").appendChild(el("p", null, [
-      "Median step time " + fmtNs(sm.base_step_ns) + " \u2192 " + fmtNs(sm.cand_step_ns) +
-      (sm.step_ratio ? " (\u00d7" + sm.step_ratio.toFixed(3) + ")" : "") +
-      "; compared " + fmtNum(sm.compared) + " module/phase pairs over " + fmtNum(sm.base_steps) + " base and " +
-      fmtNum(sm.cand_steps) + " candidate steps: ",
+    var headlineBox = document.getElementById("diff-summary");
+    var lines = el("ul", { cls: "headline" });
+    (DATA.diff_headline || []).forEach(function (line) { lines.appendChild(el("li", null, [breakable(line, /[.\/,]/)])); });
+    headlineBox.appendChild(lines);
+    headlineBox.appendChild(el("p", null, [
       el("span", { cls: sm.regressions ? "sev-error" : "ok", text: fmtNum(sm.regressions) + " regressions" }),
-      ", " + fmtNum(sm.improvements) + " improvements, " + fmtNum(sm.structure_changes) + " structure changes.",
+      ", " + fmtNum(sm.improvements) + " improvements, " + fmtNum(sm.structure_changes) + " structure changes; " +
+      "the same as `modtrace diff " + d.base.run + " " + d.cand.run + "`.",
     ]));
     if (d.structure.length) {
       document.getElementById("diff-structure").appendChild(el("h3", { text: "Structure" }));
       document.getElementById("diff-structure").appendChild(scroll(table([
         { key: "kind", label: "change" },
-        { key: "fqn", label: "module", cls: "fqn" },
+        { key: "fqn", label: "module", name: true },
         { key: "phase", label: "phase" },
-        { key: "base", label: "base" },
-        { key: "cand", label: "candidate" },
-        { key: "message", label: "message" },
+        { key: "message", label: "detail", breaks: /[.]/ },
       ], d.structure)));
     }
-    if (d.divergence) {
+    if (d.order) {
       var box = document.getElementById("diff-divergence");
-      box.appendChild(el("h3", { text: "Call order diverges at call " + d.divergence.position + " of step " + d.divergence.step_base }));
-      var ex = d.divergence.excerpt.map(function (r) {
+      var o = d.order;
+      box.appendChild(el("h3", { text: "Call order differs: step " + o.step_base +
+        (o.step_cand === o.step_base ? "" : " (candidate step " + o.step_cand + ")") + ", first at call " + o.position }));
+      var ex = o.excerpt.map(function (r) {
         if (r.op === "+") return "+ " + r.cand;
         if (r.op === "~") return "~ " + r.base + "   \u2192   " + String(r.cand).trim();
         return r.op + " " + (r.base === null ? "" : r.base);
@@ -453,23 +588,50 @@
       box.appendChild(el("pre", { cls: "excerpt", text: ex }));
     }
     var timingBox = document.getElementById("diff-timing");
-    timingBox.appendChild(el("h3", { text: "Timing (median per step)" }));
-    var pct = function (v) { return v === null || v === undefined ? "" : (v >= 0 ? "+" : "") + v.toFixed(1) + "%"; };
-    timingBox.appendChild(scroll(table([
-      { key: "fqn", label: "module", cls: "fqn" },
-      { key: "phase", label: "phase" },
-      { key: "verdict", label: "verdict", cls: "verdict" },
-      { key: "impact_ns", label: "impact / step", num: true, fmt: function (v) { return v === null ? "" : (v >= 0 ? "+" : "") + fmtNs(v); } },
-      { key: "impact_pct", label: "of step", num: true, fmt: pct },
-      { key: "self_base_ns", label: "self base", num: true, fmt: fmtNs },
-      { key: "self_cand_ns", label: "self cand", num: true, fmt: fmtNs },
-      { key: "self_ratio", label: "ratio", num: true, fmt: function (v) { return v === null ? "" : "\u00d7" + v.toFixed(2); } },
-      { key: "self_p_value", label: "p", num: true, fmt: function (v) { return v === null ? "" : v.toExponential(1); } },
-      { key: "incl_base_ns", label: "incl base", num: true, fmt: fmtNs },
-      { key: "incl_cand_ns", label: "incl cand", num: true, fmt: fmtNs },
-    ], d.timing, function (r) { return r.verdict; })));
-    if (d.timing.length < d.timing_total) {
-      timingBox.appendChild(el("p", { cls: "note", text: "showing " + d.timing.length + " of " + fmtNum(d.timing_total) + " rows (all changed ones first); `modtrace diff` lists them all" }));
+    // renderers/diff.py SECTIONS and TIMING_HEADERS; the inherited rows show inclusive time.
+    var sections = [
+      ["regression", "self", "Regressions (self time got slower; sorted by impact on step time)"],
+      ["improvement", "self", "Improvements (self time got faster)"],
+      ["inherited", "incl", "Inherited (inclusive time changed through a descendant: context, not blame)"],
+      ["unchanged", "self", "Unchanged"],
+    ];
+    var of = function (metric) {
+      return function (r) { return metric === "self" ? r.self : r.inclusive; };
+    };
+    sections.forEach(function (sec) {
+      var rows = d.timing.filter(function (r) { return r.verdict === sec[0]; });
+      if (!rows.length) return;
+      var metric = sec[1], st = of(metric), what = metric === "self" ? "self" : "inclusive";
+      timingBox.appendChild(el("h3", { text: sec[2] }));
+      timingBox.appendChild(scroll(table([
+        { key: "fqn", label: "module", name: true },
+        { key: "phase", label: "phase" },
+        { label: "base", num: true, get: function (r) { return st(r).base_us; }, fmt: function (v) { return fmtUs(v); },
+          title: "base: the base run's median " + what + " time per step (" + (metric === "self" ? "self/step" : "incl/step") + " over the compared steps)" },
+        { label: "cand", num: true, get: function (r) { return st(r).cand_us; }, fmt: function (v) { return fmtUs(v); },
+          title: "cand: the candidate's median " + what + " time per step" },
+        { label: "delta", num: true, get: function (r) { return st(r).delta_us; }, fmt: function (v) { return fmtUs(v, true); },
+          title: "delta: cand - base" },
+        { label: "change", num: true, get: function (r) { return st(r).ratio; }, fmt: fmtRatio,
+          title: "change: cand / base - 1" },
+        { label: "CI of delta", num: true, cls: "wrap", get: function (r) { return st(r); },
+          fmt: function (v) { return v.ci_low_us === null || v.ci_high_us === null ? "" : "[" + fmtUs(v.ci_low_us, true) + ", " + fmtUs(v.ci_high_us, true) + "]"; },
+          title: "CI of delta: confidence interval of delta at 1 - alpha" },
+        { label: "p (Holm)", num: true, get: function (r) { return st(r).p_adjusted; }, fmt: fmtP, title: GLOSSARY.pHolm },
+        { label: "share of step", num: true, cls: "wrap", get: function (r) { return metric === "self" ? r.self_share : r.inclusive_share; },
+          fmt: function (v) { return v.base_pct === null || v.cand_pct === null ? "" : fmtG(v.base_pct, 3) + "% \u2192" + NB + fmtG(v.cand_pct, 3) + "%"; },
+          title: "share of step: median share of the step time, base \u2192 cand" },
+        { label: "impact/step", num: true, cls: "wrap", get: function (r) { return r; },
+          fmt: function (r) {
+            var impact = metric === "self" ? r.impact_us : st(r).delta_us;
+            var pct = r.impact_pct;
+            return fmtUs(impact, true) + (pct === null || metric !== "self" ? "" : " (" + (pct >= 0 ? "+" : "") + pct.toFixed(1) + "%)");
+          },
+          title: "impact/step: change of the median " + what + " time per step" + (metric === "self" ? " (and as a percentage of the base step time)" : "") },
+      ], rows, function () { return sec[0]; })));
+    });
+    if (d.timing.length < sm.compared) {
+      timingBox.appendChild(el("p", { cls: "note", text: "showing " + d.timing.length + " of " + fmtNum(sm.compared) + " rows (all changed ones first); `modtrace diff --all` lists them all" }));
     }
   }
 
@@ -480,7 +642,7 @@
     return { field: k, value: typeof v === "object" ? JSON.stringify(v) : String(v) };
   });
   document.getElementById("run-table").appendChild(table([
-    { key: "field", label: "field" }, { key: "value", label: "value", cls: "fqn" },
+    { key: "field", label: "field" }, { key: "value", label: "value", cls: "code", breaks: /[.\/,:=]/ },
   ], runRows));
   document.getElementById("footer").textContent =
     "Generated by modtrace " + DATA.modtrace_version + ". Self-contained: this file loads nothing from the network.";
