@@ -8,7 +8,6 @@ for timing, ``structure`` and ``order`` for the rest, and sums it up.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import polars as pl
@@ -28,11 +27,6 @@ from modtrace.analysis.diff.samples import (
 from modtrace.analysis.diff.stats import min_p_value, two_sample_p
 from modtrace.analysis.diff.structure import compare_structure, placement
 from modtrace.analysis.diff.verdicts import compare_timing
-
-# The two runs are prepared side by side: polars releases the GIL, so threads keep every
-# core busy through the steps polars runs on one.
-_WORKERS = 2
-
 
 @dataclass(frozen=True)
 class _Side:
@@ -59,10 +53,8 @@ def diff_runs(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None
     options = options or DiffOptions()
     lookup_b, lookup_c = module_lookup(base), module_lookup(cand)
     names = module_keys(lookup_b, lookup_c)
-    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        fb = pool.submit(_prepare, base, lookup_b, names, options)
-        c = _prepare(cand, lookup_c, names, options)
-        b = fb.result()
+    b = _prepare(base, lookup_b, names, options)
+    c = _prepare(cand, lookup_c, names, options)
     n_b, n_c = b.units.height, c.units.height
     step_b = _median(b.units["step_ns"])
     step_c = _median(c.units["step_ns"])

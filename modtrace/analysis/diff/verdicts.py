@@ -45,7 +45,6 @@ inherited, unchanged.
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
@@ -68,8 +67,6 @@ from modtrace.analysis.diff.stats import (
 
 # The four metrics of a key: (name, sample column).
 _METRIC_COLUMNS = (("self", "self_ns"), ("incl", "incl_ns"), ("self_share", "self_share"), ("incl_share", "incl_share"))
-# polars releases the GIL: two metrics at a time keep both cores busy through its single-threaded steps.
-_WORKERS = 2
 SLOWER, FASTER = 1, -1
 
 
@@ -96,8 +93,7 @@ def compare_timing(
     z = normal_quantile(0.5 + confidence / 2)
     wide = keys
     metrics = _METRIC_COLUMNS
-    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        stats = list(pool.map(lambda mc: two_sample_stats(b, c, mc[1], n_keys, n_base, n_cand, confidence, z), metrics))
+    stats = [two_sample_stats(b, c, column, n_keys, n_base, n_cand, confidence, z) for _, column in metrics]
     for (metric, _), st in zip(metrics, stats, strict=True):
         share = metric in SHARE_METRICS
         scale = 1.0 / PPB if share else 1.0
