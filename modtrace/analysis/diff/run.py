@@ -28,6 +28,7 @@ from modtrace.analysis.diff.stats import min_p_value, two_sample_p
 from modtrace.analysis.diff.structure import compare_structure, placement
 from modtrace.analysis.diff.verdicts import compare_timing
 
+
 @dataclass(frozen=True)
 class _Side:
     units: pl.DataFrame  # rank, step, step_ns
