@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from modtrace.analysis.diff import RunCalls
     from modtrace.api import Database, Run, RunLike
     from modtrace.store.engine import Store
-    from modtrace.store.samples import Window
 
 
 def split_ref(db: Database, ref: RunLike) -> tuple[Run, int | None]:
@@ -27,28 +26,6 @@ def split_ref(db: Database, ref: RunLike) -> tuple[Run, int | None]:
         if not sep or not head or not tail.isdigit():
             raise
     return db._ref(head), int(tail)
-
-
-def _calls(store: Store, run_id: int, rank: int | None, fetched: list[Window]) -> RunCalls:
-    """The run's closed calls from its fetched spans, or, for a run never analysed, from its events."""
-    import polars as pl
-
-    from modtrace.analysis.diff import RunCalls, calls_of_spans
-    from modtrace.store.analysis_store import has_analysis
-    from modtrace.store.reader import read_devices, read_modules
-    from modtrace.store.samples import parse_closed_calls
-
-    if fetched or has_analysis(store, run_id):
-        ranks = None if rank is None else [rank]
-        return RunCalls(
-            parse_closed_calls(fetched),
-            read_modules(store, run_id, ranks=ranks),
-            read_devices(store, run_id, ranks=ranks),
-        )
-    from modtrace.results.materialize import compute
-
-    spans = compute(store, run_id, rank=rank).spans
-    return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
 
 
 def _device_calls(db: Database, run: Run, rank: int | None) -> RunCalls:
@@ -67,7 +44,7 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
     description for the diff document, holding under ``_stepped`` the calls' steps and kinds for
     ``like_with_like``)."""
     from modtrace.api._steps import restep
-    from modtrace.store.samples import fetch_closed_calls
+    from modtrace.results.materialize import load_calls
 
     run, ref_rank = split_ref(db, ref)
     if ref_rank is not None:
@@ -81,7 +58,7 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
     if clock == "device":
         calls = _device_calls(db, run, rank)
     else:
-        calls = _calls(store, run.id, rank, fetch_closed_calls(store, run.id, rank=rank))
+        calls = load_calls(store, run.id, rank)
     stepped = restep(store, run.id, run.name, calls.calls, step_on, None if rank is None else [rank])
     if calls.calls.height == 0:
         raise UsageError(f"run {run.name!r} has no module calls to compare")

@@ -48,25 +48,21 @@ class Stepped:
 
 def restep(store: Store, run_id: int, run_name: str, frame: pl.DataFrame, step_on: str | None,
            ranks: Sequence[int] | None = None) -> Stepped:
-    """``frame`` (spans or calls of the run) with its steps under ``step_on`` (None: the run's own rule)."""
-    import polars as pl
+    """``frame`` (spans or calls of the run) with its steps under ``step_on`` (None: the run's own
+    rule, ``results.steps.apply_step_rule``), and each step's kind."""
+    from modtrace.analysis.steps import step_kinds
+    from modtrace.core.step_rules import StepRuleError
+    from modtrace.results.steps import NoRootCalls, apply_step_rule
 
-    from modtrace.analysis.steps import ROOT_SCHEMA, assign_steps, step_kinds
-    from modtrace.core.step_rules import StepRuleError, resolve_rule
-    from modtrace.store.roots import read_step_basis
-
-    basis = read_step_basis(store, run_id, ranks)
     try:
-        rule = resolve_rule(step_on, basis.step_on, basis.made_steps)
-    except StepRuleError as exc:
-        raise UsageError(f"--step-on {step_on}: run {run_name!r}: {exc}") from None
-    roots = pl.DataFrame(basis.roots, schema=ROOT_SCHEMA, orient="row")
-    if rule == "root" and roots.height == 0 and frame.height:
+        stepping = apply_step_rule(store, run_id, frame, step_on, ranks)
+    except NoRootCalls:
         raise UsageError(f"run {run_name!r} has module calls but no root calls recorded: modtrace noted none before "
                          "schema revision 0003, and before 0011 only those of the main thread (a run serving on "
-                         "worker threads); record it again, or use its recorded steps (--step-on optimizer)")
-    stepped = assign_steps(frame, roots, rule)
-    return Stepped(stepped, step_kinds(stepped, roots), rule, basis.step_on)
+                         "worker threads); record it again, or use its recorded steps (--step-on optimizer)") from None
+    except StepRuleError as exc:
+        raise UsageError(f"--step-on {step_on}: run {run_name!r}: {exc}") from None
+    return Stepped(stepping.frame, step_kinds(stepping.frame, stepping.roots), stepping.rule, stepping.recorded_on)
 
 
 def run_steps(step_on: str, recorded: int, roots: int) -> tuple[str, int]:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from modtrace.analysis import Analysis
+    from modtrace.analysis.diff import RunCalls
     from modtrace.store.engine import Store
 
 # ``materialize`` analyses a rank in rounds of at most ROUND_ROWS events (read in chunks of
@@ -149,6 +150,27 @@ def load_issues(store: Store, run_id: int) -> pl.DataFrame:
     if has_analysis(store, run_id):
         return read_issues(store, run_id)
     return compute(store, run_id).issues
+
+
+def load_calls(store: Store, run_id: int, rank: int | None = None) -> RunCalls:
+    """The run's closed calls (only ``rank``'s when given), as a diff compares them: read from
+    the stored spans as text when the run was analysed, else computed from its events."""
+    import polars as pl
+
+    from modtrace.analysis.diff import RunCalls, calls_of_spans
+    from modtrace.store.analysis_store import has_analysis
+    from modtrace.store.reader import read_devices, read_modules
+    from modtrace.store.samples import fetch_closed_calls, parse_closed_calls
+
+    if has_analysis(store, run_id):
+        ranks = None if rank is None else [rank]
+        return RunCalls(
+            parse_closed_calls(fetch_closed_calls(store, run_id, rank=rank)),
+            read_modules(store, run_id, ranks=ranks),
+            read_devices(store, run_id, ranks=ranks),
+        )
+    spans = compute(store, run_id, rank=rank).spans
+    return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
 
 
 def load(store: Store, run_id: int) -> Analysis:

@@ -41,22 +41,17 @@ def _node_rows(nodes: pl.DataFrame) -> list[tuple[Any, ...]]:
 
 def _with_own_steps(store: Store, run_id: int, spans: pl.DataFrame) -> tuple[str, pl.DataFrame] | None:
     """(the run's own step rule, ``spans`` with their steps under it), as ``tree`` assigns them
-    without ``--step-on``; None when that rule cannot be applied (``tree`` then reports why)."""
-    import polars as pl
+    without a step rule given; None when that rule cannot be applied (``tree`` then reports why)."""
+    from modtrace.core.step_rules import StepRuleError
+    from modtrace.results.steps import apply_step_rule
 
-    from modtrace.analysis.steps import ROOT_SCHEMA, assign_steps
-    from modtrace.core.step_rules import StepRuleError, resolve_rule
-    from modtrace.store.roots import read_step_basis
-
-    basis = read_step_basis(store, run_id)
     try:
-        rule = resolve_rule(None, basis.step_on, basis.made_steps)
+        stepping = apply_step_rule(store, run_id, spans)
     except StepRuleError:
         return None
-    roots = pl.DataFrame(basis.roots, schema=ROOT_SCHEMA, orient="row")
-    if rule == "root" and roots.height == 0:
+    if stepping.rule == "root" and stepping.roots.height == 0:
         return None
-    return rule, assign_steps(spans, roots, rule)
+    return stepping.rule, stepping.frame
 
 
 def tree_rows(store: Store, run_id: int, spans: pl.DataFrame) -> tuple[str, dict[str, list[tuple[Any, ...]]]] | None:

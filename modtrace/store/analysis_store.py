@@ -291,14 +291,15 @@ def write_analysis_rounds(
 
 
 def has_analysis(store: Store, run_id: int) -> bool:
-    """Whether the run has stored spans or issues."""
+    """Whether the run's whole analysis is stored (``runs.analysis = 'stored'``): the one test
+    every reader of a run's analysis makes (``results.materialize``) before reading it from the
+    store rather than computing it.  A run stored in part (``partial``: some ranks only) or
+    before it recorded more (``stale``) is computed, so no reader sees a part of it."""
     m = mark(store)
     with driver_cursor(store, "modtrace_has") as cur:
-        cur.execute(
-            f"SELECT 1 FROM span_rows WHERE run_id = {m} UNION ALL SELECT 1 FROM nesting_issues WHERE run_id = {m}",
-            (run_id, run_id),
-        )
-        return cur.fetchone() is not None
+        cur.execute(f"SELECT analysis FROM runs WHERE id = {m}", (run_id,))
+        row = cur.fetchone()
+        return row is not None and row[0] == "stored"
 
 
 _DERIVED = {
