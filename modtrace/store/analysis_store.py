@@ -27,7 +27,7 @@ from modtrace.store.reader import copy_csv, driver_cursor, mark, sqlite_csv_chun
 
 SPAN_ROW_COLUMNS = SPAN_ROW.names
 SPAN_STORED_COLUMNS = SPAN_STORED_ROW.names
-ISSUE_COLUMNS = ISSUE_ROW.names
+ISSUE_ROW_COLUMNS = ISSUE_ROW.names
 
 # SQLite: rows per INSERT statement, their values in one flat parameter list
 # (one Python tuple per statement, not per row: half the binding work).
@@ -194,7 +194,7 @@ def stored_span_rows(spans: pl.DataFrame) -> pl.DataFrame:
 
 
 def _issue_rows(issues: pl.DataFrame) -> pl.DataFrame:
-    return issues.with_columns(pl.col("phase").cast(pl.String)).select(ISSUE_COLUMNS)
+    return issues.with_columns(pl.col("phase").cast(pl.String)).select(ISSUE_ROW_COLUMNS)
 
 
 def write_analysis(
@@ -350,7 +350,7 @@ def count_span_rows(store: Store, run_id: int) -> int:
 def read_issues(store: Store, run_id: int) -> pl.DataFrame:
     """The run's stored nesting issues as an issues frame (``ISSUE_FRAME``), by (rank, seq, kind)."""
     m = mark(store)
-    sql = f"SELECT {', '.join(ISSUE_COLUMNS)} FROM nesting_issues WHERE run_id = {m} ORDER BY rank, seq, kind"
+    sql = f"SELECT {', '.join(ISSUE_ROW_COLUMNS)} FROM nesting_issues WHERE run_id = {m} ORDER BY rank, seq, kind"
     with driver_cursor(store, "modtrace_issues") as cur:
         cur.execute(sql, (run_id,))
         rows = cur.fetchall()
