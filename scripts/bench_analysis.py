@@ -350,6 +350,7 @@ def measure_sizes(sizes: list[int], repeats: int, python_repeats: int, tmp: str)
 
 def measure_read(n: int, repeats: int, tmp: str) -> dict[str, Any]:
     """Write n events to a SQLite file with the recorder's writer, then time modtrace.store.reader.read_events."""
+    from modtrace.core.contracts import Batch
     from modtrace.store.engine import open_store
     from modtrace.store.reader import read_events
     from modtrace.store.runs import add_rank, create_run
@@ -362,10 +363,10 @@ def measure_read(n: int, repeats: int, tmp: str) -> dict[str, Any]:
         run_id, _ = create_run(store, "bench", {})
         add_rank(store, run_id, 0, 0)
         writer = RankWriter(store, run_id, 0)
-        writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
+        writer.write(Batch([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")]))
         t0 = time.perf_counter()
         for start in range(0, events.height, 500_000):
-            writer.write(events.slice(start, 500_000).select(EVENT_COLUMNS).rows())
+            writer.write(Batch(events.slice(start, 500_000).select(EVENT_COLUMNS).rows()))
         write_s = time.perf_counter() - t0
         expected = events.height
         del events
@@ -392,6 +393,7 @@ def measure_read(n: int, repeats: int, tmp: str) -> dict[str, Any]:
 
 def _write_recording(url: str, n: int) -> int:
     """A run of n events (generate()'s shape) written by the recorder's writer; its run id."""
+    from modtrace.core.contracts import Batch
     from modtrace.store.engine import open_store
     from modtrace.store.runs import add_rank, create_run, finish_rank
     from modtrace.store.writer import EVENT_COLUMNS, RankWriter
@@ -402,10 +404,10 @@ def _write_recording(url: str, n: int) -> int:
         run_id, _ = create_run(store, "bench", {})
         add_rank(store, run_id, 0, 0)
         writer = RankWriter(store, run_id, 0)
-        writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
+        writer.write(Batch([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")]))
         for start in range(0, events.height, 250_000):
             part = events.slice(start, 250_000)
-            writer.write(part.select(EVENT_COLUMNS).rows(), progress=(start + part.height, int(part["step"].max()) + 1))
+            writer.write(Batch(part.select(EVENT_COLUMNS).rows(), progress=(start + part.height, int(part["step"].max()) + 1)))
         finish_rank(store, run_id, 0, "completed")
     finally:
         store.dispose()

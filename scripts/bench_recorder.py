@@ -70,6 +70,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import modtrace  # noqa: E402
+from modtrace.core.contracts import Batch  # noqa: E402
 from modtrace.store.engine import open_store  # noqa: E402
 from modtrace.store.runs import add_rank, create_run  # noqa: E402
 from modtrace.store.writer import EVENT_COLUMNS, RankWriter  # noqa: E402
@@ -326,7 +327,7 @@ def write_path(n: int, repeats: int) -> dict[str, Any]:
                     writer = RankWriter(store, run_id, 0)
                     t0 = time.perf_counter()
                     for i in range(0, n, 20_000):
-                        writer.write(rows[i:i + 20_000])
+                        writer.write(Batch(rows[i:i + 20_000]))
                     ours.append(n / (time.perf_counter() - t0))
                     store.dispose()
                 else:
@@ -518,7 +519,7 @@ def handover(repeats: int) -> dict[str, Any]:
             if which == "old":
                 pickle.dumps(("write", list(batch), [], [], [], (0, 0), []), protocol=pickle.HIGHEST_PROTOCOL)
             else:
-                pack_batch(batch, progress=(0, 0))
+                pack_batch(Batch(batch, progress=(0, 0)))
             (old if which == "old" else new).append(time.perf_counter() - t0)
     o, n = statistics.median(old), statistics.median(new)
     calls = 1 + 2 * BLOCKS
@@ -549,7 +550,7 @@ def freeing_packed_events(model: nn.Module, x: torch.Tensor, repeats: int) -> di
             run_steps(model, x, 1)
             batch = rows[:]
             del rows[:]
-            pack_batch(batch, progress=(0, 0))
+            pack_batch(Batch(batch, progress=(0, 0)))
             if rep % 2 == 0:
                 t0 = clock()
                 del batch
@@ -591,7 +592,7 @@ def writer_binding(events: list[tuple[Any, ...]], repeats: int) -> dict[str, flo
                 batch = [(seq + i, *e[1:]) for i, e in enumerate(events)]
                 seq += len(batch)
                 t0 = time.thread_time()
-                writer.write(batch, progress=(seq, rep))
+                writer.write(Batch(batch, progress=(seq, rep)))
                 times[which].append(time.thread_time() - t0)
         finally:
             if saved is None:

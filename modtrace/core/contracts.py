@@ -14,9 +14,10 @@ without polars.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from modtrace.core.codes import Kind, Phase, Status
 
@@ -222,6 +223,29 @@ SPAN_DEVICE_ROW = Contract("span device row", (
 ))
 # The clocks a run's times can be read on: host (when Python ran the hooks) or device.
 CLOCKS: tuple[str, ...] = ("host", "device")
+
+
+@dataclass(slots=True)
+class Batch:
+    """One write of a rank's rows, each a tuple in its row contract (no run_id
+    or rank): events (``EVENT_ROW``) and the names they use (``MODULE_ROW``,
+    whose last value, ``compiled``, a row may leave out: 0; ``THREAD_ROW``,
+    ``DEVICE_ROW``), ``progress``, the rank's (event_count, step_count) once
+    the batch is written, the root calls (``ROOT_ROW``), and the device times
+    resolved since the last batch (``DEVICE_EVENT_ROW``, of this or earlier
+    batches' events).  The recorder takes it from its buffers, the writer
+    process's pipe carries its fields in this order
+    (``modtrace.recording.writer_messages``), ``modtrace.store.writer`` writes
+    it in one transaction."""
+
+    events: Sequence[tuple[Any, ...]] = ()
+    modules: Sequence[tuple[Any, ...]] = ()
+    threads: Sequence[tuple[Any, ...]] = ()
+    devices: Sequence[tuple[Any, ...]] = ()
+    progress: tuple[int, int] | None = None
+    roots: Sequence[tuple[Any, ...]] = ()
+    device_rows: Sequence[tuple[Any, ...]] = ()
+
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
