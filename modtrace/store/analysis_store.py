@@ -19,7 +19,13 @@ from typing import Any
 import polars as pl
 from sqlalchemy import Connection
 
-from modtrace.core.contracts import ISSUE_FRAME, ISSUE_ROW, SPAN_ROW, SPAN_STORED_ROW
+from modtrace.core.contracts import (
+    ISSUE_FRAME,
+    ISSUE_ROW,
+    SPAN_ROW,
+    SPAN_STORED_AS,
+    SPAN_STORED_ROW,
+)
 from modtrace.core.errors import StoreError
 from modtrace.store.device_times import replace_span_device_rows
 from modtrace.store.engine import Store
@@ -186,8 +192,7 @@ def _check_run(conn: Connection, run_id: int) -> None:
 def stored_span_rows(spans: pl.DataFrame) -> pl.DataFrame:
     """A spans frame or span rows -> stored span rows (phase and status as their codes, no end_ns)."""
     codes = [pl.col(c).to_physical().cast(pl.Int16) if spans.schema[c] == pl.Enum else pl.col(c) for c in ("phase", "status")]
-    gaps = [(pl.col("span_id") - pl.col("parent_span_id")).alias("parent_gap"),
-            (pl.col("exit_seq") - pl.col("span_id")).alias("exit_gap")]
+    gaps = [d.encode() for d in SPAN_STORED_AS if d.stored not in SPAN_ROW_COLUMNS]
     rows = spans.with_columns(*codes, *gaps).select(SPAN_STORED_COLUMNS)
     # In primary-key order, each insert lands at the end of the table's B-tree.
     return rows if rows.select(pl.struct("rank", "span_id").is_sorted()).item() else rows.sort("rank", "span_id")
@@ -299,9 +304,7 @@ def has_analysis(store: Store, run_id: int) -> bool:
         return cur.fetchone() is not None
 
 
-_DERIVED = {
-    "end_ns": "start_ns + duration_ns", "parent_span_id": "span_id - parent_gap", "exit_seq": "span_id + exit_gap",
-}
+_DERIVED = {d.column: d.sql() for d in SPAN_STORED_AS}
 
 
 def _stored(column: str) -> str:
