@@ -350,6 +350,7 @@ def write_recording(url: str, n: int, name: str = "bench",
     """A completed run ``name`` of about ``n`` events (``analysis_events``' shape, or the
     (events, modules) ``frames`` given), not analysed, written by the recorder's event writer
     into ``url`` (created when missing); its run id."""
+    from modtrace.core.contracts import Batch
     from modtrace.store.engine import open_store
     from modtrace.store.runs import add_rank, create_run, finish_rank
     from modtrace.store.writer import EVENT_COLUMNS, RankWriter
@@ -360,11 +361,11 @@ def write_recording(url: str, n: int, name: str = "bench",
         run_id, _ = create_run(store, name, {})
         add_rank(store, run_id, 0, 0)
         writer = RankWriter(store, run_id, 0)
-        writer.write([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")])
+        writer.write(Batch([], modules=mods.drop("rank").rows(), threads=[(0, 1, "MainThread")], devices=[(0, "cpu")]))
         for start in range(0, events.height, 250_000):
             part = events.slice(start, 250_000)
             # steps only grow along seq: the part's last step is its largest
-            writer.write(part.select(EVENT_COLUMNS).rows(), progress=(start + part.height, int(part.item(-1, "step")) + 1))
+            writer.write(Batch(part.select(EVENT_COLUMNS).rows(), progress=(start + part.height, int(part.item(-1, "step")) + 1)))
         finish_rank(store, run_id, 0, "completed")
     finally:
         store.dispose()

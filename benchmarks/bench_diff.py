@@ -88,6 +88,7 @@ def events(mods: list[tuple[int, str, str, int | None]], steps: int, seed: int, 
 
 
 def build(db: str, n_events: int, blocks: int) -> dict[str, Any]:
+    from modtrace.core.contracts import Batch
     from modtrace.results.materialize import materialize
     from modtrace.store.engine import open_store
     from modtrace.store.runs import add_rank, create_run, finish_rank
@@ -105,9 +106,9 @@ def build(db: str, n_events: int, blocks: int) -> dict[str, Any]:
             add_rank(store, run_id, 0, time.time_ns())
             rows = events(mods, steps, seed, slow_id)
             writer = RankWriter(store, run_id, 0)
-            writer.write([], [(m, f, t, p) for m, f, t, p in mods], [(0, 1, "MainThread")], [(0, "cpu")])
+            writer.write(Batch([], [(m, f, t, p) for m, f, t, p in mods], [(0, 1, "MainThread")], [(0, "cpu")]))
             for start in range(0, len(rows), 100_000):
-                writer.write(rows[start:start + 100_000], progress=(start, steps))
+                writer.write(Batch(rows[start:start + 100_000], progress=(start, steps)))
             finish_rank(store, run_id, 0, "completed")
             materialize(store, run_id)
             info[f"{name}_events"] = len(rows)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's m
 
 from benchmarks._common import event_rows, interleave  # noqa: E402
 from modtrace.analysis.spans import SPAN_ROW_COLUMNS, SPAN_ROW_SCHEMA  # noqa: E402
-from modtrace.core.contracts import ISSUE_FRAME  # noqa: E402
+from modtrace.core.contracts import ISSUE_FRAME, Batch  # noqa: E402
 from modtrace.store.analysis_store import stored_span_rows, write_analysis  # noqa: E402
 from modtrace.store.engine import Store, open_store  # noqa: E402
 from modtrace.store.reader import read_events  # noqa: E402
@@ -92,7 +92,7 @@ def prepare(url: str, events: int) -> tuple[Store, int]:
     writer = RankWriter(store, run_id, 0)
     rows = event_rows(events)
     for i in range(0, len(rows), 20_000):
-        writer.write(rows[i:i + 20_000])
+        writer.write(Batch(rows[i:i + 20_000]))
     return store, run_id
 
 

@@ -79,6 +79,7 @@ from benchmarks._common import (  # noqa: E402
     process_cpu_seconds,
     timed,
 )
+from modtrace.core.contracts import Batch  # noqa: E402
 from modtrace.store.engine import open_store  # noqa: E402
 from modtrace.store.runs import add_rank, create_run  # noqa: E402
 from modtrace.store.writer import EVENT_COLUMNS, RankWriter  # noqa: E402
@@ -306,7 +307,7 @@ def write_path(n: int, repeats: int) -> dict[str, Any]:
 
         def write() -> None:
             for i in range(0, n, 20_000):
-                writer.write(rows[i:i + 20_000])
+                writer.write(Batch(rows[i:i + 20_000]))
 
         seconds = timed(write)[0]
         store.dispose()
@@ -505,7 +506,7 @@ def handover(repeats: int) -> dict[str, Any]:
 
     packs = interleave({
         "old": lambda: pickle.dumps(("write", list(batch), [], [], [], (0, 0), []), protocol=pickle.HIGHEST_PROTOCOL),
-        "new": lambda: pack_batch(batch, progress=(0, 0)),
+        "new": lambda: pack_batch(Batch(batch, progress=(0, 0))),
     }, repeats * 20, before=fresh).medians()
     o, n = packs["old"], packs["new"]
     calls = 1 + 2 * BLOCKS
@@ -536,7 +537,7 @@ def freeing_packed_events(model: nn.Module, x: torch.Tensor, repeats: int) -> di
             run_steps(model, x, 1)
             batch = rows[:]
             del rows[:]
-            pack_batch(batch, progress=(0, 0))
+            pack_batch(Batch(batch, progress=(0, 0)))
             if rep % 2 == 0:
                 t0 = clock()
                 del batch
@@ -578,7 +579,7 @@ def writer_binding(events: list[tuple[Any, ...]], repeats: int) -> dict[str, flo
             seq[0] += len(batch)
 
         def write() -> None:
-            writer.write(batch, progress=(seq[0], seq[0] // len(events)))
+            writer.write(Batch(batch, progress=(seq[0], seq[0] // len(events))))
 
         try:
             times = interleave({"none_adapter_now": write, "plain_before": write}, repeats * 20, clock=time.thread_time,

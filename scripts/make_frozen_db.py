@@ -23,6 +23,7 @@ from pathlib import Path
 from sqlalchemy import update
 
 from modtrace.core.codes import Kind, Phase, Status
+from modtrace.core.contracts import Batch
 from modtrace.store.engine import open_store, read_revision
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.schema import HEAD, run_ranks, runs
@@ -131,9 +132,9 @@ def make(path: Path) -> None:
             events = _events(steps=2)
             # rank 1 ran on a CUDA device with device times (revision 0005's device_events)
             devices = [(0, "cpu")] if rank == 0 else [(0, "cuda:0")]
-            writer.write(events, MODULES, [(0, 1000 + rank, "MainThread")], devices,
+            writer.write(Batch(events, MODULES, [(0, 1000 + rank, "MainThread")], devices,
                          progress=(len(events), 2), roots=_roots(events),
-                         device_rows=_device_rows(events) if rank == 1 else ())
+                         device_rows=_device_rows(events) if rank == 1 else ()))
             finish_rank(store, run_a, rank, "completed", faults={"recorded_steps": "0-1", "step_count": 3})
         # spans and nesting issues of the completed run (revision 0002's tables)
         from modtrace.results.materialize import materialize
@@ -143,8 +144,8 @@ def make(path: Path) -> None:
         run_b, _ = create_run(store, "frozen-crashed", {**_meta("python train.py"), "step_on": "auto"})
         add_rank(store, run_b, 0, wall_anchor_ns=1_767_225_700_000_000_000)
         events = _events(steps=1)
-        RankWriter(store, run_b, 0).write(events, MODULES, [(0, 2000, "MainThread")], [(0, "cpu")],
-                                          progress=(len(events), 1), roots=_roots(events))
+        RankWriter(store, run_b, 0).write(Batch(events, MODULES, [(0, 2000, "MainThread")], [(0, "cpu")],
+                                          progress=(len(events), 1), roots=_roots(events)))
         with store.engine.begin() as conn:
             conn.execute(update(run_ranks).values(hostname="frozen-host", pid=1,
                                                   started_at="2026-01-01T00:00:00.000000Z"))

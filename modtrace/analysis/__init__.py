@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import polars as pl
 
 from modtrace.analysis.events import normalize_events
-from modtrace.analysis.nesting import ISSUE_COLUMNS, collect_issues
+from modtrace.analysis.nesting import ISSUE_FRAME_COLUMNS, collect_issues
 from modtrace.analysis.spans import SPAN_COLUMNS, build_spans, pair_events, rebuild_spans
 from modtrace.analysis.validate import validate
 
 __all__ = [
-    "ISSUE_COLUMNS",
+    "ISSUE_FRAME_COLUMNS",
     "SPAN_COLUMNS",
     "Analysis",
     "analyze_events",

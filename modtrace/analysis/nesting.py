@@ -1,6 +1,6 @@
 """Check: the nesting issues of a run, as a frame with one row per issue.
 
-The issues frame (``ISSUE_COLUMNS``) has::
+The issues frame (``ISSUE_FRAME_COLUMNS``) has::
 
     run_id Int32, rank Int32, seq Int64 (the row the issue is about),
     kind String, severity String (error | warning | info),
@@ -54,7 +54,7 @@ from modtrace.core.contracts import (
     UNLINKED_RECOMPUTE,
 )
 
-ISSUE_COLUMNS: tuple[str, ...] = ISSUE_FRAME.names
+ISSUE_FRAME_COLUMNS: tuple[str, ...] = ISSUE_FRAME.names
 ISSUE_SCHEMA: dict[str, pl.DataType] = ISSUE_FRAME.polars()
 
 _STATUS_KINDS: dict[int, str] = {
@@ -111,7 +111,7 @@ def _message(row: dict[str, object], fqn_of: dict[tuple[int, int], str], complet
 def collect_issues(
     events: pl.DataFrame, pairing: Pairing, modules: pl.DataFrame, *, complete: bool = True
 ) -> pl.DataFrame:
-    """Normalised event frame and its pairing -> issues frame (``ISSUE_COLUMNS``), by (rank, seq, kind).
+    """Normalised event frame and its pairing -> issues frame (``ISSUE_FRAME_COLUMNS``), by (rank, seq, kind).
 
     ``complete`` says the run finished normally; when it did not, calls
     left open are warnings (the trace of the crash), not errors.
@@ -149,7 +149,7 @@ def collect_issues(
         pl.lit(run_id, dtype=pl.Int32).alias("run_id"),
         decode(pl.col("phase"), PHASE_ENUM).alias("phase"),
     )
-    return issues.select(ISSUE_COLUMNS).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]
+    return issues.select(ISSUE_FRAME_COLUMNS).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]
 
 
 def _row_issues(events: pl.DataFrame, modules: pl.DataFrame, names: pl.DataFrame) -> list[pl.DataFrame]:

@@ -64,7 +64,7 @@ _NO_END = 1 << 62
 
 @dataclass(frozen=True)
 class Round:
-    """What one round closed: span rows (``SPAN_ROW_COLUMNS``, codes) and issues (``ISSUE_COLUMNS``).
+    """What one round closed: span rows (``SPAN_ROW_COLUMNS``, codes) and issues (``ISSUE_FRAME_COLUMNS``).
 
     ``restart``: this round is the rank's whole analysis, in place of every
     earlier round of it (``analyze_rank``)."""

@@ -14,9 +14,10 @@ without polars.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from modtrace.core.codes import Kind, Phase, Status
 
@@ -154,12 +155,64 @@ SPAN_ROW = Contract("span row", (
     ("start_ns", "Int64"), ("end_ns", "Int64"), ("duration_ns", "Int64"), ("self_ns", "Int64"),
     ("device_id", "Int32"), ("stream", "Int64"), ("status", "Int8"), ("exit_seq", "Int64"),
 ))
+
+
+@dataclass(frozen=True)
+class StoredAs:
+    """How table span_rows keeps a span row column compact, as another column:
+    ``column = base + stored`` (``sign`` 1) or ``column = base - stored``
+    (``sign`` -1), so ``stored`` is a small gap where ``column`` lies near
+    ``base``.  Where ``stored`` is a span row column of its own
+    (``duration_ns``), it is written as it is and ``column`` left out.  The
+    writer's encoding (``encode``), the readers' decodings in SQL (``sql``,
+    the spans view's among them) and in polars (``decode``) all come from here."""
+
+    column: str
+    stored: str
+    base: str
+    sign: int
+
+    def sql(self, table: str = "") -> str:
+        """The SQL reading ``column`` from span_rows (``table``: the alias of span_rows, if any)."""
+        prefix = f"{table}." if table else ""
+        return f"{prefix}{self.base} {'+' if self.sign > 0 else '-'} {prefix}{self.stored}"
+
+    def encode(self) -> pl.Expr:
+        """``stored`` from a frame of span rows."""
+        import polars as pl
+
+        column, base = pl.col(self.column), pl.col(self.base)
+        return (column - base if self.sign > 0 else base - column).alias(self.stored)
+
+    def decode(self) -> pl.Expr:
+        """``column`` from a frame of stored span rows."""
+        import polars as pl
+
+        base, stored = pl.col(self.base), pl.col(self.stored)
+        return (base + stored if self.sign > 0 else base - stored).alias(self.column)
+
+    def wrapped(self) -> pl.Expr:
+        """Whether ``decode`` went past 64 bits (where SQL would fail, polars wraps around)."""
+        import polars as pl
+
+        base, stored = pl.col(self.base), pl.col(self.stored)
+        value = self.decode()
+        if self.sign < 0:
+            return ((stored > 0) & (value > base)) | ((stored < 0) & (value < base))
+        return ((stored > 0) & (value < base)) | ((stored < 0) & (value > base))
+
+
 # What table span_rows keeps of a span row, compact: no end_ns (start_ns + duration_ns), the
 # parent and the exit as small gaps from span_id (parent_gap = span_id - parent_span_id,
-# exit_gap = exit_seq - span_id); the spans view and modtrace.store.analysis_store undo this.
+# exit_gap = exit_seq - span_id).
+SPAN_STORED_AS: tuple[StoredAs, ...] = (
+    StoredAs("parent_span_id", "parent_gap", "span_id", -1),
+    StoredAs("end_ns", "duration_ns", "start_ns", 1),
+    StoredAs("exit_seq", "exit_gap", "span_id", 1),
+)
 SPAN_STORED_ROW = Contract("stored span row", (
-    *(c for c in SPAN_ROW.columns if c[0] not in ("end_ns", "parent_span_id", "exit_seq")),
-    ("parent_gap", "Int64"), ("exit_gap", "Int64"),
+    *(c for c in SPAN_ROW.columns if c[0] not in {d.column for d in SPAN_STORED_AS}),
+    *((d.stored, SPAN_ROW.dtype(d.column)) for d in SPAN_STORED_AS if d.stored not in SPAN_ROW.names),
 ))
 # The spans frame: span rows with names, phase and status as Enums.
 SPAN_FRAME = Contract("spans frame", (
@@ -222,6 +275,29 @@ SPAN_DEVICE_ROW = Contract("span device row", (
 ))
 # The clocks a run's times can be read on: host (when Python ran the hooks) or device.
 CLOCKS: tuple[str, ...] = ("host", "device")
+
+
+@dataclass(slots=True)
+class Batch:
+    """One write of a rank's rows, each a tuple in its row contract (no run_id
+    or rank): events (``EVENT_ROW``) and the names they use (``MODULE_ROW``,
+    whose last value, ``compiled``, a row may leave out: 0; ``THREAD_ROW``,
+    ``DEVICE_ROW``), ``progress``, the rank's (event_count, step_count) once
+    the batch is written, the root calls (``ROOT_ROW``), and the device times
+    resolved since the last batch (``DEVICE_EVENT_ROW``, of this or earlier
+    batches' events).  The recorder takes it from its buffers, the writer
+    process's pipe carries its fields in this order
+    (``modtrace.recording.writer_messages``), ``modtrace.store.writer`` writes
+    it in one transaction."""
+
+    events: Sequence[tuple[Any, ...]] = ()
+    modules: Sequence[tuple[Any, ...]] = ()
+    threads: Sequence[tuple[Any, ...]] = ()
+    devices: Sequence[tuple[Any, ...]] = ()
+    progress: tuple[int, int] | None = None
+    roots: Sequence[tuple[Any, ...]] = ()
+    device_rows: Sequence[tuple[Any, ...]] = ()
+
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from modtrace.core.contracts import Batch
 from modtrace.core.step_ranges import ranges
 from modtrace.recording.run_names import default_run_name, shared_run_name
 from modtrace.recording.writer_messages import unpack_batch
@@ -36,42 +37,38 @@ __all__ = ["ranges"]  # re-exported for the recorder's modules
 
 
 @dataclass
-class Batch:
-    """Events and names taken from the buffers, not yet written.
+class PendingBatch:
+    """A batch taken from the buffers, not yet written.
 
-    Once packed for the writer process (``packed``) the batch keeps only the
+    Once packed for the writer process (``packed``) it keeps only the
     frame: its event tuples are freed at once, while the step that made
     them is still in the caches (freed a step later, when the writer's
     answer comes, they cost the program several times as much:
     docs/performance.md), and a
     waiting batch holds its 31 bytes an event rather than some 250.
-    ``rows`` unpacks them again if this process must write the batch itself."""
+    ``rows`` unpacks it again if this process must write the batch itself."""
 
-    events: list[tuple[Any, ...]] | None  # None once packed (see ``rows``)
-    modules: list[tuple[Any, ...]]
-    threads: list[tuple[Any, ...]]
-    devices: list[tuple[Any, ...]]
-    roots: list[tuple[Any, ...]]
-    progress: tuple[int, int]  # (event_count, step_count) once this batch is written
+    batch: Batch | None  # None once packed (see ``rows``)
     frame: bytes | None = None  # packed for the writer process
-    device_rows: list[tuple[Any, ...]] = field(default_factory=list)  # resolved device times (device_timer.DeviceRow)
+    progress: tuple[int, int] = field(init=False)  # (event_count, step_count) once this batch is written
     count: int = field(init=False)  # its events
 
     def __post_init__(self) -> None:
-        self.count = len(self.events or ())
+        assert self.batch is not None and self.batch.progress is not None
+        self.progress = self.batch.progress
+        self.count = len(self.batch.events)
 
     def packed(self, frame: bytes) -> None:
-        """Keep ``frame`` (the whole batch, packed) instead of the event tuples."""
+        """Keep ``frame`` (the whole batch, packed) instead of the batch."""
         self.frame = frame
-        self.events = None
+        self.batch = None
 
-    def rows(self) -> list[tuple[Any, ...]]:
-        """The batch's events (unpacked from its frame after ``packed``)."""
-        if self.events is None:
+    def rows(self) -> Batch:
+        """The batch (unpacked from its frame after ``packed``)."""
+        if self.batch is None:
             assert self.frame is not None
-            events: list[tuple[Any, ...]] = unpack_batch(self.frame)[1]
-            return events
-        return self.events
+            return unpack_batch(self.frame)
+        return self.batch
 
 
 def dist_rank_world() -> tuple[int, int]:

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from typing import Any
 
+from modtrace.core.contracts import Batch
 from modtrace.core.errors import StoreError, one_line
 from modtrace.core.secrets import mask
 from modtrace.recording import forking
@@ -33,7 +34,7 @@ from modtrace.recording.config import (
     FLUSH_INTERVAL_S,
     POLL_S,
     WRITER_START_WAIT_S,
-    Batch,
+    PendingBatch,
     drain,
     ranges,
 )
@@ -53,8 +54,8 @@ class Flushing:
     flush_every: int
     _buf: list[tuple[Any, ...]]
     _taken: int
-    _pending: deque[Batch]
-    _in_flight: deque[Batch]
+    _pending: deque[PendingBatch]
+    _in_flight: deque[PendingBatch]
     _last_handoff: float
     _written: int
     _store: Store | None
@@ -110,8 +111,7 @@ class Flushing:
             while self._pending:  # no writer process, or it is gone
                 batch = self._pending[0]
                 try:
-                    writer.write(batch.rows(), batch.modules, batch.threads, batch.devices, batch.progress,
-                                 roots=batch.roots, retry=retry, device_rows=batch.device_rows)
+                    writer.write(batch.rows(), retry=retry)
                 except Exception as exc:  # the batch stays pending for another try
                     if not retry and is_transient(exc) and not writer.expired:
                         self._wake.set()  # the flusher thread resumes it
@@ -140,8 +140,9 @@ class Flushing:
         del buf[:n]
         # Events first, then names: every name an event refers to was
         # registered before the event, so it is in this batch or an earlier one.
-        batch = Batch(events, drain(tracker.new_modules), drain(tracker.new_threads), drain(tracker.new_devices),
-                       drain(tracker.new_roots), (self._taken + n, tracker.step), device_rows=device_rows)
+        batch = PendingBatch(Batch(events, drain(tracker.new_modules), drain(tracker.new_threads),
+                                   drain(tracker.new_devices), (self._taken + n, tracker.step),
+                                   drain(tracker.new_roots), device_rows))
         self._taken += n
         if n:
             self._last_taken_step = events[-1][6]
@@ -151,11 +152,10 @@ class Flushing:
         self._pending.append(batch)
 
     @staticmethod
-    def _frame(proc: WriterProcess, batch: Batch) -> bytes:
+    def _frame(proc: WriterProcess, batch: PendingBatch) -> bytes:
         """The batch packed for the writer process (packed once; its tuples are freed then)."""
         if batch.frame is None:
-            batch.packed(proc.pack(batch.rows(), batch.modules, batch.threads, batch.devices, batch.progress,
-                                   roots=batch.roots, device_rows=batch.device_rows))
+            batch.packed(proc.pack(batch.rows()))
         assert batch.frame is not None
         return batch.frame
 

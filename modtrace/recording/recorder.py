@@ -30,7 +30,7 @@ from modtrace.recording.config import (
     DEFAULT_FLUSH_EVERY,
     MAX_BUFFERED_EVENTS,
     WRITERS,
-    Batch,
+    PendingBatch,
     dist_rank_world,
     ranges,
     recorder_run_name,
@@ -147,8 +147,8 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         self._clock = clock
         self._buf: list[tuple[Any, ...]] = []
         self._taken = 0  # events moved from _buf into batches
-        self._pending: deque[Batch] = deque()  # taken, not yet handed over, oldest first
-        self._in_flight: deque[Batch] = deque()  # handed to the writer process, not yet answered
+        self._pending: deque[PendingBatch] = deque()  # taken, not yet handed over, oldest first
+        self._in_flight: deque[PendingBatch] = deque()  # handed to the writer process, not yet answered
         self._last_handoff = 0.0
         self._written = 0
         self._store: Store | None = None

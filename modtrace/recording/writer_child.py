@@ -26,7 +26,7 @@ import time
 from typing import Any, NoReturn
 
 from modtrace.core.errors import one_line
-from modtrace.recording.writer_messages import PIPE_BYTES, Inbox, send
+from modtrace.recording.writer_messages import PIPE_BYTES, Inbox, batch_of, send
 
 _MAX_DITHER_S = 0.5  # a batch waits at most this long before it is written
 
@@ -128,12 +128,11 @@ def _write(inbox: Inbox, out: Any, writer: Any) -> tuple[Any, ...] | None:
         last_arrival = now
         if interval and not inbox.has_frame():
             inbox.wait(rng.uniform(0.0, interval))
-        _, events, modules, threads, devices, progress, roots, device_rows = message
         if failed:  # batches after a refused one would leave a gap
             reply: tuple[Any, ...] = ("skipped",)
         else:
             try:
-                writer.write(events, modules, threads, devices, progress, roots, device_rows=device_rows)
+                writer.write(batch_of(message))
             except Exception as exc:
                 failed = True
                 reply = ("error", one_line(exc))

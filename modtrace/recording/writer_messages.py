@@ -14,8 +14,9 @@ import os
 import pickle
 import select
 import struct
-from collections.abc import Sequence
 from typing import IO, Any
+
+from modtrace.core.contracts import Batch
 
 HEADER = struct.Struct("<Q")
 PIPE_BYTES = 1 << 20  # the batches' pipe: room for a few steps' batches, so handing one over never waits
@@ -28,32 +29,30 @@ def frame(message: tuple[Any, ...]) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def pack_batch(
-    events: Sequence[tuple[Any, ...]],
-    modules: Sequence[tuple[Any, ...]] = (),
-    threads: Sequence[tuple[Any, ...]] = (),
-    devices: Sequence[tuple[Any, ...]] = (),
-    progress: tuple[int, int] | None = None,
-    roots: Sequence[tuple[Any, ...]] = (),
-    device_rows: Sequence[tuple[Any, ...]] = (),
-) -> bytes:
-    """A ``write`` message as a frame; the rows are flat tuples (no memo needed)."""
+def pack_batch(batch: Batch) -> bytes:
+    """A ``write`` message as a frame: the batch's fields in order; its rows
+    are flat tuples (no memo needed)."""
     buf = io.BytesIO()
     buf.write(bytes(HEADER.size))
     pickler = pickle.Pickler(buf, protocol=_PROTOCOL)
     pickler.fast = True  # no memo: nothing in a batch is referred to twice
-    pickler.dump(("write", events if isinstance(events, list) else list(events), list(modules), list(threads),
-                  list(devices), progress, list(roots), list(device_rows)))
+    events = batch.events
+    pickler.dump(("write", events if isinstance(events, list) else list(events), list(batch.modules),
+                  list(batch.threads), list(batch.devices), batch.progress, list(batch.roots), list(batch.device_rows)))
     view = buf.getbuffer()
     HEADER.pack_into(view, 0, len(view) - HEADER.size)
     del view
     return buf.getvalue()
 
 
-def unpack_batch(data: bytes) -> tuple[Any, ...]:
-    """The ``write`` message of a frame made by ``pack_batch``."""
-    message: tuple[Any, ...] = pickle.loads(memoryview(data)[HEADER.size:])
-    return message
+def batch_of(message: tuple[Any, ...]) -> Batch:
+    """The batch of a ``write`` message."""
+    return Batch(*message[1:])
+
+
+def unpack_batch(data: bytes) -> Batch:
+    """The batch of a frame made by ``pack_batch``."""
+    return batch_of(pickle.loads(memoryview(data)[HEADER.size:]))
 
 
 def send(stream: IO[bytes], message: tuple[Any, ...]) -> None:

@@ -9,7 +9,7 @@ step by more than the write itself, and the time landed in whichever module
 was running.  A writer process (``modtrace.recording.writer_child``) has its
 own interpreter: the program packs each batch (a pickle without memo, a
 fraction of the write's cost, ``writer_messages``; the event tuples are freed then,
-``config.Batch``) and writes the bytes to a pipe, between steps; the rest
+``config.PendingBatch``) and writes the bytes to a pipe, between steps; the rest
 runs beside it.
 
 ``WriterProcess`` is the program's side.  Batches go as frames (``pack``)
@@ -31,10 +31,10 @@ import os
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from modtrace.core.contracts import Batch
 from modtrace.recording.writer_messages import PIPE_BYTES, Inbox, frame, pack_batch
 from modtrace.store.engine import Store
 
@@ -122,17 +122,9 @@ class WriterProcess:
         return True
 
     @staticmethod
-    def pack(
-        events: Sequence[tuple[Any, ...]],
-        modules: Sequence[tuple[Any, ...]] = (),
-        threads: Sequence[tuple[Any, ...]] = (),
-        devices: Sequence[tuple[Any, ...]] = (),
-        progress: tuple[int, int] | None = None,
-        roots: Sequence[tuple[Any, ...]] = (),
-        device_rows: Sequence[tuple[Any, ...]] = (),
-    ) -> bytes:
+    def pack(batch: Batch) -> bytes:
         """A batch as a frame (the program's only per-event cost)."""
-        return pack_batch(events, modules, threads, devices, progress, roots, device_rows)
+        return pack_batch(batch)
 
     def send_nowait(self, frame: bytes) -> bool:
         """Hand a frame over if the pipe has room for all of it now; False

@@ -19,7 +19,13 @@ from typing import Any
 import polars as pl
 from sqlalchemy import Connection
 
-from modtrace.core.contracts import ISSUE_FRAME, ISSUE_ROW, SPAN_ROW, SPAN_STORED_ROW
+from modtrace.core.contracts import (
+    ISSUE_FRAME,
+    ISSUE_ROW,
+    SPAN_ROW,
+    SPAN_STORED_AS,
+    SPAN_STORED_ROW,
+)
 from modtrace.core.errors import StoreError
 from modtrace.store.device_times import replace_span_device_rows
 from modtrace.store.engine import Store
@@ -28,7 +34,7 @@ from modtrace.store.runs import mark_analysis_stored
 
 SPAN_ROW_COLUMNS = SPAN_ROW.names
 SPAN_STORED_COLUMNS = SPAN_STORED_ROW.names
-ISSUE_COLUMNS = ISSUE_ROW.names
+ISSUE_ROW_COLUMNS = ISSUE_ROW.names
 
 # SQLite: rows per INSERT statement, their values in one flat parameter list
 # (one Python tuple per statement, not per row: less binding work; docs/performance.md).
@@ -187,15 +193,14 @@ def _check_run(conn: Connection, run_id: int) -> None:
 def stored_span_rows(spans: pl.DataFrame) -> pl.DataFrame:
     """A spans frame or span rows -> stored span rows (phase and status as their codes, no end_ns)."""
     codes = [pl.col(c).to_physical().cast(pl.Int16) if spans.schema[c] == pl.Enum else pl.col(c) for c in ("phase", "status")]
-    gaps = [(pl.col("span_id") - pl.col("parent_span_id")).alias("parent_gap"),
-            (pl.col("exit_seq") - pl.col("span_id")).alias("exit_gap")]
+    gaps = [d.encode() for d in SPAN_STORED_AS if d.stored not in SPAN_ROW_COLUMNS]
     rows = spans.with_columns(*codes, *gaps).select(SPAN_STORED_COLUMNS)
     # In primary-key order, each insert lands at the end of the table's B-tree.
     return rows if rows.select(pl.struct("rank", "span_id").is_sorted()).item() else rows.sort("rank", "span_id")
 
 
 def _issue_rows(issues: pl.DataFrame) -> pl.DataFrame:
-    return issues.with_columns(pl.col("phase").cast(pl.String)).select(ISSUE_COLUMNS)
+    return issues.with_columns(pl.col("phase").cast(pl.String)).select(ISSUE_ROW_COLUMNS)
 
 
 def write_analysis(
@@ -302,9 +307,7 @@ def has_analysis(store: Store, run_id: int) -> bool:
         return row is not None and row[0] == "stored"
 
 
-_DERIVED = {
-    "end_ns": "start_ns + duration_ns", "parent_span_id": "span_id - parent_gap", "exit_seq": "span_id + exit_gap",
-}
+_DERIVED = {d.column: d.sql() for d in SPAN_STORED_AS}
 
 
 def _stored(column: str) -> str:
@@ -353,7 +356,7 @@ def count_span_rows(store: Store, run_id: int) -> int:
 def read_issues(store: Store, run_id: int) -> pl.DataFrame:
     """The run's stored nesting issues as an issues frame (``ISSUE_FRAME``), by (rank, seq, kind)."""
     m = mark(store)
-    sql = f"SELECT {', '.join(ISSUE_COLUMNS)} FROM nesting_issues WHERE run_id = {m} ORDER BY rank, seq, kind"
+    sql = f"SELECT {', '.join(ISSUE_ROW_COLUMNS)} FROM nesting_issues WHERE run_id = {m} ORDER BY rank, seq, kind"
     with driver_cursor(store, "modtrace_issues") as cur:
         cur.execute(sql, (run_id,))
         rows = cur.fetchall()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from sqlalchemy import Connection
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from modtrace.core.contracts import SPAN_STORED_AS
 from modtrace.store.schema import HEAD, VERSION_TABLE, metadata
 
 EVENT_LOG = """
@@ -48,13 +49,16 @@ LEFT JOIN devices d ON d.run_id = e.run_id AND d.rank = e.rank AND d.device_id =
 LEFT JOIN device_events de ON de.run_id = e.run_id AND de.rank = e.rank AND de.seq = e.seq
 """
 
-SPANS = """
+# The spans view decodes span_rows' compact columns as the contract says (SPAN_STORED_AS).
+_STORED_AS = {d.column: d.sql("s") for d in SPAN_STORED_AS}
+
+SPANS = f"""
 CREATE VIEW spans AS
 SELECT
     s.run_id,
     s.rank,
     s.span_id,
-    s.span_id - s.parent_gap AS parent_span_id,
+    {_STORED_AS["parent_span_id"]} AS parent_span_id,
     s.depth,
     m.fqn,
     m.module_type,
@@ -63,7 +67,7 @@ SELECT
     s.step,
     s.thread_id,
     s.start_ns,
-    s.start_ns + s.duration_ns AS end_ns,
+    {_STORED_AS["end_ns"]} AS end_ns,
     s.duration_ns,
     s.self_ns,
     d.name AS device,
@@ -72,7 +76,7 @@ SELECT
         WHEN s.status = 2 THEN 'early_stop' WHEN s.status = 3 THEN 'closed_at_end_of_backward'
         WHEN s.status = 4 THEN 'no_enter' END AS status,
     s.graph_task,
-    s.span_id + s.exit_gap AS exit_seq,
+    {_STORED_AS["exit_seq"]} AS exit_seq,
     s.module_id,
     sd.device_start_ns,
     sd.device_end_ns,

@@ -26,13 +26,14 @@ from modtrace.store.engine import Store
 
 CHUNK_ROWS = 200_000
 
-EVENT_SCHEMA = EVENT_FRAME.polars()
-MODULE_SCHEMA = MODULE_FRAME.polars()
-DEVICE_SCHEMA = DEVICE_FRAME.polars()
+# The frames' polars dtypes (the analysis names the same in analysis.events; store does not import analysis).
+_EVENT_FRAME_SCHEMA = EVENT_FRAME.polars()
+_MODULE_FRAME_SCHEMA = MODULE_FRAME.polars()
+_DEVICE_FRAME_SCHEMA = DEVICE_FRAME.polars()
 
 # Columns fetched per event; run_id and rank are constant per query and added after.
-_FETCHED = [c for c in EVENT_SCHEMA if c not in ("run_id", "rank")]
-_FETCHED_SCHEMA = {c: EVENT_SCHEMA[c] for c in _FETCHED}
+_FETCHED = [c for c in _EVENT_FRAME_SCHEMA if c not in ("run_id", "rank")]
+_FETCHED_SCHEMA = {c: _EVENT_FRAME_SCHEMA[c] for c in _FETCHED}
 
 
 # PostgreSQL: the planner's settings for a read in primary-key order (SET LOCAL: this
@@ -104,7 +105,7 @@ def read_ranks(store: Store, run_id: int) -> list[int]:
 _SMALL = ("kind", "phase", "status", "tie")
 _NULLABLE = ("device_id", "stream", "graph_task")
 _CSV_COLUMNS = [c for c in _FETCHED if c not in _SMALL] + ["_small"]
-_CSV_SCHEMA = {**{c: EVENT_SCHEMA[c] for c in _CSV_COLUMNS if c != "_small"}, "_small": pl.Int64()}
+_CSV_SCHEMA = {**{c: _EVENT_FRAME_SCHEMA[c] for c in _CSV_COLUMNS if c != "_small"}, "_small": pl.Int64()}
 
 
 def small_code(column: str) -> str:
@@ -132,7 +133,7 @@ def _unpack_small(frame: pl.DataFrame) -> pl.DataFrame:
         *(
             c
             if c not in _SMALL
-            else ((small // (1 << (8 * _SMALL.index(c)))) % 256 - 128).cast(EVENT_SCHEMA[c]).alias(c)
+            else ((small // (1 << (8 * _SMALL.index(c)))) % 256 - 128).cast(_EVENT_FRAME_SCHEMA[c]).alias(c)
             for c in _FETCHED
         )
     )
@@ -217,7 +218,7 @@ def read_events(
         ranks = read_ranks(store, run_id)
     parts = [chunk for rank in ranks for chunk in iter_event_chunks(store, run_id, rank, chunk_rows=chunk_rows)]
     if not parts:
-        return pl.DataFrame(schema=EVENT_SCHEMA)
+        return pl.DataFrame(schema=_EVENT_FRAME_SCHEMA)
     return pl.concat(parts, rechunk=True)
 
 
@@ -235,20 +236,20 @@ def _rank_filter(store: Store, ranks: list[int] | None) -> str:
 
 
 def read_modules(store: Store, run_id: int, *, ranks: list[int] | None = None) -> pl.DataFrame:
-    """The run's module frame (``MODULE_SCHEMA``)."""
+    """The run's module frame (``MODULE_FRAME``)."""
     m = mark(store)
     sql = (
         "SELECT rank, module_id, fqn, module_type, parent_module_id, compiled FROM modules "
         f"WHERE run_id = {m}{_rank_filter(store, ranks)} ORDER BY rank, module_id"
     )
-    return _read_table(store, sql, (run_id,), MODULE_SCHEMA)
+    return _read_table(store, sql, (run_id,), _MODULE_FRAME_SCHEMA)
 
 
 def read_devices(store: Store, run_id: int, *, ranks: list[int] | None = None) -> pl.DataFrame:
-    """The run's device frame (``DEVICE_SCHEMA``)."""
+    """The run's device frame (``DEVICE_FRAME``)."""
     m = mark(store)
     sql = f"SELECT rank, device_id, name FROM devices WHERE run_id = {m}{_rank_filter(store, ranks)} ORDER BY rank, device_id"
-    return _read_table(store, sql, (run_id,), DEVICE_SCHEMA)
+    return _read_table(store, sql, (run_id,), _DEVICE_FRAME_SCHEMA)
 
 
 def max_rank_events(store: Store, run_id: int, rank: int | None = None) -> int:

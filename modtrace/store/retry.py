@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from modtrace.core.contracts import Batch
 from modtrace.core.errors import UsageError
 from modtrace.store.engine import Store
 from modtrace.store.writer import RankWriter
@@ -108,18 +109,7 @@ class ResumingWriter:
         """A transient fault began and the deadline has passed since."""
         return self._deadline is not None and self._clock() >= self._deadline
 
-    def write(
-        self,
-        events: Sequence[tuple[Any, ...]],
-        modules: Sequence[tuple[Any, ...]] = (),
-        threads: Sequence[tuple[Any, ...]] = (),
-        devices: Sequence[tuple[Any, ...]] = (),
-        progress: tuple[int, int] | None = None,
-        roots: Sequence[tuple[Any, ...]] = (),
-        *,
-        retry: bool = True,
-        device_rows: Sequence[tuple[Any, ...]] = (),
-    ) -> bool:
+    def write(self, batch: Batch, *, retry: bool = True) -> bool:
         """Write one batch, retrying transient faults until the deadline.
 
         With ``retry=False`` a transient fault is raised after one try; the
@@ -131,16 +121,15 @@ class ResumingWriter:
         while True:
             try:
                 if deadline is not None:  # an earlier try failed: did it commit after all?
-                    if progress is not None and self.committed() >= progress[0]:
+                    if batch.progress is not None and self.committed() >= batch.progress[0]:
                         self._got_past_fault()
                         self._deadline = None
                         if self._unsaved:
-                            self.writer.write((), reconnects=self._unsaved)
+                            self.writer.write(Batch(), reconnects=self._unsaved)
                             self._unsaved = 0
                         return False
                 # A fault counts as got past once a write on a new connection commits.
-                self.writer.write(events, modules, threads, devices, progress, roots,
-                                  reconnects=self._unsaved + int(self._fault), device_rows=device_rows)
+                self.writer.write(batch, reconnects=self._unsaved + int(self._fault))
                 if self._fault:
                     self._got_past_fault()
                 self._unsaved = 0

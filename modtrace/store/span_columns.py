@@ -17,7 +17,7 @@ Parts are read by a pool of threads, each with its own connection: SQLite
 and PostgreSQL work (and polars parses) without Python's lock, so the reads
 overlap on a machine with more than one core.  ``end_ns``,
 ``parent_span_id`` and ``exit_seq`` come back from the stored columns they
-derive from (``start_ns + duration_ns``, ...) and are derived here.  Rows
+derive from (``modtrace.core.contracts.SPAN_STORED_AS``) and are derived here.  Rows
 this read cannot vouch for -- a rank the run does not list, a sum past 64
 bits -- make it read the rows the ordinary way instead.
 
@@ -33,7 +33,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from modtrace.core.contracts import SPAN_ROW
+from modtrace.core.contracts import SPAN_ROW, SPAN_STORED_AS, SPAN_STORED_ROW, StoredAs
 from modtrace.store.base import Store
 from modtrace.store.cursor import driver_cursor, mark
 
@@ -47,17 +47,15 @@ THREADS = 2
 # A column's NULL in the SQLite texts (no number reads as it).
 _NULL = "N"
 
-# Columns of a span row and the stored columns each is read from, with how to derive it.
-_DERIVED: dict[str, tuple[str, str]] = {
-    "end_ns": ("start_ns", "duration_ns"), "parent_span_id": ("span_id", "parent_gap"),
-    "exit_seq": ("span_id", "exit_gap"),
-}
+# Columns of a span row that span_rows keeps as others, and how.
+_DERIVED: dict[str, StoredAs] = {d.column: d for d in SPAN_STORED_AS}
 
 
 def _stored_columns(columns: tuple[str, ...]) -> list[str]:
     stored: list[str] = []
     for column in columns:
-        for source in _DERIVED.get(column, (column,)):
+        derived = _DERIVED.get(column)
+        for source in (derived.base, derived.stored) if derived is not None else (column,):
             if source not in stored and source != "rank":
                 stored.append(source)
     return stored
@@ -71,14 +69,8 @@ def _derive(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame | Non
     for column in columns:
         if column not in _DERIVED:
             continue
-        base, gap = (pl.col(c) for c in _DERIVED[column])
-        if column == "parent_span_id":
-            value = base - gap
-            wrapped.append(((gap > 0) & (value > base)) | ((gap < 0) & (value < base)))
-        else:
-            value = base + gap
-            wrapped.append(((gap > 0) & (value < base)) | ((gap < 0) & (value > base)))
-        exprs.append(value.alias(column))
+        exprs.append(_DERIVED[column].decode())
+        wrapped.append(_DERIVED[column].wrapped())
     if not exprs:
         return frame
     if frame.select(pl.any_horizontal(*[w.fill_null(False) for w in wrapped]).any()).item():
@@ -195,9 +187,7 @@ def start_span_columns(store: Store, run_id: int, columns: tuple[str, ...]) -> S
 
     def read_every(first: int) -> list[pl.DataFrame]:
         """Parts first, first + threads, ...: on one connection of this thread's."""
-        import polars as pl
-
-        schema = {**SPAN_ROW.polars(), "duration_ns": pl.Int64(), "parent_gap": pl.Int64(), "exit_gap": pl.Int64()}
+        schema = {**SPAN_ROW.polars(), **SPAN_STORED_ROW.polars()}
         out = []
         with driver_cursor(store) as cur:
             for i in range(first, len(sqls), threads):

@@ -1,8 +1,8 @@
 """Batched writes of one rank's events and names.
 
-The recorder hands over plain tuples; this module writes them inside one
-transaction per flush, lookup rows (modules, threads, devices) first, so
-``event_log`` never shows an event whose names are missing.
+The recorder hands over a ``Batch`` of plain tuples (``modtrace.core.contracts``);
+this module writes it inside one transaction, lookup rows (modules,
+threads, devices) first, so ``event_log`` never shows an event whose names are missing.
 
 Events go as multi-row ``INSERT ... VALUES (...), (...), ...`` statements of
 ``ROWS_PER_STATEMENT`` rows, executed with the driver's ``executemany`` over
@@ -37,6 +37,7 @@ from modtrace.core.contracts import (
     MODULE_ROW,
     ROOT_ROW,
     THREAD_ROW,
+    Batch,
 )
 from modtrace.store.engine import Store
 
@@ -89,34 +90,21 @@ class RankWriter:
         self._check_run_once = store.is_sqlite  # see the module docstring
         self._run_sql = f"SELECT 1 FROM runs WHERE id = {int(run_id)}"
 
-    def write(
-        self,
-        events: Sequence[tuple[Any, ...]],
-        modules: Sequence[tuple[Any, ...]] = (),
-        threads: Sequence[tuple[Any, ...]] = (),
-        devices: Sequence[tuple[Any, ...]] = (),
-        progress: tuple[int, int] | None = None,
-        roots: Sequence[tuple[Any, ...]] = (),
-        reconnects: int = 0,
-        device_rows: Sequence[tuple[Any, ...]] = (),
-    ) -> None:
-        """Write one batch in one transaction (a module row may leave out its last
-        value, ``compiled``: 0); ``progress`` is (event_count, step_count),
-        ``roots`` the batch's root calls (``ROOT_COLUMNS``), ``reconnects`` is
-        added to the rank's count, ``device_rows`` the device times resolved
-        since the last batch (``DEVICE_EVENT_COLUMNS``, of this or earlier batches' events).
+    def write(self, batch: Batch, reconnects: int = 0) -> None:
+        """Write one batch in one transaction; ``reconnects`` is added to the rank's count.
 
         On failure nothing of the batch is kept and the connection is dropped
         (the next write opens a new one)."""
         conn = self._connection()
         try:
             with conn.begin():
-                self._many(conn, "modules", [m if len(m) == len(MODULE_COLUMNS) else (*m, 0) for m in modules])
-                self._many(conn, "threads", threads)
-                self._many(conn, "devices", devices)
-                self._events(conn, events)
-                self._many(conn, "root_calls", roots)
-                self._many(conn, "device_events", device_rows)
+                self._many(conn, "modules", [m if len(m) == len(MODULE_COLUMNS) else (*m, 0) for m in batch.modules])
+                self._many(conn, "threads", batch.threads)
+                self._many(conn, "devices", batch.devices)
+                self._events(conn, batch.events)
+                self._many(conn, "root_calls", batch.roots)
+                self._many(conn, "device_events", batch.device_rows)
+                progress = batch.progress
                 if progress is not None:
                     conn.exec_driver_sql(
                         f"UPDATE run_ranks SET event_count = {self._mark}, step_count = {self._mark}"

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import modtrace
+from modtrace.core.contracts import Batch
 from modtrace.results.materialize import stored as read_analysis
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
@@ -122,9 +123,9 @@ def _corrupt_run(db: str) -> None:
         add_rank(store, run_id, 0, 0)
         mods = model(blocks=1, per_block=1)  # 0 Net, 1 blocks.0, 2 blocks.0.fc0, 3 head
         rows = to_rows([ev(ENTER, 0, 0, 1), ev(ENTER, 1, 0, 2), ev(ENTER, 2, 0, 3), ev(EXIT, 1, 0, 2), ev(EXIT, 0, 0, 1)])
-        RankWriter(store, run_id, 0).write(
+        RankWriter(store, run_id, 0).write(Batch(
             rows, modules=mods.rows, threads=[(0, 1, "MainThread")], devices=[(0, "cpu")], progress=(len(rows), 1)
-        )
+        ))
         finish_rank(store, run_id, 0, "completed")
     finally:
         store.dispose()

@@ -39,6 +39,7 @@ from modtrace.core.contracts import (
     SPAN_FRAME,
     SPAN_ROW,
     THREAD_ROW,
+    Batch,
 )
 from modtrace.store import schema
 from modtrace.store.engine import open_store
@@ -191,7 +192,7 @@ def test_a_tracked_run_goes_through_writer_reader_and_analysis_in_contract_form(
     try:
         run_id, _ = create_run(store, "contracts", {})
         add_rank(store, run_id, 0, 0)
-        RankWriter(store, run_id, 0).write(rows, tracker.new_modules, tracker.new_threads, tracker.new_devices)
+        RankWriter(store, run_id, 0).write(Batch(rows, tracker.new_modules, tracker.new_threads, tracker.new_devices))
         finish_rank(store, run_id, 0, "completed")
         events = read_events(store, run_id)
         modules = read_modules(store, run_id)

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from modtrace.core.codes import Kind, Phase, Status
+from modtrace.core.contracts import Batch
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
@@ -288,9 +289,9 @@ def _write_two_ranks(db: str) -> tuple[int, dict[int, pl.DataFrame]]:
                 events += fwd + bwd
             rows = to_rows(events, rng)
             rows[3] = (*rows[3][:9], 2**40 + 7, *rows[3][10:])  # a large stream handle stays an int
-            RankWriter(store, run_id, rank).write(
+            RankWriter(store, run_id, rank).write(Batch(
                 rows, modules=mods.rows, threads=[(0, 99, "MainThread")], devices=[(0, "cpu")], progress=(len(rows), 3)
-            )
+            ))
             written[rank] = frame(rows, run_id=run_id, rank=rank)
             finish_rank(store, run_id, rank, "completed")
     finally:
@@ -329,10 +330,10 @@ def _write_misnested(db: str) -> int:
                 rows.insert(60, (0, *rows[3][1:]))  # an enter again
                 del rows[-7:]  # the end lost: calls left open
                 rows = [(k, *r[1:]) for k, r in enumerate(rows)]
-            RankWriter(store, run_id, rank).write(
+            RankWriter(store, run_id, rank).write(Batch(
                 rows, modules=mods.rows, threads=[(0, 99, "MainThread"), (1, 98, "worker")],
                 devices=[(0, "cpu"), (1, "cuda:0")], progress=(len(rows), 4),
-            )
+            ))
             finish_rank(store, run_id, rank, "completed" if rank == 0 else "failed")
     finally:
         store.dispose()

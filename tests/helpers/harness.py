@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from torch import nn
 
+from modtrace.core.contracts import Batch
 from modtrace.store.engine import Store
 from modtrace.store.writer import RankWriter
 
@@ -62,6 +63,6 @@ def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int,
     """What the recorder's writer records with each batch: the rank's event and step counts."""
     writer = RankWriter(store, run_id, rank)
     try:
-        writer.write([], progress=(event_count, step_count))
+        writer.write(Batch([], progress=(event_count, step_count)))
     finally:
         writer.close()

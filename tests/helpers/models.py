@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from modtrace.core.contracts import Batch
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
@@ -84,8 +85,8 @@ def _crossed_run(db: str) -> None:
         add_rank(store, run_id, 0, 1_000_000)
         mods = model(blocks=1, per_block=1)  # 0 Net, 1 Net.blocks.0, 2 Net.blocks.0.fc0, 3 Net.head
         rows = to_rows([ev(ENTER, 0, 0, 1), ev(ENTER, 1, 0, 2), ev(ENTER, 2, 0, 3), ev(EXIT, 1, 0, 2), ev(EXIT, 0, 0, 1)])
-        RankWriter(store, run_id, 0).write(rows, modules=mods.rows, threads=[(0, 1, "MainThread")],
-                                           devices=[(0, "cpu")], progress=(len(rows), 1))
+        RankWriter(store, run_id, 0).write(Batch(rows, modules=mods.rows, threads=[(0, 1, "MainThread")],
+                                           devices=[(0, "cpu")], progress=(len(rows), 1)))
         finish_rank(store, run_id, 0, "completed")
     finally:
         store.dispose()

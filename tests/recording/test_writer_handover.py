@@ -5,6 +5,7 @@ frames, and frames cross a real pipe whole whatever its reads return."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -18,8 +19,9 @@ from sqlalchemy.exc import IntegrityError
 from torch import nn
 
 import modtrace
-from modtrace.recording.config import Batch
-from modtrace.recording.writer_messages import Inbox, frame, pack_batch, unpack_batch
+from modtrace.core.contracts import Batch
+from modtrace.recording.config import PendingBatch
+from modtrace.recording.writer_messages import HEADER, Inbox, frame, pack_batch
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run
 from modtrace.store.schema import runs
@@ -112,14 +114,14 @@ def _step_events() -> list[tuple[object, ...]]:
 def test_a_packed_batch_keeps_only_its_frame_and_unpacks_to_the_same_events() -> None:
     events = _step_events()
     copy = list(events)
-    batch = Batch(events, [(0, "m", "M", None)], [], [], [], (len(events), 1))
-    assert batch.count == len(copy) and batch.rows() is events
-    batch.packed(pack_batch(batch.rows(), batch.modules, progress=batch.progress))
-    assert batch.events is None and batch.frame is not None
-    assert batch.count == len(copy) and batch.rows() == copy
-    message = unpack_batch(batch.frame)
-    assert message[0] == "write" and message[1] == copy and message[2] == [(0, "m", "M", None)]
-    assert message[5] == (len(copy), 1)
+    taken = PendingBatch(Batch(events, [(0, "m", "M", None)], [], [], (len(events), 1)))
+    assert taken.count == len(copy) and taken.rows().events is events
+    taken.packed(pack_batch(taken.rows()))
+    assert taken.batch is None and taken.frame is not None
+    assert taken.count == len(copy) and taken.progress == (len(copy), 1)
+    assert taken.rows() == Batch(copy, [(0, "m", "M", None)], [], [], (len(copy), 1), [], [])
+    message = pickle.loads(taken.frame[HEADER.size:])  # the pipe carries the batch's fields as a tuple
+    assert message == ("write", copy, [(0, "m", "M", None)], [], [], (len(copy), 1), [], [])
 
 
 def test_batches_waiting_for_a_stopped_writer_hold_frames_and_are_all_written(db_path: object) -> None:
@@ -141,7 +143,7 @@ def test_batches_waiting_for_a_stopped_writer_hold_frames_and_are_all_written(db
             try:
                 with rec._take_lock:
                     sent = list(rec._in_flight)
-                    assert sent and all(b.events is None and b.frame is not None for b in sent)
+                    assert sent and all(b.batch is None and b.frame is not None for b in sent)
                     waiting = sum(b.count for b in (*sent, *rec._pending)) + len(rec._buf)
                     assert waiting == rec.events_recorded - rec._written
             finally:
@@ -160,7 +162,7 @@ def test_frames_cross_a_pipe_whole_whatever_its_reads_return() -> None:
     events = _step_events()
     messages = [("ok",), ("write", events * 50, [], [], [], (1, 1), [], []), ("closed",), ("error", "x" * 100_000)]
     read_end, write_end = os.pipe()
-    frames = [pack_batch(m[1], progress=m[5]) if m[0] == "write" else frame(m) for m in messages]
+    frames = [pack_batch(Batch(m[1], progress=m[5])) if m[0] == "write" else frame(m) for m in messages]
 
     def feed() -> None:
         with os.fdopen(write_end, "wb", buffering=0) as out:
@@ -194,14 +196,14 @@ def test_a_run_deleted_while_its_writer_is_open_refuses_the_next_batch_and_leave
         add_rank(store, kept, 0, wall_anchor_ns=0)
         writer, other = RankWriter(store, run_id, 0), RankWriter(store, kept, 0)
         try:
-            writer.write(events, progress=(len(events), 1))
-            other.write(events, progress=(len(events), 1))
+            writer.write(Batch(events, progress=(len(events), 1)))
+            other.write(Batch(events, progress=(len(events), 1)))
             with store.engine.begin() as conn:
                 conn.execute(sa.delete(runs).where(runs.c.id == run_id))
             later = [(len(events) + e[0], *e[1:]) for e in events]
             with pytest.raises(IntegrityError):
-                writer.write(later, modules=[(0, "m", "M", None)], progress=(2 * len(events), 2))
-            other.write(later, progress=(2 * len(events), 2))
+                writer.write(Batch(later, modules=[(0, "m", "M", None)], progress=(2 * len(events), 2)))
+            other.write(Batch(later, progress=(2 * len(events), 2)))
         finally:
             writer.close()
             other.close()

@@ -7,6 +7,7 @@ import pytest
 
 from modtrace.analysis.events import EVENT_SCHEMA
 from modtrace.core.codes import OUT_OF_RANGE_CODE
+from modtrace.core.contracts import Batch
 from modtrace.store.engine import open_store
 from modtrace.store.reader import iter_event_chunks, read_events
 from modtrace.store.runs import add_rank, create_run
@@ -30,7 +31,7 @@ def _write(db: str, rows: list[tuple[object, ...]]) -> int:
     try:
         run_id, _ = create_run(store, "edges", {})
         add_rank(store, run_id, 0, 0)
-        RankWriter(store, run_id, 0).write(rows)
+        RankWriter(store, run_id, 0).write(Batch(rows))
     finally:
         store.dispose()
     return run_id

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from modtrace.core.codes import Kind, Phase, Status
+from modtrace.core.contracts import Batch
 from modtrace.core.errors import RunNotFound, StoreError, UsageError
 from modtrace.results.materialize import materialize
 from modtrace.store.engine import DEFAULT_DB, open_store, read_revision, resolve_db
@@ -318,17 +319,17 @@ def test_written_events_read_back_with_names_in_event_log(any_db: str) -> None:
         run_id, _ = create_run(store, "r", {})
         add_rank(store, run_id, 0, wall_anchor_ns=5_000)
         writer = RankWriter(store, run_id, 0)
-        writer.write(
+        writer.write(Batch(
             [_event(0, 10, Kind.ENTER, 0), _event(1, 20, Kind.ENTER, 1), _event(2, 30, Kind.EXIT, 1),
              _event(3, 40, Kind.EXIT, 0, status=Status.ERROR)],
             modules=[(0, "Net", "Net", None), (1, "Net.fc", "Linear", 0)],
             threads=[(0, 123, "MainThread")],
             devices=[(0, "cpu")],
             progress=(4, 0),
-        )
-        writer.write([_event(4, 50, Kind.ENTER, 1, Phase.BACKWARD, graph_task=9),
+        ))
+        writer.write(Batch([_event(4, 50, Kind.ENTER, 1, Phase.BACKWARD, graph_task=9),
                       _event(5, 60, Kind.EXIT, 1, Phase.BACKWARD, Status.CLOSED_AT_END_OF_BACKWARD, 9)],
-                     progress=(6, 1))
+                     progress=(6, 1)))
         with store.engine.connect() as conn:
             rows = conn.execute(sa.text(
                 "SELECT seq, kind, fqn, module_type, phase, status, device, graph_task, wall_ns"
@@ -353,10 +354,10 @@ def test_a_failed_batch_writes_nothing(any_db: str) -> None:
         run_id, _ = create_run(store, "r", {})
         add_rank(store, run_id, 0, wall_anchor_ns=0)
         writer = RankWriter(store, run_id, 0)
-        writer.write([_event(0, 1, Kind.ENTER, 0)], modules=[(0, "Net", "Net", None)])
+        writer.write(Batch([_event(0, 1, Kind.ENTER, 0)], modules=[(0, "Net", "Net", None)]))
         with pytest.raises(IntegrityError):  # seq 0 again: the whole batch must roll back
-            writer.write([_event(1, 2, Kind.EXIT, 0), _event(0, 3, Kind.EXIT, 0)],
-                         modules=[(1, "Net.fc", "Linear", 0)])
+            writer.write(Batch([_event(1, 2, Kind.EXIT, 0), _event(0, 3, Kind.EXIT, 0)],
+                         modules=[(1, "Net.fc", "Linear", 0)]))
         with store.engine.connect() as conn:
             assert conn.execute(sa.select(sa.func.count()).select_from(events)).scalar() == 1
             assert conn.execute(sa.select(sa.func.count()).select_from(modules)).scalar() == 1
@@ -376,8 +377,8 @@ def test_batches_of_any_size_are_written_whole_and_in_order(any_db: str, n: int)
         writer = RankWriter(store, run_id, 0)
         rows = [_event(i, 10 * i + 1, Kind(i % 2), i % 5, Phase(i % 3), Status(i % 4), None if i % 3 == 0 else 100 + i)
                 for i in range(n)]
-        writer.write(rows[: n // 2], modules=[(m, f"Net.m{m}", "Linear", None) for m in range(5)])
-        writer.write(rows[n // 2:], progress=(n, 0))
+        writer.write(Batch(rows[: n // 2], modules=[(m, f"Net.m{m}", "Linear", None) for m in range(5)]))
+        writer.write(Batch(rows[n // 2:], progress=(n, 0)))
         cols = ", ".join(EVENT_COLUMNS)
         with store.engine.connect() as conn:
             back = conn.exec_driver_sql(f"SELECT {cols} FROM events WHERE run_id = {run_id} ORDER BY seq").all()
@@ -396,10 +397,10 @@ def test_a_writer_goes_on_after_a_failed_batch(any_db: str) -> None:
         add_rank(store, run_id, 0, wall_anchor_ns=0)
         writer = RankWriter(store, run_id, 0)
         first = [_event(i, i, Kind.ENTER, 0) for i in range(100)]
-        writer.write(first, modules=[(0, "Net", "Net", None)])
+        writer.write(Batch(first, modules=[(0, "Net", "Net", None)]))
         with pytest.raises(IntegrityError):  # seq 99 again, in the multi-row part
-            writer.write([_event(i, i, Kind.EXIT, 0) for i in range(99, 199)])
-        writer.write([_event(i, i, Kind.EXIT, 0) for i in range(100, 200)], progress=(200, 0))
+            writer.write(Batch([_event(i, i, Kind.EXIT, 0) for i in range(99, 199)]))
+        writer.write(Batch([_event(i, i, Kind.EXIT, 0) for i in range(100, 200)], progress=(200, 0)))
         with store.engine.connect() as conn:
             seqs = [r[0] for r in conn.exec_driver_sql(f"SELECT seq FROM events WHERE run_id = {run_id} ORDER BY seq")]
         assert seqs == list(range(200))
@@ -413,13 +414,13 @@ def test_foreign_keys_are_enforced_and_deleting_a_run_cascades(any_db: str) -> N
     store = open_store(any_db, create=True)
     try:
         with pytest.raises(IntegrityError):
-            RankWriter(store, 999, 0).write([], modules=[(0, "Net", "Net", None)])
+            RankWriter(store, 999, 0).write(Batch([], modules=[(0, "Net", "Net", None)]))
         run_id, _ = create_run(store, "r", {})
         add_rank(store, run_id, 0, wall_anchor_ns=0)
-        RankWriter(store, run_id, 0).write([_event(0, 1, Kind.ENTER, 0)], modules=[(0, "Net", "Net", None)])
+        RankWriter(store, run_id, 0).write(Batch([_event(0, 1, Kind.ENTER, 0)], modules=[(0, "Net", "Net", None)]))
         other, _ = create_run(store, "kept", {})
         add_rank(store, other, 0, wall_anchor_ns=0)
-        RankWriter(store, other, 0).write([_event(0, 1, Kind.ENTER, 0)], modules=[(0, "Net", "Net", None)])
+        RankWriter(store, other, 0).write(Batch([_event(0, 1, Kind.ENTER, 0)], modules=[(0, "Net", "Net", None)]))
         for run in (run_id, other):
             materialize(store, run, complete=False)  # one unclosed span each
         with store.engine.begin() as conn:
