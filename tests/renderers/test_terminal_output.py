@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import modtrace
+from modtrace.core.contracts import Batch
 from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.writer import RankWriter
@@ -53,7 +54,7 @@ def _broken_run(db: str) -> None:
         mods = model(blocks=1, per_block=1)
         rows = to_rows([ev(ENTER, 0, 0, 1), ev(ENTER, 1, 0, 2), ev(ENTER, 2, 0, 3), ev(EXIT, 1, 0, 2), ev(EXIT, 0, 0, 1)])
         RankWriter(store, run_id, 0).write(
-            rows, modules=mods.rows, threads=[(0, 1, "MainThread")], devices=[(0, "cpu")], progress=(len(rows), 1)
+            Batch(rows, modules=mods.rows, threads=[(0, 1, "MainThread")], devices=[(0, "cpu")], progress=(len(rows), 1))
         )
         finish_rank(store, run_id, 0, "completed")
     finally:
