@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import polars as pl
@@ -108,25 +108,20 @@ def load_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFr
 
 
 def start_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> Callable[[], pl.DataFrame]:
-    """``load_spans`` begun: the stored span rows are read in threads from now on (without
-    Python's lock) while the caller does other work; calling the result finishes it.  The read
-    starts before the check that the run was analysed (which imports polars): when it was
-    not, what it read is dropped."""
-    from modtrace.store.span_columns import start_span_columns
-
-    wanted = tuple(dict.fromkeys(("rank", "span_id", "module_id", "device_id", *columns)))
-    read = start_span_columns(store, run_id, wanted)
+    """``load_spans`` as a function to call when the frame is needed (an export reads the run's
+    metadata first)."""
 
     def finish() -> pl.DataFrame:
         from modtrace.analysis.spans import name_spans
         from modtrace.store.analysis_store import has_analysis, read_span_rows
         from modtrace.store.reader import read_devices, read_modules
+        from modtrace.store.span_columns import start_span_columns
 
         if not has_analysis(store, run_id):
-            read.result()  # its threads done before the events are read
             return compute(store, run_id).spans
-        rows = read.result()
-        if rows is None:
+        wanted = tuple(dict.fromkeys(("rank", "span_id", "module_id", "device_id", *columns)))
+        rows = start_span_columns(store, run_id, wanted).result()
+        if rows is None:  # a rank the run does not list, a value past 64 bits: the ordinary read
             rows = read_span_rows(store, run_id, columns=wanted)
         return name_spans(rows, read_modules(store, run_id), read_devices(store, run_id))
 
@@ -298,7 +293,7 @@ def materialize(
     from modtrace.analysis import Analysis
     from modtrace.analysis.nesting import ISSUE_SCHEMA, empty_issues
     from modtrace.analysis.spans import empty_spans, name_spans
-    from modtrace.results.tree import store_tree, tree_rows, write_tree
+    from modtrace.results.tree import store_tree
     from modtrace.store.analysis_store import write_analysis_rounds
     from modtrace.store.reader import read_devices, read_modules, read_ranks
 
@@ -313,19 +308,7 @@ def materialize(
                            read_devices(store, run_id, ranks=selected)).sort("rank", "span_id")
         return _with_device_times(store, run_id, selected, Analysis(spans, spans.clear())).spans
 
-    early: list[tuple[pl.DataFrame, Any] | BaseException] = []
-
-    def meanwhile() -> None:
-        """The whole run's spans named and their tree computed while the last part is written
-        (a failure is raised where it was met before: after the spans' commit)."""
-        if rank is None and found.spans:
-            try:
-                spans = named(found.spans)
-                early.append((spans, tree_rows(store, run_id, spans)))
-            except Exception as exc:  # noqa: BLE001 -- raised below, after the commit
-                early.append(exc)
-
-    write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True, meanwhile=meanwhile)
+    write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True)
     _store_device_times(store, run_id, ranks)
     some = [f for f in found.issues if f.height]
     issues = pl.concat(some).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind") if some else empty_issues()  # type: ignore[arg-type]
@@ -333,12 +316,6 @@ def materialize(
         if found.spans is None:  # a rank of several rounds: its spans are in the store only
             store_tree(store, run_id, lambda: _tree_spans(store, run_id), rank=rank)
         return Analysis(empty_spans(), issues)
-    if early:
-        if isinstance(early[0], BaseException):
-            raise early[0]
-        spans, tree = early[0]
-        write_tree(store, run_id, tree)
-        return Analysis(spans, issues)
     result = Analysis(named(found.spans), issues)
     store_tree(store, run_id, result.spans, rank=rank)
     return result

@@ -10,8 +10,7 @@ naming the spans is the analysis' job, done by ``modtrace.results.materialize``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import chain
 from typing import Any
@@ -229,16 +228,9 @@ def writes_beside_reads(store: Store) -> bool:
         return _journal_allows_overlap(str(cur.fetchone()[0]))
 
 
-def _overlaps(conn: Connection, store: Store) -> bool:
-    """``writes_beside_reads``, asked on this transaction's connection."""
-    if store.dialect != "sqlite":
-        return True
-    return _journal_allows_overlap(str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()))
-
-
 def write_analysis_rounds(
     store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame, int | None]], *,
-    rank: int | None = None, from_events: bool = False, meanwhile: Callable[[], None] | None = None,
+    rank: int | None = None, from_events: bool = False,
 ) -> None:
     """``write_analysis`` for results that come in parts, each written as it arrives, all
     of them in one transaction: (spans, issues, clear) triples, where ``clear`` names a
@@ -247,14 +239,8 @@ def write_analysis_rounds(
     ``from_events``: the spans were computed from this run's events in this store, so
     their enter events' columns may be read from there rather than sent again.
 
-    The writes run in a thread of their own, one part behind: the old rows are deleted
-    while the first part is made (read and analysed on other connections), and each part
-    is written while the next is made (the database's work and polars', both outside the
-    GIL; the tree of a run's spans is computed beside the last part's write, see
-    ``materialize``).  One part is in flight at a time.  ``meanwhile`` is called in this thread
-    once every part is made, while the last is written.  Where the journal does not
-    let writes and reads overlap (``writes_beside_reads``), each part is written
-    before the next is made and ``meanwhile`` is not called."""
+    Each part is written as it comes, in this thread (writing beside the reads in a thread
+    of its own did not pay end to end: docs/performance.md)."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
     with _write_transaction(store) as conn:
@@ -272,25 +258,13 @@ def write_analysis_rounds(
             _insert_spans(conn, store, run_id, stored_span_rows(spans), from_events)
             _insert(conn, store, "nesting_issues", _issue_rows(issues))
 
-        overlap = _overlaps(conn, store)
-        with ThreadPoolExecutor(1, thread_name_prefix="modtrace-write") as pool:
-            # One future at a time uses ``conn``: each is waited for before the next is submitted.
-            busy: Future[None] = pool.submit(clear_old)
-            try:
-                for spans, issues, clear in parts:
-                    busy.result()
-                    if clear is not None:
-                        device = [f.filter(pl.col("rank") != clear) for f in device]
-                    if "device_start_ns" in spans.columns:
-                        device.append(spans)
-                    busy = pool.submit(write, spans, issues, clear)
-                    if not overlap:
-                        busy.result()
-                if meanwhile is not None and overlap:
-                    meanwhile()
-            finally:
-                wait([busy])  # the connection idle before the transaction ends, either way
-            busy.result()
+        clear_old()
+        for spans, issues, clear in parts:
+            if clear is not None:
+                device = [f.filter(pl.col("rank") != clear) for f in device]
+            if "device_start_ns" in spans.columns:
+                device.append(spans)
+            write(spans, issues, clear)
         replace_span_device_rows(conn, store, run_id, rank, device)
         mark_analysis_stored(conn, run_id, rank)  # runs.analysis, committed with the rows
 
