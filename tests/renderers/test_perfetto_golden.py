@@ -2,8 +2,8 @@
 for event, on real recordings with injected clocks: device tracks on side streams, two
 ranks aligned by their anchors, nested graph tasks, a crossing and an unclosed span.
 
-Only what the wall clock decides is normalised before the comparison: the run's wall
-origin, and the offset between two ranks' anchors (each rank's slices keep their times
+Only what the wall clock or the process decides is normalised before the comparison: the
+run's wall origin, autograd's graph task ids, and the offset between two ranks' anchors (each rank's slices keep their times
 relative to that rank's first slice; the alignment itself is checked separately).
 """
 
@@ -28,8 +28,15 @@ from tests.helpers.recording import FakeClock
 
 
 def _normalised(trace: dict[str, Any]) -> str:
-    """The trace as golden text: one event a line, wall-clock facts taken out."""
+    """The trace as golden text: one event a line, wall-clock facts taken out, and autograd's
+    graph task ids (a counter of the whole process, so they depend on what ran before) numbered
+    from 1 in the order the trace first names them."""
     trace["otherData"]["wall_origin_ns"] = 0
+    tasks: dict[Any, int] = {}
+    for e in trace["traceEvents"]:
+        args = e.get("args") or {}
+        if args.get("graph_task") is not None:
+            args["graph_task"] = tasks.setdefault(args["graph_task"], len(tasks) + 1)
     first: dict[int, Decimal] = {}
     for e in trace["traceEvents"]:
         if "ts" in e:
