@@ -82,6 +82,8 @@ def _phase_time(*phases: Phase) -> pl.Expr:
 def step_table(spans: pl.DataFrame) -> pl.DataFrame:
     """Spans frame -> one row per (rank, step) (``STEP_COLUMNS``), sorted: step time, its split by
     phase, wall time, spans entered and spans never exited."""
+    if spans.height == 0:  # the step time of no group cannot be typed: the table of one null row, emptied
+        return step_table(spans.clear(n=1)).clear()
     last = pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max())
     per_step = (
         spans.group_by("rank", "step")

@@ -176,13 +176,15 @@ VERDICT_STYLE = {"regression": "bold red", "improvement": "green"}
 HEADLINE_WIDTH = 100
 
 
-def wrap_headline(lines: list[str]) -> list[str]:
-    """The headline's sentences folded at word boundaries to ``HEADLINE_WIDTH`` columns, the
-    continuation indented: prose, unlike a table row, reads as well folded (at any width, and
-    in a pipe)."""
+def wrap_headline(lines: list[str], width: int | None) -> list[str]:
+    """On a terminal ``width`` columns wide, the headline's sentences folded at word boundaries
+    to that width (at most ``HEADLINE_WIDTH``), the continuation indented; in a pipe (``width``
+    None) whole lines, so that ``grep`` finds each sentence."""
+    if width is None:
+        return lines
     out = []
     for line in lines:
-        out.extend(textwrap.wrap(line, HEADLINE_WIDTH, subsequent_indent="  ", break_long_words=False,
+        out.extend(textwrap.wrap(line, min(width, HEADLINE_WIDTH), subsequent_indent="  ", break_long_words=False,
                                  break_on_hyphens=False) or [""])
     return out
 
@@ -195,7 +197,7 @@ class DiffTableRenderer(DiffRenderer):
     def render(self, model: DiffView) -> str:
         doc, show_all = model.doc, model.show_all
         table = TableRenderer(terminal=self.terminal)
-        out = ["\n".join(wrap_headline(headline(doc))) + "\n"]
+        out = ["\n".join(wrap_headline(headline(doc), self.terminal.width)) + "\n"]
         for verdict, metric, title in SECTIONS:
             if verdict == "unchanged" and not show_all:
                 continue
