@@ -108,19 +108,22 @@ def load_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> pl.DataFr
 
 
 def start_spans(store: Store, run_id: int, columns: tuple[str, ...]) -> Callable[[], pl.DataFrame]:
-    """``load_spans`` as a function to call when the frame is needed (an export reads the run's
-    metadata first)."""
+    """``load_spans`` begun: a stored analysis is read in threads from now on while the caller
+    does other work (an export reads the run's metadata); calling the result finishes it."""
+    from modtrace.store.analysis_store import has_analysis
+    from modtrace.store.span_columns import start_span_columns
+
+    wanted = tuple(dict.fromkeys(("rank", "span_id", "module_id", "device_id", *columns)))
+    read = start_span_columns(store, run_id, wanted) if has_analysis(store, run_id) else None
 
     def finish() -> pl.DataFrame:
         from modtrace.analysis.spans import name_spans
-        from modtrace.store.analysis_store import has_analysis, read_span_rows
+        from modtrace.store.analysis_store import read_span_rows
         from modtrace.store.reader import read_devices, read_modules
-        from modtrace.store.span_columns import start_span_columns
 
-        if not has_analysis(store, run_id):
+        if read is None:
             return compute(store, run_id).spans
-        wanted = tuple(dict.fromkeys(("rank", "span_id", "module_id", "device_id", *columns)))
-        rows = start_span_columns(store, run_id, wanted).result()
+        rows = read.result()
         if rows is None:  # a rank the run does not list, a value past 64 bits: the ordinary read
             rows = read_span_rows(store, run_id, columns=wanted)
         return name_spans(rows, read_modules(store, run_id), read_devices(store, run_id))

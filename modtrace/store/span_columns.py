@@ -13,21 +13,24 @@ The same frame as ``analysis_store.read_span_rows`` (span rows in
 * PostgreSQL: the same, with ``string_agg`` over the part's rows by span id (one row of
   texts: a ``COPY`` sends a message per row, each a step of Python's, more client CPU).
 
-Parts are read one after another on one connection (reading them in threads
-did not pay end to end: docs/performance.md).  ``end_ns``,
+Parts are read by two threads, each with its own connection: SQLite and
+PostgreSQL work (and polars parses) without Python's lock, so the reads
+overlap the caller's work and each other (it paid end to end for ``export``:
+docs/performance.md).  ``end_ns``,
 ``parent_span_id`` and ``exit_seq`` come back from the stored columns they
 derive from (``modtrace.core.contracts.SPAN_STORED_AS``) and are derived here.  Rows
 this read cannot vouch for -- a rank the run does not list, a sum past 64
 bits -- make it read the rows the ordinary way instead.
 
-``start_span_columns`` plans the read (the parts, their queries) and
-``SpanColumnsRead.result`` runs it; this module imports polars only where a
-part's texts are parsed.  An error while reading is raised, never taken for
-a reason to read the ordinary way.
+``start_span_columns`` begins the read and returns at once: the queries run
+while the caller does other work -- imports polars, reads a run's metadata --
+and ``SpanColumnsRead.result`` waits for them.  An error in a reading thread is
+raised there, never taken for a reason to read the ordinary way.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from modtrace.core.contracts import SPAN_ROW, SPAN_STORED_AS, SPAN_STORED_ROW, StoredAs
@@ -37,8 +40,10 @@ from modtrace.store.cursor import driver_cursor, mark
 if TYPE_CHECKING:
     import polars as pl
 
-# Parts per rank (a range of span ids each; smaller texts are cheaper for SQLite to build).
+# Parts per rank (a range of span ids each; smaller texts are cheaper for SQLite to build) and
+# threads reading them.
 PARTS = 8
+THREADS = 2
 # A column's NULL in the SQLite texts (no number reads as it).
 _NULL = "N"
 
@@ -139,34 +144,51 @@ def _parts(store: Store, run_id: int) -> list[tuple[int, int, int]] | None:
 
 
 class SpanColumnsRead:
-    """A read of a run's span columns, planned (``start_span_columns``); ``result`` runs it."""
+    """A read of a run's span columns under way (``start_span_columns``): each thread of it
+    reads and parses its parts; ``result`` waits for them."""
 
-    def __init__(self, store: Store, columns: tuple[str, ...], parts: list[tuple[int, int, int]],
-                 sqls: list[str], stored: list[str]) -> None:
-        self._store, self._columns, self._parts, self._sqls, self._stored = store, columns, parts, sqls, stored
+    def __init__(self, columns: tuple[str, ...], parts: list[tuple[int, int, int]],
+                 pending: list[Future[list[pl.DataFrame]]], threads: int) -> None:
+        self._columns, self._parts, self._pending, self._threads = columns, parts, pending, threads
 
     def result(self) -> pl.DataFrame | None:
         """The run's stored span rows with only ``columns`` filled (the others null), in (rank,
         span_id) order, or None when the ordinary read must answer: a rank the run does not
-        list, no spans, a value past 64 bits."""
+        list, no spans, a value past 64 bits.  A reading thread's error is raised here."""
+        found = [f.result() for f in self._pending]
         if not self._parts:
             return None
-        schema = {**SPAN_ROW.polars(), **SPAN_STORED_ROW.polars()}
-        frames = []
-        with driver_cursor(self._store) as cur:
-            for sql in self._sqls:
-                cur.execute(sql)
-                frames.append(_parse_part(cur.fetchone(), self._stored, schema))
+        # thread t read parts t, t + threads, ...: back into the parts' order
+        frames = [found[i % self._threads][i // self._threads] for i in range(len(self._parts))]
         return _assemble(frames, self._parts, self._columns)
 
 
 def start_span_columns(store: Store, run_id: int, columns: tuple[str, ...]) -> SpanColumnsRead:
-    """Plan the read of the run's stored span rows with only ``columns`` filled."""
+    """Begin reading the run's stored span rows with only ``columns`` filled: the parts' queries
+    run in threads from now on, each on its own connection."""
     ordered = tuple(c for c in SPAN_ROW.names if c in columns)
     stored = _stored_columns(ordered)
     parts = _parts(store, run_id) or []  # none: a rank the run does not list, or no spans
+    if not parts:
+        return SpanColumnsRead(ordered, [], [], 1)
     sqls = [_part_sql(store, run_id, rank, start, end, stored) for rank, start, end in parts]
-    return SpanColumnsRead(store, ordered, parts, sqls, stored)
+    threads = min(THREADS, len(sqls))
+
+    def read_every(first: int) -> list[pl.DataFrame]:
+        """Parts first, first + threads, ...: on one connection of this thread's."""
+        schema = {**SPAN_ROW.polars(), **SPAN_STORED_ROW.polars()}
+        out = []
+        with driver_cursor(store) as cur:
+            for i in range(first, len(sqls), threads):
+                cur.execute(sqls[i])
+                out.append(_parse_part(cur.fetchone(), stored, schema))
+        return out
+
+    # One short-lived thread per reader: they end with their parts, so nothing is left to shut down.
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="modtrace-read")
+    pending = [pool.submit(read_every, t) for t in range(threads)]
+    pool.shutdown(wait=False)
+    return SpanColumnsRead(ordered, parts, pending, threads)
 
 
 def _assemble(frames: list[pl.DataFrame], parts: list[tuple[int, int, int]], columns: tuple[str, ...]) -> pl.DataFrame | None:
