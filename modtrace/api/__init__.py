@@ -17,7 +17,7 @@ issues are the stored analysis when the run has one, otherwise computed
 from its events (nothing is written); ``analyze`` stores them.  Frames
 follow the contracts in ``modtrace.core.contracts``.
 
-``Database`` is the product: eleven members, each documented with an
+``Database`` is the product: twelve members, each documented with an
 example.  Module-level functions cover the database itself (``upgrade``,
 ``current_revision``, ``check_schema``) and read-only SQL (``query``,
 ``query_library``, ``resolve_query``).
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from modtrace.analysis import Analysis
     from modtrace.analysis.diff import DiffOptions, DiffResult, RunCalls
     from modtrace.api._steps import Stepped
+    from modtrace.store.deletion import DeletedRun
     from modtrace.store.engine import Store
 
 __all__ = [
@@ -135,34 +137,48 @@ class Database:
 
     # -- runs ----------------------------------------------------------------------
 
-    def runs(self, *, limit: int | None = None) -> pl.DataFrame:
+    def runs(self, *, limit: int | None = None, tags: Mapping[str, str] | None = None, status: str | None = None,
+             older_than: timedelta | str | None = None) -> pl.DataFrame:
         """The runs, newest first: one row each.
 
         Parameters
         ----------
         limit
-            At most this many runs (the newest).
+            At most this many runs (the newest that match).
+        tags
+            Only runs with every one of these tags (key and value, as text).
+        status
+            Only runs of this status as shown: ``running``, ``completed``, ``failed``,
+            ``interrupted`` or ``incomplete`` (left running by a process that is gone).
+        older_than
+            Only runs started longer ago than this: a ``timedelta`` or text such as ``30d``,
+            ``12h``, ``2w``.
 
         Returns
         -------
         polars.DataFrame
             ``id, name, status, started_at, ended_at, duration_s, events, steps, step_on, step_rule,
-            ranks, analysis``: ``steps`` counts the steps under the run's own rule (``step_rule``,
-            resolved from ``step_on``, the rule it was recorded with); ``analysis`` says whether
-            its spans and issues are stored (``none``, ``partial``, ``stale``, ``stored``).
+            ranks, analysis, tags``: ``steps`` counts the steps under the run's own rule
+            (``step_rule``, resolved from ``step_on``, the rule it was recorded with); ``analysis``
+            says whether its spans and issues are stored (``none``, ``partial``, ``stale``,
+            ``stored``); ``tags`` is a list of ``{key, value}``, sorted by key.
 
         Examples
         --------
         >>> db.runs(limit=5).select("name", "status", "steps")  # doctest: +SKIP
+        >>> db.runs(tags={"branch": "main"}, status="completed")  # doctest: +SKIP
         """
         import polars as pl
 
-        from modtrace.api._cli import run_list
+        from modtrace.api._cli import run_filter, run_list
 
         columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on",
                    "step_rule", "ranks", "analysis"]
-        rows = run_list(self, limit)
-        return pl.DataFrame([[r.get(c) for c in columns] for r in rows], schema=columns, orient="row")
+        rows = run_list(self, limit, run_filter(tags, status, older_than))
+        frame = pl.DataFrame([[r.get(c) for c in columns] for r in rows], schema=columns, orient="row")
+        tag_type = pl.List(pl.Struct({"key": pl.String, "value": pl.String}))
+        tags_column = [[{"key": k, "value": str(v)} for k, v in sorted(r["tags"].items())] for r in rows]
+        return frame.with_columns(pl.Series("tags", tags_column, dtype=tag_type))
 
     def run(self, ref: RunLike) -> Run:
         """A run by reference, with its details.
@@ -453,6 +469,36 @@ class Database:
         result = diff_runs(base_calls, cand_calls, options)
         disjoint = no_common_step(base_side[1], cand_side[1])
         return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,))
+
+    def delete(self, runs: RunLike | Sequence[RunLike], *, force: bool = False) -> list[DeletedRun]:
+        """Delete runs with every row that belongs to them (events, spans, issues, trees, device
+        times, names, threads, ranks, tags), all in one transaction: every run or none.
+
+        Parameters
+        ----------
+        runs
+            A run or a list of runs (see ``run``); ``runs(...)["id"]`` selects by tag, status
+            or age.
+        force
+            Also delete a run that is still recording (status running, its process alive),
+            which is refused otherwise (``RunInUse``, a usage error).
+
+        Returns
+        -------
+        list[DeletedRun]
+            Per run: ``id``, ``name``, ``status`` and ``rows`` (table -> rows deleted).
+
+        Examples
+        --------
+        >>> old = db.runs(tags={"branch": "main"}, older_than="30d")  # doctest: +SKIP
+        >>> db.delete(old["id"].to_list())  # doctest: +SKIP
+        """
+        from modtrace.store.deletion import delete_runs
+
+        chosen = [runs] if isinstance(runs, (str, int, Run)) else list(runs)
+        ids = [self._ref(r).id for r in chosen]
+        self._analyses = {k: v for k, v in self._analyses.items() if k not in ids}
+        return delete_runs(self._store, ids, force=force)
 
     # -- for this package's own modules (api._tree, api._diff, api._cli) --------------
 

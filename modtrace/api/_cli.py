@@ -7,7 +7,8 @@ with the CLI.  Scripts should use ``Database``'s members.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,14 +18,31 @@ if TYPE_CHECKING:
     from modtrace.analysis.diff import DiffResult
     from modtrace.api import Database, RunLike
     from modtrace.api._steps import Stepped
+    from modtrace.store.runs import RunFilter
 
 
-def run_list(db: Database, limit: int | None = None) -> list[dict[str, Any]]:
-    """Runs newest first, as dicts (``Database.runs``' columns and the rest ``show`` prints)."""
+def run_list(db: Database, limit: int | None = None, which: RunFilter | None = None) -> list[dict[str, Any]]:
+    """Runs newest first, as dicts (``Database.runs``' columns and the rest ``show`` prints);
+    only those ``which`` takes."""
     from modtrace.api._steps import with_steps
     from modtrace.store.runs import list_runs
 
-    return with_steps(db._store, list_runs(db._store, limit))
+    return with_steps(db._store, list_runs(db._store, limit, which))
+
+
+def run_filter(tags: Mapping[str, str] | Sequence[str] | None = None, status: str | None = None,
+               older_than: timedelta | str | None = None) -> RunFilter:
+    """The runs to take: ``tags`` a mapping or ``KEY=VALUE`` texts, ``older_than`` a timedelta or
+    text (``30d``); malformed ones are usage errors."""
+    from modtrace.core.contracts import RUN_STATUSES
+    from modtrace.core.errors import UsageError
+    from modtrace.store.runs import RunFilter, parse_age, parse_tags
+
+    if status is not None and status not in (*RUN_STATUSES, "incomplete"):
+        raise UsageError(f"status {status!r}: one of {', '.join((*RUN_STATUSES, 'incomplete'))}")
+    chosen = {str(k): str(v) for k, v in tags.items()} if isinstance(tags, Mapping) else parse_tags(tags or ())
+    age = parse_age(older_than) if isinstance(older_than, str) else older_than
+    return RunFilter(chosen or None, status, age)
 
 
 def details(db: Database, run: RunLike) -> dict[str, Any]:

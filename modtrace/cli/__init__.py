@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "record": ("record", "record", "Run a script or module under the recorder."),
     "runs": ("runs", "runs", "List recorded runs."),
     "show": ("runs", "show", "Show one run's metadata, status and counts."),
+    "delete": ("runs", "delete", "Delete runs with every row they have (retention)."),
     "analyze": ("analysis", "analyze", "Rebuild a run's spans and nesting issues."),
     "tree": ("analysis", "tree", "Show the module tree of a run with timings."),
     "check": ("analysis", "check", "List a run's nesting issues; exit 1 on errors."),

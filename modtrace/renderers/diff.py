@@ -215,24 +215,58 @@ class DiffTableRenderer(DiffRenderer):
         return "".join(out)
 
 
+def verdict_line(doc: dict[str, Any]) -> str:
+    """The verdict in one line, what a pull request's reader sees first: pass or fail (per
+    ``--fail-on``), the regressions, then the structure changes, then the candidate against what."""
+    s = doc["summary"]
+    mark = "❌" if s["failed"] else "✅"
+    counts = [_count(s["regressions"], "regression") if s["regressions"] else "no regression",
+              _count(s["structure_changes"], "structure change") if s["structure_changes"] else "no structure change"]
+    worst = [r for r in doc["timing"] if r["verdict"] == "regression"][:1]
+    blamed = ""
+    if worst:
+        r = worst[0]
+        more = s["regressions"] - 1
+        blamed = (f" ({r['fqn']} {r['phase']} {fmt_ratio(r['self']['ratio'])}"
+                  + (f", and {more} more" if more else "") + ")")
+    return f"## {mark} modtrace diff: {counts[0]}{blamed}, {counts[1]}: {doc['cand']['run']} against {baseline_name(doc)}"
+
+
+def baseline_name(doc: dict[str, Any]) -> str:
+    """What the candidate was judged against, in a few words.
+
+    The hook for a history of baseline runs: a document with ``history`` (a list of runs,
+    newest first) names it here and in ``baseline_lines``; today's documents have one base run."""
+    history = doc.get("history")
+    if history:
+        return f"a history of {_count(len(history), 'run')}"
+    return f"the base run {doc['base']['run']}"
+
+
+def baseline_lines(doc: dict[str, Any]) -> list[str]:
+    """The baseline the verdict used: the base run, or (with ``history``) each run of the history."""
+    history = doc.get("history")
+    if history:
+        return [f"baseline: {baseline_name(doc)}, newest first: "
+                + ", ".join(f"{h['run']!r} (run {h['run_id']})" for h in history)]
+    return [f"baseline: the base run {doc['base']['run']!r} (run {doc['base']['run_id']}): one run, so a change of the "
+            "whole step cannot be told from machine load"]
+
+
 class DiffMarkdownRenderer(DiffRenderer):
-    """A pull-request comment: summary, tables, the call-order excerpt in a diff block."""
+    """A pull-request comment, verdict first: the verdict line, the regressions, the structure
+    changes (the call-order excerpt in a diff block), then what was compared and the baseline
+    used, and last the context (improvements, inherited, unchanged with ``show_all``)."""
 
     name = "markdown"
 
     def render(self, model: DiffView) -> str:
         doc, show_all = model.doc, model.show_all
         md = MarkdownRenderer()
-        s = doc["summary"]
-        status = "❌" if s["failed"] else "✅"
-        out = [f"## {status} modtrace diff: {doc['base']['run']} → {doc['cand']['run']}\n\n"]
-        out.append("\n".join(f"- {line}" for line in headline(doc)) + "\n")
-        for verdict, metric, title in SECTIONS:
-            if verdict == "unchanged" and not show_all:
-                continue
-            rows = timing_rows(doc, verdict, metric)
-            if rows:
-                out.append("\n" + md.render(Table(TIMING_HEADERS, rows, title)))
+        out = [verdict_line(doc) + "\n"]
+        regressions = timing_rows(doc, "regression", "self")
+        if regressions:
+            out.append("\n" + md.render(Table(TIMING_HEADERS, regressions, SECTIONS[0][2])))
         if doc["structure"]:
             rows = [[*r, x["message"]] for r, x in zip(structure_rows(doc), doc["structure"], strict=True)]
             out.append("\n" + md.render(Table(("change", "module", "phase", "base", "cand", "detail"), rows, "Structure")))
@@ -246,6 +280,14 @@ class DiffMarkdownRenderer(DiffRenderer):
                 if r["op"] == "…":
                     out.append(f"  … {r['base']}\n")
             out.append("```\n")
+        out.append("\n### What was compared\n\n")
+        out.append("\n".join(f"- {line}" for line in headline(doc) + baseline_lines(doc)) + "\n")
+        for verdict, metric, title in SECTIONS[1:]:
+            if verdict == "unchanged" and not show_all:
+                continue
+            rows = timing_rows(doc, verdict, metric)
+            if rows:
+                out.append("\n" + md.render(Table(TIMING_HEADERS, rows, title)))
         return "".join(out)
 
 

@@ -59,6 +59,15 @@ existing ones are not renamed or removed without bumping ``format``.
                   "+" candidate only, "~" differs), base_pos, cand_pos,
                   base, cand}]}
 
+    history       (not written yet; the hook for a history of baseline runs)
+                  [{run, run_id}], newest first, when CAND was judged against
+                  several baseline runs; each timing row's ``self`` then
+                  also has ``history_us`` (its median self time per step in
+                  each of them, in that order).  The markdown names the
+                  baseline from it (``renderers.diff.baseline_lines``) and the
+                  report draws a point per run
+                  (``renderers.html_report.trend_data``).
+
 The table, markdown and csv renderers read only this document.
 """
 

@@ -173,6 +173,33 @@ def diff_data(doc: Mapping[str, Any], limit: int = TIMING_ROWS) -> dict[str, Any
     return {**doc, "timing": shown}
 
 
+TREND_MODULES = 12  # blamed modules charted, by impact
+
+
+def trend_data(doc: Mapping[str, Any], limit: int = TREND_MODULES) -> dict[str, Any] | None:
+    """Each blamed module's self time per step across the baseline runs and the candidate: the
+    report's trend charts, one point per run, the baseline's oldest first and the candidate last.
+
+    With one base run that is two points.  A document with a ``history`` (its runs newest
+    first, as ``renderers.diff.baseline_lines`` reads it) gives N + 1: each regression row then
+    carries ``self.history_us``, the module's median self time per step in each history run,
+    in the order of ``history``.  Returns None when there is no regression to chart.
+    """
+    blamed = [r for r in doc["timing"] if r["verdict"] == "regression"][:limit]
+    if not blamed:
+        return None
+    history = list(doc.get("history") or [])
+    baseline = list(reversed(history)) if history else [doc["base"]]
+    runs = [{"run": b["run"], "run_id": b["run_id"], "role": "base"} for b in baseline]
+    runs.append({"run": doc["cand"]["run"], "run_id": doc["cand"]["run_id"], "role": "cand"})
+    series = []
+    for r in blamed:
+        before = list(reversed(r["self"]["history_us"])) if history else [r["self"]["base_us"]]
+        series.append({"fqn": r["fqn"], "phase": r["phase"], "impact_us": r["impact_us"],
+                       "self_us": [_clean(v) for v in [*before, r["self"]["cand_us"]]]})
+    return {"runs": runs, "series": series}
+
+
 _INFO_KEYS = (
     "id", "name", "status", "started_at", "ended_at", "duration_s", "command", "hostname", "world_size",
     "ranks", "steps", "events", "modules", "python_version", "torch_version", "modtrace_version", "git_commit", "tags",
@@ -227,6 +254,7 @@ def report_data(
         "issues": issue_data(issues),
         "diff": diff_data(diff) if diff is not None else None,
         "diff_headline": headline(dict(diff)) if diff is not None else None,
+        "trend": trend_data(diff) if diff is not None else None,
     }
 
 

@@ -14,9 +14,9 @@ import json
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
@@ -36,6 +36,61 @@ def parse_iso(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+
+
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_age(text: str) -> timedelta:
+    """``30d``, ``12h``, ``2w``, ``90m``, ``45s`` -> a timedelta; anything else is a UsageError."""
+    m = _AGE.match(text)
+    if m is None:
+        raise UsageError(f"age {text!r}: write a number and a unit, s, m, h, d or w (e.g. 30d, 12h)")
+    return timedelta(**{_AGE_UNITS[m.group(2)]: float(m.group(1))})
+
+
+def parse_tags(pairs: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` texts -> a dict (each a condition a run's tags must meet)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"tag {pair!r}: write KEY=VALUE, e.g. branch=main")
+        out[key.strip()] = value
+    return out
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a listing (or a deletion) takes: each given condition must hold.
+
+    ``tags``: every key with this value (tags are text); ``status``: the status as shown
+    (``incomplete`` for a run whose process is gone); ``older_than``: started longer ago."""
+
+    tags: Mapping[str, str] | None = None
+    status: str | None = None
+    older_than: timedelta | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.tags and self.status is None and self.older_than is None
+
+    def describe(self) -> str:
+        parts = [f"tag {k}={v}" for k, v in (self.tags or {}).items()]
+        if self.status is not None:
+            parts.append(f"status {self.status}")
+        if self.older_than is not None:
+            parts.append(f"older than {_age_text(self.older_than)}")
+        return ", ".join(parts) or "every run"
+
+
+def _age_text(age: timedelta) -> str:
+    seconds = age.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 @dataclass(frozen=True)
@@ -245,11 +300,16 @@ def display_status(status: str, ranks: list[tuple[str | None, int | None, str]])
     return "incomplete"
 
 
-def list_runs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
-    """Runs newest first with counts aggregated over their ranks."""
+def list_runs(store: Store, limit: int | None = None, which: RunFilter | None = None) -> list[dict[str, Any]]:
+    """Runs newest first with counts aggregated over their ranks; only those ``which`` takes."""
+    which = which or RunFilter()
     with store.engine.connect() as conn:
         q = select(runs).order_by(runs.c.id.desc())
-        if limit:
+        if which.older_than is not None:
+            # started_at is ISO 8601 UTC of fixed width: text order is time order.
+            cutoff = (datetime.now(timezone.utc) - which.older_than).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            q = q.where(runs.c.started_at < cutoff)
+        if limit and which.empty:
             q = q.limit(limit)
         rows = [dict(r._mapping) for r in conn.execute(q)]
         rank_rows = conn.execute(
@@ -272,7 +332,16 @@ def list_runs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
         start, end = parse_iso(row["started_at"]), parse_iso(row["ended_at"])
         row["duration_s"] = (end - start).total_seconds() if start and end else None
         row["tags"] = json.loads(row["tags"] or "{}")
+    if not which.empty:
+        rows = [r for r in rows if _takes(which, r)][:limit]
     return [_masked(row) for row in rows]
+
+
+def _takes(which: RunFilter, row: Mapping[str, Any]) -> bool:
+    tags = row["tags"] if isinstance(row["tags"], dict) else {}
+    if which.tags and any(str(tags.get(k)) != v or k not in tags for k, v in which.tags.items()):
+        return False
+    return which.status is None or row["status"] == which.status
 
 
 def run_details(store: Store, run_id: int) -> dict[str, Any]:

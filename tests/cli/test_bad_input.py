@@ -106,13 +106,15 @@ def commands(db: str, out: Path) -> dict[str, list[str]]:
         "query": ["query", "SELECT 1", "--db", db],
         "export": ["export", "@", "-o", str(out / "trace.json"), "--db", db],
         "report": ["report", "@", "-o", str(out / "report.html"), "--db", db],
+        "delete": ["delete", "@", "--yes", "--db", db],
         "db-current": ["db", "current", "--db", db],
         "db-check": ["db", "check", "--db", db],
         "db-upgrade": ["db", "upgrade", "--db", db],
     }
 
 
-READERS = ["runs", "show", "analyze", "tree", "check", "diff", "query", "export", "report", "db-current", "db-check"]
+READERS = ["runs", "show", "analyze", "tree", "check", "diff", "query", "export", "report", "delete", "db-current",
+           "db-check"]
 ALL = ["record", *READERS, "db-upgrade"]
 
 

@@ -17,7 +17,7 @@ from modtrace.store.schema import run_ranks, runs
 from tests.helpers.harness import update_rank_progress
 
 COLUMNS = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks",
-           "analysis"]
+           "analysis", "tags"]
 STARTED = "2026-01-01T00:00:00.000000Z"
 ENDED = "2026-01-01T00:01:05.500000Z"
 
@@ -57,7 +57,7 @@ def test_json_lists_runs_newest_first_with_counts(run_cli, three_runs: str) -> N
     assert baseline == {
         "id": baseline["id"], "name": "baseline", "status": "completed", "started_at": STARTED,
         "ended_at": ENDED, "duration_s": 65.5, "events": 220, "steps": 5, "step_on": "optimizer", "ranks": 2,
-        "analysis": "none",
+        "analysis": "none", "tags": {},
     }
     assert isinstance(baseline["id"], int) and tuned["id"] > baseline["id"]
     assert (tuned["status"], tuned["ended_at"], tuned["duration_s"], tuned["ranks"]) == ("running", None, None, 1)
@@ -80,7 +80,7 @@ def test_table_shows_the_summary_columns(run_cli, three_runs: str) -> None:  # t
     assert result.code == 0
     header, *lines = result.out.splitlines()
     assert header.split() == ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks",
-                              "analysis"]
+                              "analysis", "tags"]
     assert [line.split()[1:3] for line in lines] == [["crashed", "incomplete"], ["tuned", "running"], ["baseline", "completed"]]
     assert lines[2].split()[3:] == [STARTED, "1m05s", "220", "5", "optimizer", "2", "none"]
 

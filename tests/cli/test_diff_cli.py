@@ -111,6 +111,27 @@ def test_outputs_match_golden_files(runs_db: str, run_cli) -> None:  # type: ign
     check_golden("diff_slow.json", norm(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "json").out))
 
 
+def test_markdown_is_a_pr_comment_verdict_first(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """First line the verdict (pass or fail, the regressions, the structure changes, against what),
+    then the regressions, then what was compared with the baseline used, then the context."""
+    md = run_cli("diff", "--db", runs_db, "base", "slow", "--format", "markdown").out
+    lines = md.splitlines()
+    assert lines[0] == ("## ❌ modtrace diff: 1 regression (Net.blocks.1.work forward +49.0%), no structure change: "
+                        "slow against the base run base")
+    titles = [line for line in lines if line.startswith("### ")]
+    assert titles == ["### Regressions (self time got slower; sorted by impact on step time)", "### What was compared",
+                      "### Inherited (inclusive time changed through a descendant: context, not blame)"]
+    compared = md.split("### What was compared\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert compared[0].startswith("- base 'base' (run 1, 9 steps") and compared[1].startswith("- cand 'slow' (run 3")
+    assert compared[-1] == ("- baseline: the base run 'base' (run 1): one run, so a change of the whole step cannot be "
+                            "told from machine load")
+    clean = run_cli("diff", "--db", runs_db, "base", "same", "--format", "markdown").out
+    assert clean.splitlines()[0] == "## ✅ modtrace diff: no regression, no structure change: same against the base run base"
+    # --fail-on decides the mark: the same regression passes under --fail-on never
+    never = run_cli("diff", "--db", runs_db, "base", "slow", "--format", "markdown", "--fail-on", "never").out
+    assert never.splitlines()[0].startswith("## ✅ modtrace diff: 1 regression (")
+
+
 def test_phase_filter_and_skip_steps(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
     backward = doc_of(run_cli("diff", "--db", runs_db, "base", "slow", "--phase", "backward", "--format", "json").out)
     assert regressions(backward) == [] and {r["phase"] for r in backward["timing"]} == {"backward"}
@@ -173,6 +194,14 @@ def test_structure_changes_on_train_tiny(db_path: Path, run_cli) -> None:  # typ
     assert first["op"] == "+" and first["cand"].split() == ["recompute", "TinyLM.blocks.1"]
     md = run_cli("diff", "--db", str(db_path), "plain", "short", "--format", "markdown", "--fail-on", "any")
     assert md.code == 1
+    first, *rest = md.out.splitlines()
+    assert first.startswith("## ❌ modtrace diff: ") and first.endswith(
+        ", 2 structure changes: short against the base run plain"), first
+    titles = [line.split(" (")[0].split(":")[0] for line in rest if line.startswith("### ")]
+    # regressions (when any), structure and its call order, then what was compared, then context
+    at = titles.index("### What was compared")
+    assert titles[:at] in (["### Structure", "### Call order differs"],
+                           ["### Regressions", "### Structure", "### Call order differs"]), titles
     assert "| module_removed | TinyLM.blocks.1 |  | called | not called | TinyLM.blocks.1 (and 9 submodules) is not called in the candidate |" in md.out
     assert "```diff\n" in md.out and "- forward     TinyLM.blocks.1\n" in md.out
 

@@ -98,11 +98,52 @@ def test_report_vs_base_carries_the_diff_with_the_regression_first(tmp_path: Pat
     assert first["impact_us"] == 400  # exact: the injected clock charged it
     assert [r for r in diff["timing"] if r["verdict"] == "regression"] == [first]
     assert diff["structure"] == []
+    # The trend chart's data: the blamed module's self time per step in the base run, then the
+    # candidate: two points, 400 us apart as the injected clock charged them.
+    trend = embedded(html)["trend"]
+    assert [(r["run"], r["role"]) for r in trend["runs"]] == [("base", "base"), ("slow", "cand")]
+    assert [(t["fqn"], t["phase"]) for t in trend["series"]] == [("Toy.body.2", "forward")]
+    base_us, cand_us = trend["series"][0]["self_us"]
+    assert cand_us - base_us == 400
 
     # The same run on both sides is a usage error, not an empty diff.
     same = run_cli("report", "slow", "--vs", "slow", "--db", db, "-o", str(tmp_path / "x.html"))
     assert (same.code, same.err) == (2, "modtrace: error: --vs slow: is the same run as slow\n")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_report_without_a_regression_has_no_trend(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    db = str(tmp_path / "t.db")
+    record_toy(db, "base", steps=8)
+    record_toy(db, "same", steps=8)
+    out = tmp_path / "r.html"
+    assert run_cli("report", "same", "--vs", "base", "--db", db, "-o", str(out)).code == 0
+    data = embedded(out.read_text())
+    assert data["diff"]["summary"]["regressions"] == 0 and data["trend"] is None
+
+
+def test_trend_of_a_history_has_a_point_per_run_oldest_first_then_the_candidate() -> None:
+    """The shape a history of N baseline runs gives the chart (N + 1 points), on a diff document
+    as ``modtrace diff`` writes it with ``history`` added (runs newest first)."""
+    from modtrace.renderers.html_report import trend_data
+
+    def row(fqn: str, verdict: str, history: list[float], cand: float) -> dict[str, Any]:
+        return {"fqn": fqn, "phase": "forward", "verdict": verdict, "impact_us": cand - history[0],
+                "self": {"base_us": history[0], "cand_us": cand, "history_us": history}}
+
+    doc = {
+        "base": {"run": "main-3", "run_id": 3}, "cand": {"run": "pr", "run_id": 9},
+        "history": [{"run": "main-3", "run_id": 3}, {"run": "main-2", "run_id": 2}, {"run": "main-1", "run_id": 1}],
+        "timing": [row("M.slow", "regression", [10.0, 11.0, 12.0], 30.0), row("M.ok", "unchanged", [5.0, 5.0, 5.0], 5.0)],
+    }
+    trend = trend_data(doc)
+    assert trend is not None
+    assert [(r["run"], r["role"]) for r in trend["runs"]] == [
+        ("main-1", "base"), ("main-2", "base"), ("main-3", "base"), ("pr", "cand")]
+    assert trend["series"] == [{"fqn": "M.slow", "phase": "forward", "impact_us": 20.0, "self_us": [12.0, 11.0, 10.0, 30.0]}]
+    one = {**doc, "history": None}
+    assert trend_data(one) == {"runs": [{"run": "main-3", "run_id": 3, "role": "base"}, {"run": "pr", "run_id": 9, "role": "cand"}],
+                               "series": [{"fqn": "M.slow", "phase": "forward", "impact_us": 20.0, "self_us": [10.0, 30.0]}]}
 
 
 def test_report_numbers_are_the_clis_numbers(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]

@@ -355,3 +355,72 @@ def test_report_fits_a_laptop_window_and_wraps_between_words_only(browser: WebDr
     assert names["regression"][0] == row["fqn"].removeprefix(prefix + ".")
     assert names["regression"][TIMING_HEADERS.index("p (Holm)")] == fmt_p(row["self"]["p_adjusted"])
     assert fmt_p(row["self"]["p_adjusted"]) != fmt_p(row["self"]["p_value"])
+
+
+# -- the trend charts of the blamed modules ---------------------------------------------
+
+TREND_JS = """
+var svgs = Array.from(document.querySelectorAll('#diff-trend svg.trend'));
+return {
+  rendered: document.body.getAttribute('data-rendered'),
+  charts: svgs.map(function (svg) {
+    return {
+      fqn: svg.getAttribute('data-fqn'), phase: svg.getAttribute('data-phase'),
+      width: svg.getBoundingClientRect().width, height: svg.getBoundingClientRect().height,
+      line: svg.querySelector('polyline').getAttribute('points').trim().split(/\\s+/).length,
+      dots: Array.from(svg.querySelectorAll('circle')).map(function (c) {
+        return {role: c.getAttribute('class'), run: c.getAttribute('data-run'), us: Number(c.getAttribute('data-us')),
+                cx: Number(c.getAttribute('cx')), cy: Number(c.getAttribute('cy')), title: c.textContent};
+      }),
+      caption: svg.parentNode.querySelector('figcaption').textContent,
+    };
+  }),
+};
+"""
+
+
+def test_trend_chart_draws_each_blamed_module_across_the_runs(browser: WebDriver, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    from tests.helpers.report import embedded, record_toy
+
+    db = str(tmp_path / "t.db")
+    record_toy(db, "base", steps=8)
+    record_toy(db, "slow", steps=8, slow_ns=400_000)  # the injected clock charges Toy.body.2 400 us per call
+    page = tmp_path / "report.html"
+    assert run_cli("report", "slow", "--vs", "base", "--db", db, "-o", str(page)).code == 0
+
+    browser.navigate(page.as_uri())
+    got = browser.execute(TREND_JS)
+    assert got["rendered"] == "true"
+    assert [(c["fqn"], c["phase"]) for c in got["charts"]] == [("Toy.body.2", "forward")]
+    chart = got["charts"][0]
+    assert chart["caption"] == "body.2 forward"  # without the prefix every name shares
+    assert chart["width"] > 100 and chart["height"] > 50
+    base, cand = chart["dots"]
+    assert (base["role"], base["run"], cand["role"], cand["run"]) == ("trend-base", "base", "trend-cand", "slow")
+    assert cand["us"] - base["us"] == 400
+    assert cand["cx"] > base["cx"] and cand["cy"] < base["cy"]  # later, and higher: slower
+    assert chart["line"] == 2 and cand["title"].startswith("slow (candidate): ")
+
+    # A history of three baseline runs (the document the history gate gives): four points, oldest
+    # first, the candidate last and drawn in its own colour.
+    html = page.read_text()
+    data = embedded(html)
+    trend = data["trend"]
+    hostile = 'm"><b>1</b>'  # a run name is text, never markup
+    trend["runs"] = [{"run": n, "run_id": 10 + i, "role": "base"} for i, n in enumerate((hostile, "main-2"))] + trend["runs"]
+    series = trend["series"][0]
+    series["self_us"] = [series["self_us"][0] + 3, series["self_us"][0] - 2] + series["self_us"]
+    from modtrace.renderers.html_report import embed_json
+
+    start = html.index('id="modtrace-data">') + len('id="modtrace-data">')
+    history_page = tmp_path / "history.html"
+    history_page.write_text(html[:start] + embed_json(data) + html[html.index("</script>", start):])
+    browser.navigate(history_page.as_uri())
+    dots = browser.execute(TREND_JS)["charts"][0]["dots"]
+    assert [d["run"] for d in dots] == [hostile, "main-2", "base", "slow"]
+    assert browser.execute("return document.querySelectorAll('#diff-trend b').length;") == 0
+    assert [d["role"] for d in dots] == ["trend-base"] * 3 + ["trend-cand"]
+    assert [d["cx"] for d in dots] == sorted(d["cx"] for d in dots)
+    assert min(dots, key=lambda d: d["cy"])["run"] == "slow"
+    errors = [e for e in browser.browser_log() if e.get("level") in ("SEVERE", "ERROR")]
+    assert errors == [], errors

@@ -547,6 +547,63 @@
     }
   }
 
+  // -- trend charts: each blamed module's self time per step across the runs -------------
+
+  // SVG as markup, parsed by the page's HTML parser (which puts <svg> in the SVG namespace
+  // itself, so the file names no namespace URL); every value is escaped.
+  function esc(v) {
+    return String(v).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+  }
+
+  function svgEl(tag, attrs, inner) {
+    var a = Object.keys(attrs || {}).map(function (k) { return " " + k + '="' + esc(attrs[k]) + '"'; }).join("");
+    return "<" + tag + a + ">" + (inner || "") + "</" + tag + ">";
+  }
+
+  // One small inline SVG per blamed module: a point per run (the baseline's runs, oldest first,
+  // then the candidate), so one base run draws two points and a history of N runs N + 1.
+  function drawTrends(trend, box) {
+    box.appendChild(el("h3", { text: "Blamed modules across the runs" }));
+    box.appendChild(el("p", { cls: "note", text: "Self time per step (median over the compared steps) in each baseline run, " +
+      "oldest first, then the candidate (red); hover a point for its run and value." }));
+    var grid = el("div", { cls: "trends" });
+    var W = 240, H = 96, L = 8, R = 8, T = 18, B = 20;
+    trend.series.forEach(function (s) {
+      var vals = s.self_us.filter(function (v) { return v !== null; });
+      var lo = Math.min.apply(null, vals.concat([0])), hi = Math.max.apply(null, vals);
+      if (!(hi > lo)) hi = lo + 1;
+      var n = s.self_us.length;
+      var x = function (i) { return n === 1 ? W / 2 : L + (W - L - R) * i / (n - 1); };
+      var y = function (v) { return T + (H - T - B) * (1 - (v - lo) / (hi - lo)); };
+      var parts = [svgEl("title", {}, esc(s.fqn + " (" + s.phase + ")")),
+        svgEl("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, "class": "axis" })];
+      var pts = [];
+      s.self_us.forEach(function (v, i) { if (v !== null) pts.push(x(i).toFixed(1) + "," + y(v).toFixed(1)); });
+      parts.push(svgEl("polyline", { points: pts.join(" "), "class": "trend-line" }));
+      s.self_us.forEach(function (v, i) {
+        if (v === null) return;
+        var run = trend.runs[i];
+        parts.push(svgEl("circle", { cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 3.5, "class": "trend-" + run.role,
+          "data-run": run.run, "data-us": v },
+          svgEl("title", {}, esc(run.run + " (" + (run.role === "cand" ? "candidate" : "base") + "): " +
+            fmtUs(v).replace(NB, " ") + " per step"))));
+      });
+      var first = s.self_us[0], last = s.self_us[n - 1];
+      if (n > 1 && first !== null) parts.push(svgEl("text", { x: L, y: 12, "class": "trend-label" }, esc(fmtUs(first).replace(NB, " "))));
+      if (last !== null) parts.push(svgEl("text", { x: W - R, y: 12, "text-anchor": "end", "class": "trend-value" }, esc(fmtUs(last).replace(NB, " "))));
+      var clip = function (t) { t = String(t); return t.length > 16 ? t.slice(0, 15) + "\u2026" : t; };
+      parts.push(svgEl("text", { x: L, y: H - 6, "class": "trend-label" }, esc(clip(trend.runs[0].run))));
+      parts.push(svgEl("text", { x: W - R, y: H - 6, "text-anchor": "end", "class": "trend-label" }, esc(clip(trend.runs[n - 1].run))));
+      var figure = el("figure", { cls: "trend-figure", title: s.fqn });
+      figure.innerHTML = svgEl("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img", "class": "trend",
+        "data-fqn": s.fqn, "data-phase": s.phase,
+        "aria-label": s.fqn + " " + s.phase + ": self time per step across " + n + " runs" }, parts.join(""));
+      figure.appendChild(el("figcaption", null, [breakable(shortName(s.fqn) + " " + s.phase, /[.\/,]/)]));
+      grid.appendChild(figure);
+    });
+    box.appendChild(grid);
+  }
+
   // -- diff --------------------------------------------------------------------
 
   if (DATA.diff) {
@@ -565,6 +622,7 @@
       ", " + fmtNum(sm.improvements) + " improvements, " + fmtNum(sm.structure_changes) + " structure changes; " +
       "the same as `modtrace diff " + d.base.run + " " + d.cand.run + "`.",
     ]));
+    if (DATA.trend) drawTrends(DATA.trend, document.getElementById("diff-trend"));
     if (d.structure.length) {
       document.getElementById("diff-structure").appendChild(el("h3", { text: "Structure" }));
       document.getElementById("diff-structure").appendChild(scroll(table([
