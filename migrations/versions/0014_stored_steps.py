@@ -22,16 +22,17 @@ _RULE = "optimizer | manual | root: the step rule the steps follow (the run's ow
 # The views as released here, written out (not imported from modtrace.store.create, which moves on).
 _SPAN_STEPS = """
 CREATE VIEW span_steps AS
-SELECT x.run_id, x.rank, x.span_id, x.step, x.recorded_step, t.step_rule
+SELECT c.run_id, c.rank, c.span_id, b.step, c.recorded_step, t.step_rule
 FROM (
+    -- nth: the thread's step_starts rows at or before the span (the latest is its step's)
     SELECT
-        s.run_id, s.rank, s.span_id, s.step AS recorded_step,
-        (SELECT b.step FROM step_starts b
-         WHERE b.run_id = s.run_id AND b.rank = s.rank AND b.thread_id = s.thread_id AND b.span_id <= s.span_id
-         ORDER BY b.span_id DESC LIMIT 1) AS step
+        s.run_id, s.rank, s.span_id, s.thread_id, s.step AS recorded_step,
+        COUNT(a.span_id) OVER (PARTITION BY s.run_id, s.rank, s.thread_id ORDER BY s.span_id) AS nth
     FROM span_rows s
-) x
-JOIN step_rows t ON t.run_id = x.run_id AND t.rank = x.rank AND t.step = x.step
+    LEFT JOIN step_starts a ON a.run_id = s.run_id AND a.rank = s.rank AND a.thread_id = s.thread_id AND a.span_id = s.span_id
+) c
+JOIN step_starts b ON b.run_id = c.run_id AND b.rank = c.rank AND b.thread_id = c.thread_id AND b.nth = c.nth
+JOIN step_rows t ON t.run_id = b.run_id AND t.rank = b.rank AND t.step = b.step
 """
 
 _STEPS = """
@@ -60,8 +61,9 @@ SELECT run_id, rank, step, step_rule, start_ns, wall_ns, step_ns, forward_ns, ba
 FROM steps
 """
 _FILL_STEP_STARTS = """
-INSERT INTO step_starts (run_id, rank, thread_id, span_id, step)
-SELECT run_id, rank, thread_id, span_id, step
+INSERT INTO step_starts (run_id, rank, thread_id, span_id, step, nth)
+SELECT run_id, rank, thread_id, span_id, step,
+    ROW_NUMBER() OVER (PARTITION BY run_id, rank, thread_id ORDER BY span_id) AS nth
 FROM (
     SELECT
         t.run_id, t.rank, s.thread_id, t.span_id, t.step,
@@ -231,11 +233,13 @@ def upgrade() -> None:
         sa.Column("thread_id", sa.Integer(), nullable=False, comment="threads.thread_id of the spans."),
         sa.Column("span_id", sa.BigInteger(), nullable=False, comment="span_rows.span_id of the thread's first span in the step (after a span of another step, or none)."),
         sa.Column("step", sa.Integer(), nullable=False, comment="step_rows.step of this span and of the thread's spans after it up to its next row."),
+        sa.Column("nth", sa.Integer(), nullable=False, comment="The row's place among its thread's rows, from 1: a span's step is that of the row whose nth is the count of its thread's rows at or before it."),
         sa.PrimaryKeyConstraint("run_id", "rank", "thread_id", "span_id", name="pk_step_starts"),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_step_starts_run"),
         sqlite_with_rowid=False,
         comment="Each span's step under its run's step rule in compact form: where each thread's spans enter another step (modtrace.analysis.steps.step_starts), written with step_rows; the span_steps view reads it.",
     )
+    op.create_index("ix_step_starts_nth", "step_starts", ["run_id", "rank", "thread_id", "nth"], unique=True)
     op.execute(_FILL_STEP_ROWS)
     op.execute(_FILL_STEP_STARTS)
     op.execute("DROP VIEW IF EXISTS steps")
@@ -247,6 +251,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP VIEW IF EXISTS steps")
     op.execute("DROP VIEW IF EXISTS span_steps")
+    op.drop_index("ix_step_starts_nth", table_name="step_starts")
     op.drop_table("step_starts")
     op.drop_table("step_rows")
     op.execute(_OLD_SPAN_STEPS)

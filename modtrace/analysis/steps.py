@@ -99,15 +99,16 @@ def step_starts(frame: pl.DataFrame) -> pl.DataFrame:
     """A frame with ``rank``, ``thread_id``, ``span_id`` and ``step`` (steps already assigned) ->
     where each thread's spans enter another step: the thread's first span and every span whose
     step is not the step of the thread's span before it (``rank``, ``thread_id``, ``span_id``,
-    ``step``, in that order).  A span's step is the step of the latest of these at or before
-    it on its thread: a few rows per step rather than one per span (the ``span_steps`` view
-    reads them)."""
+    ``step``, and ``nth``: the row's place among its thread's, from 1).  A span's step is the
+    step of the latest of these at or before it on its thread: a few rows per step rather than
+    one per span (the ``span_steps`` view reads them)."""
     ordered = frame.select(
         pl.col("rank").cast(pl.Int32), pl.col("thread_id").cast(pl.Int32), pl.col("span_id").cast(pl.Int64),
         pl.col("step").cast(pl.Int32),
     ).sort("rank", "thread_id", "span_id")
     changed = pl.col("step") != pl.col("step").shift(1).over("rank", "thread_id")
-    return ordered.filter(changed.fill_null(True))
+    starts = ordered.filter(changed.fill_null(True))
+    return starts.with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int32).over("rank", "thread_id").alias("nth"))
 
 
 def step_kinds(frame: pl.DataFrame, roots: pl.DataFrame) -> pl.DataFrame:

@@ -319,6 +319,22 @@ def write_analysis_rounds(
             _insert(conn, store, "step_starts", made[1])
         replace_span_device_rows(conn, store, run_id, rank, device)
         mark_analysis_stored(conn, run_id, rank)  # runs.analysis, committed with the rows
+    _refresh_statistics(store)
+
+
+# PostgreSQL plans a query of a run's spans from the statistics of these tables; until they
+# count the run's rows (autovacuum gets to them a minute later, if at all) it takes a run for a
+# handful of rows and joins its spans to its modules by nested loops, quadratic in the spans.
+ANALYSED_TABLES = ("span_rows", "modules", "step_rows", "step_starts")
+
+
+def _refresh_statistics(store: Store) -> None:
+    """PostgreSQL: the statistics of ``ANALYSED_TABLES`` brought up to date once a run's
+    analysis is committed (ANALYZE reads a bounded sample of each).  SQLite plans without them."""
+    if store.dialect != "postgresql":
+        return
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"ANALYZE {', '.join(ANALYSED_TABLES)}")
 
 
 def has_analysis(store: Store, run_id: int) -> bool:

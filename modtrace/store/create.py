@@ -88,20 +88,22 @@ LEFT JOIN span_device_rows sd ON sd.run_id = s.run_id AND sd.rank = s.rank AND s
 
 # The run's steps as its analysis stored them (step_rows, step_starts; modtrace.results.materialize
 # computes them with modtrace.analysis).  A span's step is that of the latest step_starts row of
-# its thread at or before it: one key seek per span, and a filter on run_id reaches both tables'
-# keys.
+# its thread at or before it, found by counting them (one window, partitioned by run_id first so
+# that a filter on run_id reaches span_rows' key) and then joined by equality: a correlated
+# "latest row" subquery per span costs PostgreSQL a subplan call per span.
 SPAN_STEPS = """
 CREATE VIEW span_steps AS
-SELECT x.run_id, x.rank, x.span_id, x.step, x.recorded_step, t.step_rule
+SELECT c.run_id, c.rank, c.span_id, b.step, c.recorded_step, t.step_rule
 FROM (
+    -- nth: the thread's step_starts rows at or before the span (the latest is its step's)
     SELECT
-        s.run_id, s.rank, s.span_id, s.step AS recorded_step,
-        (SELECT b.step FROM step_starts b
-         WHERE b.run_id = s.run_id AND b.rank = s.rank AND b.thread_id = s.thread_id AND b.span_id <= s.span_id
-         ORDER BY b.span_id DESC LIMIT 1) AS step
+        s.run_id, s.rank, s.span_id, s.thread_id, s.step AS recorded_step,
+        COUNT(a.span_id) OVER (PARTITION BY s.run_id, s.rank, s.thread_id ORDER BY s.span_id) AS nth
     FROM span_rows s
-) x
-JOIN step_rows t ON t.run_id = x.run_id AND t.rank = x.rank AND t.step = x.step
+    LEFT JOIN step_starts a ON a.run_id = s.run_id AND a.rank = s.rank AND a.thread_id = s.thread_id AND a.span_id = s.span_id
+) c
+JOIN step_starts b ON b.run_id = c.run_id AND b.rank = c.rank AND b.thread_id = c.thread_id AND b.nth = c.nth
+JOIN step_rows t ON t.run_id = b.run_id AND t.rank = b.rank AND t.step = b.step
 """
 
 # One row per (run, rank, step) under the run's step rule: modtrace.analysis.step_time's step table, stored.
