@@ -9,7 +9,8 @@ and then times ``modtrace query step_breakdown``, ``slowest_steps`` and
 ``call_counts`` of ``bench`` (each a fresh interpreter, as a user runs it:
 ``cli``) and the query's SQL alone (the tree's ``queries/NAME.sql`` run on a
 connection held open, rows fetched: ``sql``), every tree, database and query
-taking turns in each repeat; the figures are medians.  The outputs of the trees are compared: the same rows, ``step_rule``
+taking turns in each repeat; the figures are medians.  On PostgreSQL the
+database's statistics are refreshed (ANALYZE) before timing, in every tree.  The outputs of the trees are compared: the same rows, ``step_rule``
 aside (a column the older queries lack).  The last line is a JSON summary.
 
     python benchmarks/bench_steps.py [--spans 90000] [--repeats 5] [--pg URL] [--other LABEL=PATH]...
@@ -67,6 +68,13 @@ def prepare(tree: Path, db: str, events: int) -> None:
                    cwd=tree, env=_env(tree))
     for run in RUNS:
         run_modtrace(["analyze", run, "--db", db], cwd=tree, env=_env(tree))
+    if "://" in db:  # every tree planned from statistics (a tree that does not refresh them would not be)
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(db)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
+        engine.dispose()
 
 
 def query(tree: Path, db: str, name: str) -> tuple[float, str]:
