@@ -119,7 +119,7 @@ def main() -> None:
     schemas: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         dbs: dict[str, str] = {}
-        for label, tree in trees.items():
+        for label in trees:
             dbs[f"{label}:sqlite"] = os.path.join(tmp, f"{label}.db")
             if args.pg:
                 schemas.append(f"modtrace_bench_steps_{label}")
