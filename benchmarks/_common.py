@@ -163,13 +163,14 @@ def ratios(meds: Mapping[str, float], baseline: str) -> dict[str, float]:
 # ----------------------------------------------------------------- the CLI, a DB
 
 
-def run_modtrace(args: Sequence[str], *, ok: Collection[int] = (0,),
-                 cwd: Path | str | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
+def run_modtrace(args: Sequence[str], *, ok: Collection[int] = (0,), cwd: Path | str | None = None,
+                 env: Mapping[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
     """One ``modtrace`` command in a fresh interpreter, as a user runs it: its wall time and
-    its result; a SystemExit naming it when its exit code is not in ``ok``."""
+    its result; a SystemExit naming it when its exit code is not in ``ok``.  ``env``: the
+    child's environment (None: this process's)."""
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "modtrace", *args], capture_output=True, text=True, check=False,
-                          cwd=cwd)
+                          cwd=cwd, env=None if env is None else dict(env))
     wall = time.perf_counter() - t0
     if done.returncode not in ok:
         raise SystemExit(f"modtrace {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")

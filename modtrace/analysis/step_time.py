@@ -25,8 +25,8 @@ negative.
 ``modtrace diff`` compares step times and shares of them, the HTML report's
 per-step table and ``queries/step_breakdown.sql`` (like ``slowest_steps``
 and ``rank_stragglers`` for the wall time) show both, with the phase split;
-the queries read the ``steps`` view (``modtrace.store.create``), which
-computes the same in SQL.  ``docs/schema.md`` writes the same down for SQL
+the queries read the ``steps`` view, over the step table stored with a
+run's analysis (``modtrace.results.materialize``).  ``docs/schema.md`` writes the same down for SQL
 users.
 """
 
@@ -39,6 +39,9 @@ from modtrace.core.codes import Phase
 STEP_COLUMNS: tuple[str, ...] = (
     "rank", "step", "step_ns", "forward_ns", "backward_ns", "recompute_ns", "wall_ns", "spans", "unclosed",
 )
+
+# The step table as the store keeps it (table step_rows, read by the steps view).
+STORED_STEP_COLUMNS: tuple[str, ...] = ("rank", "step", "start_ns", *STEP_COLUMNS[2:])
 
 
 def step_time() -> pl.Expr:
@@ -79,11 +82,13 @@ def _phase_time(*phases: Phase) -> pl.Expr:
     return pl.col("self_ns").filter(pl.col("phase").to_physical().is_in([int(p) for p in phases])).sum()
 
 
-def step_table(spans: pl.DataFrame) -> pl.DataFrame:
+def step_table(spans: pl.DataFrame, *, with_start: bool = False) -> pl.DataFrame:
     """Spans frame -> one row per (rank, step) (``STEP_COLUMNS``), sorted: step time, its split by
-    phase, wall time, spans entered and spans never exited."""
+    phase, wall time, spans entered and spans never exited.  ``with_start``: with ``start_ns``
+    too, the step's first span's start, after ``step`` (the rows the ``steps`` view keeps:
+    ``STORED_STEP_COLUMNS``)."""
     if spans.height == 0:  # the step time of no group cannot be typed: the table of one null row, emptied
-        return step_table(spans.clear(n=1)).clear()
+        return step_table(spans.clear(n=1), with_start=with_start).clear()
     last = pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max())
     per_step = (
         spans.group_by("rank", "step")
@@ -102,7 +107,8 @@ def step_table(spans: pl.DataFrame) -> pl.DataFrame:
     # running when the next starts (threads) ends at its own last end.
     nxt = pl.when(pl.col("step").shift(-1).over("rank") == pl.col("step") + 1).then(pl.col("_start").shift(-1).over("rank"))
     wall = pl.max_horizontal(pl.coalesce(nxt, pl.col("_last")), pl.col("_last")) - pl.col("_start")
-    return per_step.with_columns(wall.alias("wall_ns")).select(STEP_COLUMNS)
+    columns = STORED_STEP_COLUMNS if with_start else STEP_COLUMNS
+    return per_step.with_columns(wall.alias("wall_ns"), pl.col("_start").alias("start_ns")).select(columns)
 
 
 def total_step_time(spans: pl.DataFrame) -> int:

@@ -19,6 +19,9 @@ fact, so ``tree``, ``diff`` and ``report`` can choose again (``--step-on``):
     step starts at every root call and at every recorded step boundary, and
     holds every span its thread entered until the next one (the backward of
     a forward included); steps are numbered from 0 per rank, in order.
+``step_starts``
+    Where each thread's spans enter another step: the compact form of every
+    span's step that the store keeps with a run's step table.
 ``step_kinds``
     The kind of each step: the input shape of the first root call in it
     (``input_ids=1x7`` for a prompt, ``input_ids=1x1`` for a decode step),
@@ -36,7 +39,7 @@ from modtrace.core.contracts import ROOT_FRAME, STEP_RULES
 from modtrace.core.step_rules import StepRuleError, resolve_rule
 
 __all__ = ["STEP_RULES", "StepRuleError", "assign_steps", "common_kind", "kind_counts", "of_kind", "resolve_rule",
-           "step_kinds"]
+           "step_kinds", "step_starts"]
 
 ALL_KINDS = "all"
 
@@ -56,8 +59,8 @@ def assign_steps(frame: pl.DataFrame, roots: pl.DataFrame, rule: str) -> pl.Data
     request's calls stay with their request while other threads serve
     others.  Spans of a thread that entered none before them (autograd's
     device threads running a backward) belong to the latest root call of
-    the rank.  The ``span_steps`` view of the schema (``modtrace.store.create``)
-    applies the same rule in SQL.
+    the rank.  The ``span_steps`` view of the schema reads the steps this
+    assigns under the run's own rule, stored with its analysis (``step_starts``).
     """
     if rule != "root" or frame.height == 0:
         return frame
@@ -90,6 +93,22 @@ def assign_steps(frame: pl.DataFrame, roots: pl.DataFrame, rule: str) -> pl.Data
         .sort("_row")
         .drop("_row", "_rk", "_at", "_th", "_root", "_ord", "_ord_t")
     )
+
+
+def step_starts(frame: pl.DataFrame) -> pl.DataFrame:
+    """A frame with ``rank``, ``thread_id``, ``span_id`` and ``step`` (steps already assigned) ->
+    where each thread's spans enter another step: the thread's first span and every span whose
+    step is not the step of the thread's span before it (``rank``, ``thread_id``, ``span_id``,
+    ``step``, and ``nth``: the row's place among its thread's, from 1).  A span's step is the
+    step of the latest of these at or before it on its thread: a few rows per step rather than
+    one per span (the ``span_steps`` view reads them)."""
+    ordered = frame.select(
+        pl.col("rank").cast(pl.Int32), pl.col("thread_id").cast(pl.Int32), pl.col("span_id").cast(pl.Int64),
+        pl.col("step").cast(pl.Int32),
+    ).sort("rank", "thread_id", "span_id")
+    changed = pl.col("step") != pl.col("step").shift(1).over("rank", "thread_id")
+    starts = ordered.filter(changed.fill_null(True))
+    return starts.with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int32).over("rank", "thread_id").alias("nth"))
 
 
 def step_kinds(frame: pl.DataFrame, roots: pl.DataFrame) -> pl.DataFrame:

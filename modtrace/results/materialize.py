@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import polars as pl
+    from sqlalchemy import Connection
 
     from modtrace.analysis import Analysis
     from modtrace.analysis.diff import RunCalls
@@ -287,7 +288,8 @@ def materialize(
     ``round_rows`` on SQLite; ``analysis.stream.analyze_rank``), whose results
     are those of the one-piece analysis whatever the size; each round is
     written while the next is read and analysed.  The run's default module call tree
-    is stored after them (``results.tree.store_tree``).  The returned spans are named when
+    is stored after them (``results.tree.store_tree``); its steps under its own rule with them, in
+    their transaction (``results.steps``).  The returned spans are named when
     every rank was at most ``round_rows`` events; a run with a larger rank comes back
     with its issues and an empty spans frame (its spans are in the store).
     """
@@ -296,9 +298,11 @@ def materialize(
     from modtrace.analysis import Analysis
     from modtrace.analysis.nesting import ISSUE_SCHEMA, empty_issues
     from modtrace.analysis.spans import empty_spans, name_spans
+    from modtrace.results.steps import step_rows
     from modtrace.results.tree import store_tree
-    from modtrace.store.analysis_store import write_analysis_rounds
+    from modtrace.store.analysis_store import read_step_spans, write_analysis_rounds
     from modtrace.store.reader import read_devices, read_modules, read_ranks
+    from modtrace.store.roots import read_step_basis
 
     ranks = read_ranks(store, run_id) if rank is None else [rank]
     found = _Found()
@@ -311,7 +315,16 @@ def materialize(
                            read_devices(store, run_id, ranks=selected)).sort("rank", "span_id")
         return _with_device_times(store, run_id, selected, Analysis(spans, spans.clear())).spans
 
-    write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True)
+    basis = read_step_basis(store, run_id)  # before the write transaction, which other connections may wait on
+
+    def steps(conn: Connection) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+        """The run's (rank's) steps under its own rule, from the spans held, else from those the
+        transaction wrote (read on its connection)."""
+        if found.spans is None:
+            return step_rows(run_id, basis, read_step_spans(conn, run_id, rank))
+        return step_rows(run_id, basis, pl.concat(found.spans)) if found.spans else None
+
+    write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True, steps=steps)
     _store_device_times(store, run_id, ranks)
     some = [f for f in found.issues if f.height]
     issues = pl.concat(some).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind") if some else empty_issues()  # type: ignore[arg-type]

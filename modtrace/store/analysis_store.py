@@ -1,4 +1,4 @@
-"""Stored analysis results: a run's spans and nesting issues.
+"""Stored analysis results: a run's spans and nesting issues (and its steps).
 
 ``write_analysis`` replaces a run's (or one rank's) rows in ``span_rows``
 and ``nesting_issues`` in one transaction, so a rebuild is idempotent and a
@@ -10,7 +10,7 @@ naming the spans is the analysis' job, done by ``modtrace.results.materialize``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from itertools import chain
 from typing import Any
@@ -228,9 +228,28 @@ def writes_beside_reads(store: Store) -> bool:
         return _journal_allows_overlap(str(cur.fetchone()[0]))
 
 
+# A run's (rank's) steps as ``write_analysis_rounds`` stores them, made once its spans are
+# written: (step_rows, step_starts) frames with those tables' columns, or None for none.
+StepsMaker = Callable[[Connection], "tuple[pl.DataFrame, pl.DataFrame] | None"]
+
+# The span columns the step table and each span's step are computed from.
+STEP_SPAN_COLUMNS = ("rank", "span_id", "step", "thread_id", "depth", "phase", "start_ns", "duration_ns", "self_ns")
+
+
+def read_step_spans(conn: Connection, run_id: int, rank: int | None) -> pl.DataFrame:
+    """The run's (``rank``'s) stored spans with ``STEP_SPAN_COLUMNS`` and ``end_ns``, read on
+    ``conn``: inside the transaction that wrote them, which other connections do not see yet."""
+    where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
+    rows = conn.exec_driver_sql(
+        f"SELECT {', '.join(STEP_SPAN_COLUMNS)} FROM span_rows WHERE {where} ORDER BY rank, span_id").fetchall()
+    schema = {c: t for c, t in SPAN_ROW.polars().items() if c in STEP_SPAN_COLUMNS}
+    frame = pl.DataFrame(rows, schema={c: schema[c] for c in STEP_SPAN_COLUMNS}, orient="row")
+    return frame.with_columns((pl.col("start_ns") + pl.col("duration_ns")).alias("end_ns"))
+
+
 def write_analysis_rounds(
     store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame, int | None]], *,
-    rank: int | None = None, from_events: bool = False,
+    rank: int | None = None, from_events: bool = False, steps: StepsMaker | None = None,
 ) -> None:
     """``write_analysis`` for results that come in parts, each written as it arrives, all
     of them in one transaction: (spans, issues, clear) triples, where ``clear`` names a
@@ -240,7 +259,12 @@ def write_analysis_rounds(
     their enter events' columns may be read from there rather than sent again.
 
     Each part is written as it comes, in this thread (writing beside the reads in a thread
-    of its own did not pay end to end: docs/performance.md)."""
+    of its own did not pay end to end: docs/performance.md).
+
+    ``steps``, called on the transaction's connection once every part is written, makes
+    the run's (rank's) rows of ``step_rows`` and ``step_starts``, stored in the same
+    transaction: the ``steps`` and ``span_steps`` views never show steps of other spans
+    than the stored ones.  Without it the run (rank) has none stored."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
     with _write_transaction(store) as conn:
@@ -248,6 +272,8 @@ def write_analysis_rounds(
         def clear_old() -> None:
             conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
             conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
+            conn.exec_driver_sql(f"DELETE FROM step_rows WHERE {where}")
+            conn.exec_driver_sql(f"DELETE FROM step_starts WHERE {where}")
             conn.exec_driver_sql(f"DELETE FROM tree_nodes WHERE run_id = {int(run_id)}")  # the whole run's tree (store.tree_table)
             _check_run(conn, run_id)
 
@@ -265,8 +291,28 @@ def write_analysis_rounds(
             if "device_start_ns" in spans.columns:
                 device.append(spans)
             write(spans, issues, clear)
+        made = steps(conn) if steps is not None else None
+        if made is not None:
+            _insert(conn, store, "step_rows", made[0])
+            _insert(conn, store, "step_starts", made[1])
         replace_span_device_rows(conn, store, run_id, rank, device)
         mark_analysis_stored(conn, run_id, rank)  # runs.analysis, committed with the rows
+    _refresh_statistics(store)
+
+
+# PostgreSQL plans a query of a run's spans from the statistics of these tables; until they
+# count the run's rows (autovacuum gets to them a minute later, if at all) it takes a run for a
+# handful of rows and joins its spans to its modules by nested loops, quadratic in the spans.
+ANALYSED_TABLES = ("span_rows", "modules", "step_rows", "step_starts")
+
+
+def _refresh_statistics(store: Store) -> None:
+    """PostgreSQL: the statistics of ``ANALYSED_TABLES`` brought up to date once a run's
+    analysis is committed (ANALYZE reads a bounded sample of each).  SQLite plans without them."""
+    if store.dialect != "postgresql":
+        return
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"ANALYZE {', '.join(ANALYSED_TABLES)}")
 
 
 def has_analysis(store: Store, run_id: int) -> bool:

@@ -90,107 +90,43 @@ LEFT JOIN devices d ON d.run_id = s.run_id AND d.rank = s.rank AND d.device_id =
 LEFT JOIN span_device_rows sd ON sd.run_id = s.run_id AND sd.rank = s.rank AND sd.span_id = s.span_id
 """
 
-# Each span's step under its run's step rule (modtrace.core.step_rules.resolve_rule without a
-# caller's choice; modtrace.analysis.steps.assign_steps under root), shared by the views
-# span_steps and steps.  Each CTE reads the one before it, once, so a filter on run_id
-# reaches span_rows (every window is partitioned by run_id first).
-_STEPPED = """
-WITH rules AS (
+# The run's steps as its analysis stored them (step_rows, step_starts; modtrace.results.materialize
+# computes them with modtrace.analysis).  A span's step is that of the latest step_starts row of
+# its thread at or before it, found by counting them (one window, partitioned by run_id first so
+# that a filter on run_id reaches span_rows' key) and then joined by equality: a correlated
+# "latest row" subquery per span costs PostgreSQL a subplan call per span.
+SPAN_STEPS = """
+CREATE VIEW span_steps AS
+SELECT c.run_id, c.rank, c.span_id, b.step, c.recorded_step, t.step_rule
+FROM (
+    -- nth: the thread's step_starts rows at or before the span (the latest is its step's)
     SELECT
-        r.id AS run_id,
-        CASE WHEN COALESCE(r.step_on, 'optimizer') <> 'auto' THEN COALESCE(r.step_on, 'optimizer')
-            WHEN EXISTS (SELECT 1 FROM run_ranks rr WHERE rr.run_id = r.id AND rr.step_count > 0) THEN 'optimizer'
-            ELSE 'root' END AS step_rule
-    FROM runs r
-),
-marked AS (
-    -- root_ord: a root call's place among its rank's root calls, in start order
-    SELECT
-        s.run_id, s.rank, s.span_id, s.thread_id, s.step, s.depth, s.phase, s.start_ns, s.duration_ns, s.self_ns,
-        CASE WHEN rc.seq IS NOT NULL THEN COUNT(rc.seq) OVER (PARTITION BY s.run_id, s.rank ORDER BY s.span_id) END AS root_ord
+        s.run_id, s.rank, s.span_id, s.thread_id, s.step AS recorded_step,
+        COUNT(a.span_id) OVER (PARTITION BY s.run_id, s.rank, s.thread_id ORDER BY s.span_id) AS nth
     FROM span_rows s
-    LEFT JOIN root_calls rc ON rc.run_id = s.run_id AND rc.rank = s.rank AND rc.seq = s.span_id
-),
-latest AS (
-    -- the latest root call entered on the span's thread, else on its rank
-    SELECT
-        run_id, rank, span_id, step, depth, phase, start_ns, duration_ns, self_ns,
-        COALESCE(
-            MAX(root_ord) OVER (PARTITION BY run_id, rank, thread_id ORDER BY span_id),
-            MAX(root_ord) OVER (PARTITION BY run_id, rank ORDER BY span_id),
-            0) AS root_ord
-    FROM marked
-),
-stepped AS (
-    SELECT
-        l.run_id, l.rank, l.span_id,
-        CASE WHEN u.step_rule = 'root'
-            THEN DENSE_RANK() OVER (PARTITION BY l.run_id, l.rank ORDER BY l.step, l.root_ord) - 1
-            ELSE l.step END AS step,
-        l.step AS recorded_step, u.step_rule, l.depth, l.phase, l.start_ns, l.duration_ns, l.self_ns
-    FROM latest l
-    JOIN rules u ON u.run_id = l.run_id
-)"""
-
-SPAN_STEPS = f"""
-CREATE VIEW span_steps AS{_STEPPED}
-SELECT run_id, rank, span_id, step, recorded_step, step_rule
-FROM stepped
+    LEFT JOIN step_starts a ON a.run_id = s.run_id AND a.rank = s.rank AND a.thread_id = s.thread_id AND a.span_id = s.span_id
+) c
+JOIN step_starts b ON b.run_id = c.run_id AND b.rank = c.rank AND b.thread_id = c.thread_id AND b.nth = c.nth
+JOIN step_rows t ON t.run_id = b.run_id AND t.rank = b.rank AND t.step = b.step
 """
 
-# One row per (run, rank, step) under the run's step rule: modtrace.analysis.step_time in SQL.
-STEPS = f"""
-CREATE VIEW steps AS{_STEPPED},
-covering AS (
-    -- covered: the latest end of the step's closed root spans started before this one
-    SELECT
-        run_id, rank, step, step_rule, depth, phase, start_ns, duration_ns, self_ns,
-        MAX(CASE WHEN depth = 0 THEN start_ns + duration_ns END) OVER (
-            PARTITION BY run_id, rank, step ORDER BY start_ns, span_id
-            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered
-    FROM stepped
-),
-per_step AS (
-    SELECT
-        run_id, rank, step,
-        MIN(step_rule) AS step_rule,
-        MIN(start_ns) AS start_ns,
-        MAX(COALESCE(start_ns + duration_ns, start_ns)) AS last_ns,
-        CAST(SUM(CASE WHEN depth <> 0 OR duration_ns IS NULL THEN 0
-            WHEN covered IS NULL OR start_ns >= covered THEN duration_ns
-            WHEN start_ns + duration_ns > covered THEN start_ns + duration_ns - covered
-            ELSE 0 END) AS BIGINT) AS step_ns,
-        CAST(SUM(CASE WHEN phase = 0 THEN COALESCE(self_ns, 0) ELSE 0 END) AS BIGINT) AS forward_ns,
-        CAST(SUM(CASE WHEN phase IN (1, 3) THEN COALESCE(self_ns, 0) ELSE 0 END) AS BIGINT) AS backward_ns,
-        CAST(SUM(CASE WHEN phase = 2 THEN COALESCE(self_ns, 0) ELSE 0 END) AS BIGINT) AS recompute_ns,
-        COUNT(*) AS spans,
-        CAST(SUM(CASE WHEN duration_ns IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS unclosed
-    FROM covering
-    GROUP BY run_id, rank, step
-),
-bounded AS (
-    -- the next step's start ends a step when it is the next step and the step is over by then
-    SELECT
-        run_id, rank, step, step_rule, start_ns, last_ns, step_ns, forward_ns, backward_ns, recompute_ns,
-        spans, unclosed,
-        CASE WHEN LEAD(step) OVER (PARTITION BY run_id, rank ORDER BY step) = step + 1
-            THEN LEAD(start_ns) OVER (PARTITION BY run_id, rank ORDER BY step) END AS next_ns
-    FROM per_step
-)
+# One row per (run, rank, step) under the run's step rule: modtrace.analysis.step_time's step table, stored.
+STEPS = """
+CREATE VIEW steps AS
 SELECT
     run_id,
     rank,
     step,
     step_rule,
     start_ns,
-    CASE WHEN next_ns IS NULL OR last_ns > next_ns THEN last_ns ELSE next_ns END - start_ns AS wall_ns,
+    wall_ns,
     step_ns,
     forward_ns,
     backward_ns,
     recompute_ns,
     spans,
     unclosed
-FROM bounded
+FROM step_rows
 """
 
 VIEWS: tuple[str, ...] = (EVENT_LOG, SPANS, SPAN_STEPS, STEPS)

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Column,
     Double,
     ForeignKeyConstraint,
+    Index,
     Integer,
     MetaData,
     PrimaryKeyConstraint,
@@ -34,7 +35,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -293,6 +294,48 @@ tree_nodes = Table(
     CheckConstraint("clock IN ('host', 'device')", name="ck_tree_nodes_clock"),
     sqlite_with_rowid=False,
     comment="The module call tree of a run as modtrace tree shows it by default (every rank, phase and step, the run's own step rule), written by modtrace analyze with the spans; modtrace tree reads it instead of the spans when its options allow.",
+)
+
+# A run's steps under its own step rule, stored with its spans by the analysis
+# (modtrace.results.materialize) so that the steps and span_steps views read a run's rows by
+# key instead of computing them from every run's spans on each read.
+STEP_RULE_COMMENT = "optimizer | manual | root: the step rule the steps follow (the run's own, resolved from runs.step_on)."
+
+step_rows = Table(
+    "step_rows",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the step."),
+    Column("step", Integer, nullable=False, comment="Step under the run's step rule, from 0."),
+    Column("step_rule", String(16), nullable=False, comment=STEP_RULE_COMMENT),
+    Column("start_ns", BigInteger, nullable=False, comment="start_ns of the step's first span."),
+    Column("wall_ns", BigInteger, nullable=False, comment="Wall time of the step in nanoseconds (modtrace.analysis.step_time)."),
+    Column("step_ns", BigInteger, nullable=False, comment="Step time in nanoseconds: the union of the step's closed root spans (modtrace.analysis.step_time)."),
+    Column("forward_ns", BigInteger, nullable=False, comment="Summed self_ns of the step's forward spans."),
+    Column("backward_ns", BigInteger, nullable=False, comment="Summed self_ns of the step's backward and backward_call spans."),
+    Column("recompute_ns", BigInteger, nullable=False, comment="Summed self_ns of the step's recompute spans."),
+    Column("spans", BigInteger, nullable=False, comment="Spans entered in the step."),
+    Column("unclosed", BigInteger, nullable=False, comment="Spans of the step never exited."),
+    PrimaryKeyConstraint("run_id", "rank", "step", name="pk_step_rows"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_step_rows_run"),
+    sqlite_with_rowid=False,
+    comment="The step table of a run under its own step rule (modtrace.analysis.step_time.step_table), written by modtrace analyze with the spans and replaced with them; the steps view reads it.",
+)
+
+step_starts = Table(
+    "step_starts",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the spans."),
+    Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the spans."),
+    Column("span_id", BigInteger, nullable=False, comment="span_rows.span_id of the thread's first span in the step (after a span of another step, or none)."),
+    Column("step", Integer, nullable=False, comment="step_rows.step of this span and of the thread's spans after it up to its next row."),
+    Column("nth", Integer, nullable=False, comment="The row's place among its thread's rows, from 1: a span's step is that of the row whose nth is the count of its thread's rows at or before it."),
+    PrimaryKeyConstraint("run_id", "rank", "thread_id", "span_id", name="pk_step_starts"),
+    Index("ix_step_starts_nth", "run_id", "rank", "thread_id", "nth", unique=True),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_step_starts_run"),
+    sqlite_with_rowid=False,
+    comment="Each span's step under its run's step rule in compact form: where each thread's spans enter another step (modtrace.analysis.steps.step_starts), written with step_rows; the span_steps view reads it.",
 )
 
 # Public relations engineers query, and the columns each must expose.  Tests
