@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SELECTION = ("tests/test_store.py", "-k", "batches_of_any_size and 63", "-p", "no:cacheprovider")
+SELECTION = ("tests/store/test_store.py", "-k", "batches_of_any_size and 63", "-p", "no:cacheprovider")
 
 
 def _pg_answers() -> bool:

@@ -252,7 +252,7 @@ def test_sigkill_keeps_every_flushed_event_and_the_run_stays_analysable(procs: d
     assert all(i["message"].endswith("was never exited; the run did not finish") for i in issues if i["kind"] == "unclosed")
     assert not [i for i in issues if i["severity"] == "error"]
 
-    tree = cli("tree", proc.run, "--db", proc.db)
+    tree = cli("tree", proc.run, "--db", proc.db, "--full-names")
     assert tree.returncode == 0, tree.stderr
     assert re.search(r"^Net\s+Net\s+forward\s+4\s", tree.stdout, re.M), tree.stdout  # 3 whole steps and the open one
     assert re.search(r"^  Net\.inp\s+Linear\s+forward\s+4\s", tree.stdout, re.M), tree.stdout

@@ -148,7 +148,7 @@ def test_readers_answer_while_a_recording_is_written(tmp_path: Path, run_cli) ->
             seen_steps.append(row["steps"])
             shown = run_cli("show", "live", "--db", db, "--format", "json")
             assert shown.code == 0 and json.loads(shown.out)["status"] == "running", shown
-            tree = run_cli("tree", "live", "--db", db)
+            tree = run_cli("tree", "live", "--db", db, "--full-names")
             assert tree.code == 0, tree
             assert re.search(r"^Sequential\s+Sequential\s+forward\s+\d+", tree.out, re.M), tree.out
             assert re.search(r"^    Sequential\.2\.0\s+Linear\s+forward", tree.out, re.M), tree.out
