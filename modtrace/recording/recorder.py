@@ -44,10 +44,10 @@ from modtrace.recording.safety import SafetyNets
 from modtrace.recording.schedule import Schedule, StepAction, parse_schedule
 from modtrace.recording.step_boundary import Scheduling
 from modtrace.recording.writer_process import WriterProcess
+from modtrace.store.counters import write_counters
 from modtrace.store.engine import Store, open_store
 from modtrace.store.retry import ResumingWriter, call_retrying, retry_seconds
 from modtrace.store.runs import add_rank, create_run, finish_rank
-from modtrace.store.counters import write_counters
 from modtrace.tracking.counters import COUNTER_POLICIES, Counting
 from modtrace.tracking.device_timer import DeviceClock, drain_rows
 from modtrace.tracking.tracker import Tracker

@@ -124,14 +124,14 @@ def _nbytes(values: Any) -> int:
     return total
 
 
-class CounterMode(TorchDispatchMode):
+class CounterMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Sums each op's FLOPs, bytes and count per (call id, phase, graph task) of the
     innermost module call open where it runs; call id 0 is no module call.  One per
     counted region of one thread: ``counts`` maps the key to [flops, bytes, ops, unknown]."""
 
     def __init__(self, tracker: Tracker, formulas: dict[Any, Callable[..., int]], known: dict[Any, bool],
                  first_seq: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.tracker = tracker
         self.formulas = formulas
         self.known = known  # op -> True (a formula or no work) | False (unknown); shared by the regions
@@ -234,7 +234,7 @@ class Counting:
                 return
             self._kinds.add(kind)
         mode = CounterMode(self.tracker, self._formulas, self._known, seq)
-        mode.__enter__()
+        mode.__enter__()  # type: ignore[no-untyped-call]
         self._local.mode = mode
         with self._lock:
             self.regions.append(mode)
@@ -247,7 +247,7 @@ class Counting:
         if mode.enabled:
             mode.enabled = False
             mode.last_seq = last_seq
-        mode.__exit__(None, None, None)
+        mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
     def end_step(self) -> None:
         """The step ended (an optimizer step, ``Recorder.step()``): stop counting.  A region
