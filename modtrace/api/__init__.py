@@ -433,7 +433,7 @@ class Database:
         from dataclasses import replace
 
         from modtrace.analysis.diff import diff_runs
-        from modtrace.api._diff import like_with_like, no_common_step
+        from modtrace.api._diff import diff_counters, like_with_like, no_common_step
 
         other = cand_db or self
         chosen = self._diff_clock(base, cand, other, clock)
@@ -442,7 +442,10 @@ class Database:
         base_calls, cand_calls = like_with_like(base_side, cand_side, step_kind)
         result = diff_runs(base_calls, cand_calls, options)
         disjoint = no_common_step(base_side[1], cand_side[1])
-        return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,))
+        counters = diff_counters(self._store, base_side[1], other._store, cand_side[1], rank, options.phases)
+        summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
+        return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,),
+                       counters=counters, summary=summary)
 
     # -- for this package's own modules (api._tree, api._diff, api._cli) --------------
 
