@@ -442,7 +442,8 @@ class Database:
         base_calls, cand_calls = like_with_like(base_side, cand_side, step_kind)
         result = diff_runs(base_calls, cand_calls, options)
         disjoint = no_common_step(base_side[1], cand_side[1])
-        counters = diff_counters(self._store, base_side[1], other._store, cand_side[1], rank, options.phases)
+        counters = diff_counters(self._store, base_side[1], other._store, cand_side[1], rank,
+                                 None if options is None else options.phases)
         summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
         return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,),
                        counters=counters, summary=summary)
