@@ -265,3 +265,25 @@ def test_record_counters_option(tmp_path: Path) -> None:
 def test_recorder_refuses_an_unknown_counters_policy(db_path: Path) -> None:
     with pytest.raises(ValueError, match="counters must be one of first, every-step, off"):
         modtrace.Recorder(db=str(db_path), counters="sometimes")
+
+
+def test_steps_not_counted_run_with_no_dispatch_mode_and_counted_ones_with_one(db_path: Path) -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    model = nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+
+    def look(mod: nn.Module, args: Any) -> None:
+        seen.append(len(_get_current_dispatch_mode_stack()))
+
+    handle = model.register_forward_pre_hook(look)
+    try:
+        with modtrace.Recorder(db=str(db_path), run="modes", writer="inline"):
+            for batch in (2, 2, 2, 5, 5):
+                model(torch.randn(batch, 4)).sum().backward()
+                opt.step()
+    finally:
+        handle.remove()
+    assert seen == [1, 0, 0, 1, 0]  # the first step of each kind only
+    assert len(_get_current_dispatch_mode_stack()) == 0  # nothing left pushed after the recording
