@@ -244,9 +244,7 @@ class Database:
         -------
         polars.DataFrame
             ``contracts.SPAN_FRAME`` (with ``contracts.DEVICE_SPAN_COLUMNS`` when the run has device
-            times, and the work counters ``flops``, ``flops_self``, ``bytes``, ``bytes_self``, ``ops``,
-            ``ops_self``, ``unknown_ops``, ``unknown_ops_self`` when it counted some steps: null on
-            the steps not counted); times on ``clock``.
+            times); times on ``clock``.
 
         Examples
         --------
@@ -254,11 +252,6 @@ class Database:
         """
         ref = self._ref(run)
         spans = self._spans_on(ref, clock)
-        from modtrace.store.counters import has_counters, read_span_counters
-
-        if has_counters(self._store, ref.id):  # the work counters' columns (the spans view's)
-            counters = read_span_counters(self._store, ref.id)
-            spans = spans.join(counters, on=["rank", "span_id"], how="left", maintain_order="left")
         if not named:
             return spans
         from modtrace.api._tables import spans_table

@@ -93,16 +93,3 @@ def read_counted_spans(store: Store, run_id: int, rank: int | None = None) -> pl
         cur.execute(sql, (run_id,))
         rows = cur.fetchall()
     return pl.DataFrame(rows, schema=schema, orient="row")
-
-
-def read_span_counters(store: Store, run_id: int) -> pl.DataFrame:
-    """The run's stored span counter rows: rank, span_id and the counters, by rank and span_id."""
-    import polars as pl
-
-    columns = SPAN_COUNTER_ROW_COLUMNS[1:]
-    schema = {"rank": pl.Int32, "span_id": pl.Int64, **dict.fromkeys(columns[2:], pl.Int64)}
-    with driver_cursor(store) as cur:
-        cur.execute(f"SELECT {', '.join(columns)} FROM span_counter_rows WHERE run_id = {mark(store)} "
-                    "ORDER BY rank, span_id", (run_id,))
-        rows = cur.fetchall()
-    return pl.DataFrame(rows, schema=schema, orient="row")
