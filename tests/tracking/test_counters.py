@@ -287,3 +287,31 @@ def test_steps_not_counted_run_with_no_dispatch_mode_and_counted_ones_with_one(d
         handle.remove()
     assert seen == [1, 0, 0, 1, 0]  # the first step of each kind only
     assert len(_get_current_dispatch_mode_stack()) == 0  # nothing left pushed after the recording
+
+
+class Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.embed(x))
+
+
+def test_a_compiled_region_compiles_on_a_counted_step_and_its_work_goes_to_the_compiled_module(db_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Twice()
+    model.block = torch.compile(model.block, backend="eager")  # type: ignore[assignment]
+    with modtrace.Recorder(db=str(db_path), run="compiled", writer="inline", counters="every-step"), \
+            pytest.warns(UserWarning, match="global hooks"):
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+    db = str(db_path)
+    # compiled as without counters: the block's insides never recorded as calls
+    assert {f for (f,) in db_rows(db, "SELECT DISTINCT fqn FROM spans")} == {"Twice", "Twice.embed", "Twice.block"}
+    assert db_rows(db, "SELECT compiled FROM modules WHERE fqn = 'Twice.block'") == [(1,)]
+    rows = db_rows(db, "SELECT fqn, SUM(flops_self) FROM spans WHERE phase = 'forward' GROUP BY fqn ORDER BY fqn")
+    # the compiled region's ops at run time are counted, charged to the compiled module (its
+    # inner modules make no calls): two steps of its Linear's matmul
+    assert rows == [("Twice", 0), ("Twice.block", 2 * _linear(2, 8, 8)), ("Twice.embed", 2 * _linear(2, 4, 8))]
