@@ -34,7 +34,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -45,7 +45,7 @@ metadata = MetaData()
 RUN_COUNTERS_COMMENT = (
     "Which steps the recorder counted FLOPs, bytes and ops on (Recorder(counters=...), modtrace record --counters): "
     "first (the first recorded step of each step kind) | every-step | off; NULL for runs recorded before revision "
-    "0014. The counted steps are those whose spans have counters (spans.ops not NULL)."
+    "0015. The counted steps are those whose spans have counters (spans.ops not NULL)."
 )
 
 _RUN_STATUSES = ", ".join(repr(s) for s in RUN_STATUSES)

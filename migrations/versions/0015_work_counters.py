@@ -3,8 +3,8 @@ counted_ranges (written by the recorder), span_counter_rows (written by modtrace
 and the spans view's counter columns (flops, flops_self, bytes, bytes_self, ops, ops_self,
 unknown_ops, unknown_ops_self)
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-02 00:00:00.000000
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
-_RUN_COUNTERS = 'Which steps the recorder counted FLOPs, bytes and ops on (Recorder(counters=...), modtrace record --counters): first (the first recorded step of each step kind) | every-step | off; NULL for runs recorded before revision 0014. The counted steps are those whose spans have counters (spans.ops not NULL).'
+_RUN_COUNTERS = 'Which steps the recorder counted FLOPs, bytes and ops on (Recorder(counters=...), modtrace record --counters): first (the first recorded step of each step kind) | every-step | off; NULL for runs recorded before revision 0015. The counted steps are those whose spans have counters (spans.ops not NULL).'
 
 # The views are written out here, not imported, so this revision stays as it was released.
 _SPANS_BEFORE = """
