@@ -449,7 +449,7 @@ class Database:
         from concurrent.futures import ThreadPoolExecutor
         from dataclasses import replace
 
-        from modtrace.api._diff import like_with_like, no_common_step
+        from modtrace.api._diff import diff_counters, like_with_like, no_common_step
 
         other = cand_db or self
         chosen = self._diff_clock(base, cand, other, clock)
@@ -468,7 +468,11 @@ class Database:
 
         result = diff_runs(base_calls, cand_calls, options)
         disjoint = no_common_step(base_side[1], cand_side[1])
-        return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,))
+        counters = diff_counters(self._store, base_side[1], other._store, cand_side[1], rank,
+                                 None if options is None else options.phases)
+        summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
+        return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,),
+                       counters=counters, summary=summary)
 
     def delete(self, runs: RunLike | Sequence[RunLike], *, force: bool = False) -> list[DeletedRun]:
         """Delete runs with every row that belongs to them (events, spans, issues, trees, device

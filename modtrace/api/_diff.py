@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from modtrace.core.errors import RunNotFound, UsageError
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from modtrace.analysis.diff import RunCalls
     from modtrace.api import Database, Run, RunLike
     from modtrace.store.engine import Store
@@ -97,3 +99,16 @@ def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
     return (f"runs {base['run']!r} (recorded steps {b or 'none'}) and {cand['run']!r} (recorded steps "
             f"{c or 'none'}) have no recorded step in common: their schedules differ; steps are compared "
             "as samples all the same")
+
+
+def diff_counters(base_store: Store, base: dict[str, Any], cand_store: Store, cand: dict[str, Any],
+                  rank: int | None, phases: tuple[str, ...] | None) -> pl.DataFrame | None:
+    """The work counters that differ between the sides (``analysis.diff.counters``), by
+    step kind; None when a side counted no step (each side's ``rank`` as it was chosen)."""
+    from modtrace.analysis.diff.counters import counter_changes
+    from modtrace.store.counters import has_counters, read_counted_spans
+
+    if not has_counters(base_store, base["run_id"]) or not has_counters(cand_store, cand["run_id"]):
+        return None
+    return counter_changes(read_counted_spans(base_store, base["run_id"], base.get("rank", rank)),
+                           read_counted_spans(cand_store, cand["run_id"], cand.get("rank", rank)), phases)

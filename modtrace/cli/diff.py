@@ -40,8 +40,10 @@ from modtrace.core.contracts import PHASES
 @step_kind_option("the kind most steps of both runs share, when they have more than one")
 @clock_option
 @format_option("table", "json", "csv", "markdown")
-@click.option("--fail-on", type=click.Choice(("regression", "structure", "any", "never")), default="regression",
-              show_default=True, help="Which findings make the exit status 1.")
+@click.option("--fail-on", type=click.Choice(("regression", "structure", "counters", "any", "never")),
+              default="regression", show_default=True,
+              help="Which findings make the exit status 1 (counters: a module's FLOPs, bytes or ops on a "
+                   "counted step of the same kind differ; any: every kind of finding).")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged modules (table and markdown).")
 def diff(
     base: str, cand: str, db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,

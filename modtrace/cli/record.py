@@ -109,6 +109,10 @@ def check_run_name(name: str) -> str:
                    "records only its own call, not its submodules'.")
 @click.option("--no-device-time", is_flag=True,
               help="Do not record device time and memory of module calls on CUDA (on by default).")
+@click.option("--counters", type=click.Choice(("first", "every-step", "off")), default="first", show_default=True,
+              help="Count FLOPs, bytes and aten ops per module call (spans.flops, bytes, ops) on the first "
+                   "recorded step of each step kind (first), on every recorded step, or never. Counting "
+                   "routes every op of a counted step through Python; other steps cost nothing more.")
 @click.argument("target_args", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 @click.pass_context
 def record(
@@ -123,6 +127,7 @@ def record(
     schedule_text: str | None,
     eager: bool,
     no_device_time: bool,
+    counters: str,
     target_args: tuple[str, ...],
 ) -> int:
     """Run SCRIPT (or -m MODULE) as python would, recording its module calls.
@@ -167,7 +172,7 @@ def record(
         disable_compilation()
     return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
                    quiet=quiet, analyze=not no_analyze, step_on=step_on, schedule=schedule,
-                   device_time=False if no_device_time else None)
+                   device_time=False if no_device_time else None, counters=counters)
 
 
 def disable_compilation() -> None:
@@ -190,6 +195,7 @@ def _record(
     step_on: str = "auto",
     device_time: bool | None = None,
     schedule: Any = None,
+    counters: str = "first",
 ) -> int:
     from datetime import datetime
 
@@ -210,7 +216,8 @@ def _record(
 
     try:
         return _record_under(target, run_name, auto, db=db, tags=tags, command=command, meta=meta,
-                             quiet=quiet, analyze=analyze, step_on=step_on, device_time=device_time, schedule=schedule)
+                             quiet=quiet, analyze=analyze, step_on=step_on, device_time=device_time, schedule=schedule,
+                             counters=counters)
     except Terminated:
         # SIGTERM before the target started or after it ended; a started
         # recorder finishes from its atexit hook.
@@ -220,7 +227,7 @@ def _record(
 def _record_under(
     target: Any, run_name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
     meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto", device_time: bool | None = None,
-    schedule: Any = None,
+    schedule: Any = None, counters: str = "first",
 ) -> int:
     from modtrace.core.errors import Terminated
     from modtrace.recording import status_line as progress_mod
@@ -228,7 +235,8 @@ def _record_under(
 
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze,
-                              step_on=step_on, device_time=device_time, schedule=schedule)
+                              step_on=step_on, device_time=device_time, schedule=schedule,
+                              counters=counters)
         line = None
         if progress_mod.wanted(sys.stderr, quiet):
             line = progress_mod.ProgressLine(
@@ -258,7 +266,7 @@ def _record_under(
 def _start_recorder(
     name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
     meta: dict[str, Any], analyze: bool, step_on: str = "auto", device_time: bool | None = None,
-    schedule: Any = None,
+    schedule: Any = None, counters: str = "first",
 ) -> Any:
     """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
     from modtrace.core.errors import RunNameTaken
@@ -268,7 +276,7 @@ def _start_recorder(
     while True:
         candidate = name if attempt == 1 else f"{name}-{attempt}"
         rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze, step_on=step_on,
-                       device_time=device_time, schedule=schedule)
+                       device_time=device_time, schedule=schedule, counters=counters)
         try:
             rec.__enter__()  # Recorder.start
         except RunNameTaken:

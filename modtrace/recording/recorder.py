@@ -44,9 +44,11 @@ from modtrace.recording.safety import SafetyNets
 from modtrace.recording.schedule import Schedule, StepAction, parse_schedule
 from modtrace.recording.step_boundary import Scheduling
 from modtrace.recording.writer_process import WriterProcess
+from modtrace.store.counters import write_counters
 from modtrace.store.engine import Store, open_store
 from modtrace.store.retry import ResumingWriter, call_retrying, retry_seconds
 from modtrace.store.runs import add_rank, create_run, finish_rank
+from modtrace.tracking.counters import COUNTER_POLICIES, Counting
 from modtrace.tracking.device_timer import DeviceClock, drain_rows
 from modtrace.tracking.tracker import Tracker
 
@@ -102,7 +104,13 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         schedule: Schedule | str | None = None,
         device_time: bool | None = None,
         device_clock: DeviceClock | None = None,
+        counters: str = "first",
     ) -> None:
+        if counters not in COUNTER_POLICIES:
+            raise ValueError(f"counters must be one of {', '.join(COUNTER_POLICIES)}, not {counters!r}")
+        # Work counters (modtrace.tracking.counters): which steps count FLOPs, bytes and ops.
+        self.counters = counters
+        self._counting: Counting | None = None
         if step_on not in STEP_RULES:
             raise ValueError(f"step_on must be one of {', '.join(STEP_RULES)}, not {step_on!r}")
         if writer is None:
@@ -208,6 +216,8 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         tracker = self._tracker
         if tracker is None or self._forked_child:
             return
+        if self._counting is not None:
+            self._counting.end_step()
         tracker.step += 1
         self._begin_step(tracker, tracker.step)
         if self._taken - self._written + len(self._buf) > self.max_buffered:
@@ -258,12 +268,19 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
                 "tags": self.tags,
                 "step_on": self.step_on,
                 "schedule": self.schedule.text() if self.schedule is not None else None,
+                "counters": self.counters,
             }
             meta.update(self.meta)
             self.run_id, _created = create_run(store, self.run_name, meta, join=self.join)
             tracker = Tracker(self._buf.append, clock=self._clock,
                               on_optimizer_step=None if self.step_on == "manual" else self.step,
                               device_time=self.device_time is not False, device_clock=self._device_clock)
+            if self.counters != "off":
+                self._counting = Counting(
+                    tracker, self.counters,
+                    root_steps=lambda: self.step_on == "root" or (self.step_on == "auto" and tracker.step == 0),
+                    may_count=lambda: self._action is StepAction.RECORD)
+                tracker.on_root = self._counting.on_root
             wall = time.time_ns()
             tracker.start()
             self._begin_step(tracker, 0)
@@ -358,6 +375,8 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             # schedule's off steps, or a step whose events a timed flush took before it ended).
             faults["step_count"] = tracker.step
         try:
+            if self._counting is not None and self._flush_error is None:
+                self._write_counters(store)
             call_retrying(lambda: finish_rank(store, self.run_id, self.rank, status, error, faults),
                           0.0 if self._flush_error is not None else self.retry_s)
             analyze = self.analyze and self._flush_error is None
@@ -373,6 +392,14 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             self._close_writers()
             self._dispose(self._store)
             self._reserve.release()
+
+    def _write_counters(self, store: Store) -> None:
+        """The counted steps' counters (modtrace.tracking.counters), written once the events are."""
+        assert self._counting is not None
+        self._counting.end_step()
+        calls, counted = self._counting.rows(self.run_id, self.rank)
+        if counted:
+            call_retrying(lambda: write_counters(store, self.run_id, self.rank, calls, counted), self.retry_s)
 
     def _dispose(self, store: Store) -> None:
         keeper, self._keeper = self._keeper, None

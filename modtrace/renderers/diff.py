@@ -83,6 +83,9 @@ def headline(doc: dict[str, Any]) -> list[str]:
         ),
     ]
     lines.extend(step_lines(doc["base"], doc["cand"]))
+    if doc.get("counters") is not None:
+        lines.append(f"{_count(s.get('counter_changes', 0), 'work counter change')} (FLOPs, bytes, ops per module "
+                     "and phase on the first counted step of each kind, exact)")
     if s.get("step_changed") and not o.get("absolute") and not s["regressions"] and not s["improvements"]:
         lines.append(
             f"note: the step time changed ({fmt_ratio(ratio)}) but no module's share of the step did: "
@@ -189,6 +192,20 @@ def wrap_headline(lines: list[str], width: int | None) -> list[str]:
     return out
 
 
+COUNTER_HEADERS = ("module", "phase", "step kind", "counter", "base", "cand", "change")
+
+
+def counter_rows(doc: dict[str, Any]) -> list[list[Any]]:
+    """The counters that changed: a module's own count, exactly (``≥``: a lower bound)."""
+    rows = []
+    for c in doc.get("counters") or ():
+        bound = "≥" if c["lower_bound"] and c["counter"] == "flops" else ""
+        change = f"{c['cand'] / c['base']:.2f}x" if c["base"] else "new"
+        rows.append([c["fqn"], c["phase"], c["kind"] or "", c["counter"], f"{bound}{c['base']:,}",
+                     f"{bound}{c['cand']:,}", change])
+    return rows
+
+
 class DiffTableRenderer(DiffRenderer):
     """Terminal output: a headline, then one table per kind of finding."""
 
@@ -208,9 +225,11 @@ class DiffTableRenderer(DiffRenderer):
         if doc["structure"]:
             rows = [[s["kind"], s["fqn"] or "", s["phase"] or "", s["message"]] for s in doc["structure"]]
             out.append("\nStructure\n" + table.render(Table(("change", "module", "phase", "detail"), rows)))
+        if doc.get("counters"):
+            out.append("\nWork counters (exact, self)\n" + table.render(Table(COUNTER_HEADERS, counter_rows(doc))))
         if doc["order"] is not None:
             out.append(f"\n{order_title(doc)}\n" + "\n".join(order_lines(doc)) + "\n")
-        if not any(doc["summary"][k] for k in ("regressions", "improvements", "structure_changes")):
+        if not any(doc["summary"].get(k) for k in ("regressions", "improvements", "structure_changes", "counter_changes")):
             out.append("\nno changes found\n")
         return "".join(out)
 
@@ -270,6 +289,8 @@ class DiffMarkdownRenderer(DiffRenderer):
         if doc["structure"]:
             rows = [[*r, x["message"]] for r, x in zip(structure_rows(doc), doc["structure"], strict=True)]
             out.append("\n" + md.render(Table(("change", "module", "phase", "base", "cand", "detail"), rows, "Structure")))
+        if doc.get("counters"):
+            out.append("\n" + md.render(Table(COUNTER_HEADERS, counter_rows(doc), "Work counters (exact, self)")))
         if doc["order"] is not None:
             out.append(f"\n### {order_title(doc)}\n\n```diff\n")
             for r in doc["order"]["excerpt"]:
@@ -330,4 +351,7 @@ class DiffCsvRenderer(DiffRenderer):
         for s in doc["structure"]:
             rows.append([s["kind"], s["fqn"], s["phase"], *([None] * 18), s["base"], s["cand"], s["message"],
                          *([None] * 8)])
+        for c in doc.get("counters") or ():
+            rows.append(["counters_changed", c["fqn"], c["phase"], *([None] * 18), c["base"], c["cand"],
+                         f"{c['counter']} of step kind {c['kind']}", *([None] * 8)])
         return CsvRenderer().render(Table(CSV_COLUMNS, rows))

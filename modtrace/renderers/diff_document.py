@@ -49,6 +49,11 @@ existing ones are not renamed or removed without bumping ``format``.
                   1 + threshold (below 1 - threshold) and noise_p_adjusted <
                   alpha; inherited, the same of the inclusive share (or a
                   descendant that is a regression or improvement).
+    counters      null (a side counted no step), or [{kind (step kind), fqn,
+                  phase, counter (flops | bytes | ops), base, cand,
+                  lower_bound (a side's FLOPs count unknown ops)}]: the
+                  self counts of the first counted step of each kind that
+                  differ, exactly (summary.counter_changes counts them)
     structure     [{kind, fqn, phase, base, cand, message}]; kind is one of
                   module_removed, module_added, phase_removed, phase_added,
                   calls_changed, device_changed, stream_changed,
@@ -139,6 +144,7 @@ def document(
         "improvements": s["improvements"],
         "inherited": s["inherited"],
         "structure_changes": s["structure_changes"],
+        "counter_changes": s.get("counter_changes", 0),
         "step_ratio": _round(s["step_ratio"], 6),  # type: ignore[arg-type]
         "step_p_value": _round(s["step_p_value"]),  # type: ignore[arg-type]
         "step_changed": s["step_changed"],
@@ -191,5 +197,6 @@ def document(
         "summary": summary,
         "timing": timing,
         "structure": result.structure.to_dicts(),
+        "counters": None if result.counters is None else result.counters.to_dicts(),
         "order": order,
     }

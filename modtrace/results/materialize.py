@@ -276,6 +276,24 @@ def _store_device_times(store: Store, run_id: int, ranks: list[int]) -> None:
         write_span_device_rows(store, run_id, r, device_times(spans, read_device_events(store, run_id, ranks=[r])))
 
 
+def _store_counters(store: Store, run_id: int, ranks: list[int]) -> None:
+    """The span counter rows of a run that counted work, rank by rank, from its stored spans
+    and the recorder's counters, once the rounds are stored (inclusive counts need a
+    rank's whole call tree)."""
+    from modtrace.store.counters import has_counters, read_counters, write_span_counters
+
+    if not has_counters(store, run_id):
+        return
+    from modtrace.analysis.counters import span_counters
+    from modtrace.store.analysis_store import read_span_rows
+
+    needed = ("rank", "span_id", "parent_span_id", "depth", "call_id", "phase", "graph_task")
+    for r in ranks:
+        calls, ranges = read_counters(store, run_id, r)
+        spans = read_span_rows(store, run_id, columns=needed, rank=r)
+        write_span_counters(store, run_id, r, span_counters(spans, calls, ranges))
+
+
 def materialize(
     store: Store, run_id: int, *, rank: int | None = None, complete: bool | None = None,
     round_rows: int = ROUND_ROWS, chunk_rows: int = CHUNK_ROWS, part_rows: int | None = None,
@@ -326,6 +344,7 @@ def materialize(
 
     write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True, steps=steps)
     _store_device_times(store, run_id, ranks)
+    _store_counters(store, run_id, ranks)
     some = [f for f in found.issues if f.height]
     issues = pl.concat(some).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind") if some else empty_issues()  # type: ignore[arg-type]
     if not found.spans:

@@ -385,7 +385,7 @@ def execute(store: Store, query: Query, params: Mapping[str, Any]) -> Result:
 
 # The relations that hold a run's analysis (empty for a run until it is stored), as
 # ``ScannedSql.statements`` spells words.
-ANALYSIS_RELATIONS = frozenset({"SPANS", "NESTING_ISSUES", "SPAN_ROWS", "SPAN_DEVICE_ROWS", "TREE_NODES"})
+ANALYSIS_RELATIONS = frozenset({"SPANS", "NESTING_ISSUES", "SPAN_ROWS", "SPAN_DEVICE_ROWS", "SPAN_COUNTER_ROWS", "TREE_NODES"})
 
 # Why a run's analysis cannot answer, by runs.analysis state.
 _NOT_STORED = {

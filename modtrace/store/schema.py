@@ -35,13 +35,19 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
 VERSION_TABLE = "alembic_version"
 
 metadata = MetaData()
+
+RUN_COUNTERS_COMMENT = (
+    "Which steps the recorder counted FLOPs, bytes and ops on (Recorder(counters=...), modtrace record --counters): "
+    "first (the first recorded step of each step kind) | every-step | off; NULL for runs recorded before revision "
+    "0015. The counted steps are those whose spans have counters (spans.ops not NULL)."
+)
 
 _RUN_STATUSES = ", ".join(repr(s) for s in RUN_STATUSES)
 
@@ -79,6 +85,7 @@ runs = Table(
     Column("step_on", String(16), nullable=False, server_default="optimizer", comment="What starts a step, as asked of the recorder: auto (optimizer steps when the run made any, else root calls) | optimizer (optimizer steps and Recorder.step()) | root (each root call, see root_calls) | manual (Recorder.step() only)."),
     Column("schedule", Text, nullable=True, comment="The recording schedule, as `modtrace record --schedule` takes it (e.g. 'skip_first=10,wait=5,warmup=1,active=20,repeat=3'); NULL when every step was recorded."),
     Column("analysis", String(16), nullable=False, server_default="none", comment=RUN_ANALYSIS_COMMENT),
+    Column("counters", String(16), nullable=True, comment=RUN_COUNTERS_COMMENT),
     CheckConstraint(f"status IN ({_RUN_STATUSES})", name="ck_runs_status"),
     UniqueConstraint("name", name="uq_runs_name"),
     comment="One row per recorded run (one training or inference job, possibly many ranks).",
@@ -219,6 +226,61 @@ span_device_rows = Table(
     comment="Device time and memory of spans, written by modtrace analyze for runs with device times; query them through spans.",
 )
 
+call_counters = Table(
+    "call_counters",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the call."),
+    Column("call_id", BigInteger, nullable=False, comment="events.call_id of the module call the ops ran in (the innermost open)."),
+    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute, 3 backward_call (modtrace.core.codes.Phase)."),
+    Column("graph_task", BigInteger, nullable=False, comment="Autograd graph task of a backward, recompute or backward_call; -1 in forward."),
+    Column("flops", BigInteger, nullable=False, comment="FLOPs of the call's own ops (torch.utils.flop_counter's formulas)."),
+    Column("bytes", BigInteger, nullable=False, comment="Bytes of the tensor inputs and outputs of the call's own ops (views: none)."),
+    Column("ops", BigInteger, nullable=False, comment="Aten ops the call ran itself."),
+    Column("unknown_ops", BigInteger, nullable=False, comment="Of those, ops with no FLOP formula that may do such work: flops is a lower bound when not 0."),
+    PrimaryKeyConstraint("run_id", "rank", "call_id", "phase", "graph_task", name="pk_call_counters"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_call_counters_run"),
+    sqlite_with_rowid=False,
+    comment="Work counted per module call and phase on counted steps (the ops charged to the innermost open call), written by the recorder at the end of the recording; query the spans view's counter columns.",
+)
+
+counted_ranges = Table(
+    "counted_ranges",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that counted."),
+    Column("first_seq", BigInteger, nullable=False, comment="seq of the first event of the counted range (a root call's enter)."),
+    Column("last_seq", BigInteger, nullable=False, comment="seq of the last event of the counted range: every span entered from first_seq to last_seq has counters."),
+    Column("flops", BigInteger, nullable=False, comment="FLOPs of the range's ops run outside any module call."),
+    Column("bytes", BigInteger, nullable=False, comment="Bytes of the range's ops run outside any module call."),
+    Column("ops", BigInteger, nullable=False, comment="Aten ops of the range run outside any module call (a loss function, the optimizer)."),
+    Column("unknown_ops", BigInteger, nullable=False, comment="Of those, ops with no FLOP formula that may do such work."),
+    PrimaryKeyConstraint("run_id", "rank", "first_seq", name="pk_counted_ranges"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_counted_ranges_run"),
+    sqlite_with_rowid=False,
+    comment="The event ranges (one per counted step or root call) during which the recorder counted work, written by the recorder at the end of the recording.",
+)
+
+span_counter_rows = Table(
+    "span_counter_rows",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the span."),
+    Column("span_id", BigInteger, nullable=False, comment="span_rows.span_id of the span."),
+    Column("flops", BigInteger, nullable=False, comment="FLOPs of the span and its descendant spans."),
+    Column("flops_self", BigInteger, nullable=False, comment="FLOPs of the span's own ops."),
+    Column("bytes", BigInteger, nullable=False, comment="Bytes of the span and its descendant spans."),
+    Column("bytes_self", BigInteger, nullable=False, comment="Bytes of the span's own ops."),
+    Column("ops", BigInteger, nullable=False, comment="Aten ops of the span and its descendant spans."),
+    Column("ops_self", BigInteger, nullable=False, comment="Aten ops of the span's own."),
+    Column("unknown_ops", BigInteger, nullable=False, comment="Ops with no FLOP formula in the span and its descendants: flops is a lower bound when not 0."),
+    Column("unknown_ops_self", BigInteger, nullable=False, comment="Ops with no FLOP formula of the span's own: flops_self is a lower bound when not 0."),
+    PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_counter_rows"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_span_counter_rows_run"),
+    sqlite_with_rowid=False,
+    comment="Work counters of the spans of counted steps, inclusive and self, written by modtrace analyze from call_counters; query them through spans.",
+)
+
 span_rows = Table(
     "span_rows",
     metadata,
@@ -343,7 +405,7 @@ step_starts = Table(
 PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
     "runs": (
         "id", "name", "status", "started_at", "ended_at", "command", "hostname", "world_size",
-        "python_version", "torch_version", "modtrace_version", "tags", "step_on", "analysis",
+        "python_version", "torch_version", "modtrace_version", "tags", "step_on", "analysis", "counters",
     ),
     "root_calls": ("run_id", "rank", "seq", "call_id", "kind"),
     "modules": ("run_id", "module_id", "fqn", "module_type", "parent_module_id", "compiled"),
@@ -355,6 +417,7 @@ PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
         "run_id", "rank", "span_id", "parent_span_id", "depth", "fqn", "module_type", "phase", "call_id",
         "step", "thread_id", "start_ns", "end_ns", "duration_ns", "self_ns", "device", "stream", "status",
         "device_start_ns", "device_end_ns", "device_duration_ns", "device_self_ns", "mem_delta_bytes", "mem_max_bytes",
+        "flops", "flops_self", "bytes", "bytes_self", "ops", "ops_self", "unknown_ops", "unknown_ops_self",
     ),
     "nesting_issues": (
         "run_id", "rank", "seq", "kind", "severity", "fqn", "phase", "call_id", "step", "thread_id", "message",

@@ -139,6 +139,9 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         self.new_roots: list[tuple[int, int, str | None]] = []
         self.roots = 0
         self._note_roots = roots
+        # Called with (seq, kind) at each root call noted, before its enter row: the
+        # counters' step starts (modtrace.tracking.counters.Counting.on_root).
+        self.on_root: Callable[[int, str | None], None] | None = None
         self._init_devices(device_time, device_clock)
 
     # -- lifecycle -----------------------------------------------------------
@@ -329,9 +332,12 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         # caller (Module._call_impl, or the closure it runs) holds them.
         caller = sys._getframe(2)
         kwargs = caller.f_locals.get("kwargs") if caller.f_globals.get("__name__") == _module_hooks.__name__ else None
-        self.new_roots.append((seq, call_id, input_kind(mod, args, kwargs)))
+        kind = input_kind(mod, args, kwargs)
+        self.new_roots.append((seq, call_id, kind))
         with self._lock:  # threads may note root calls at once; only root calls take the lock
             self.roots += 1
+        if self.on_root is not None:  # counters (modtrace.tracking.counters) start or end here
+            self.on_root(seq, kind)
 
     def _forward_post(self, mod: nn.Module, args: tuple[Any, ...], kwargs: Any, output: Any = _RAISED) -> None:
         # torch calls this with (module, args, kwargs, output) after a forward

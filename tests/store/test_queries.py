@@ -32,6 +32,7 @@ from modtrace.store.engine import open_store
 from modtrace.store.query import library, library_query, run_query
 from modtrace.store.runs import resolve_run
 from tests.helpers.postgres import fresh_schema
+from tests.helpers.recording import db_rows
 
 STEPS = 3
 DELAY_NS = 50_000
@@ -473,7 +474,28 @@ def check_memory_deltas(rec: Recording) -> None:
     assert rows[0][6] == peak
 
 
+def check_throughput(rec: Recording) -> None:
+    spans = pl.DataFrame(
+        db_rows(rec.db, "SELECT s.fqn, s.phase, s.flops_self, s.bytes_self, s.self_ns, s.unknown_ops_self FROM spans s "
+                        "JOIN runs r ON r.id = s.run_id WHERE r.name = 'base' AND s.flops_self IS NOT NULL"),
+        schema=["fqn", "phase", "flops", "bytes", "self_ns", "unknown"], orient="row")
+    per = (spans.group_by("fqn", "phase").agg(pl.len().alias("spans"), pl.col("flops").sum(), pl.col("bytes").sum(),
+                                               pl.col("self_ns").sum())
+           .filter((pl.col("flops") > 0) & (pl.col("self_ns") > 0))
+           .with_columns((pl.col("flops") / pl.col("self_ns")).alias("rate"))
+           .sort("rate", "fqn", "phase"))
+    assert per.height >= 2, "the fixture's counted step has modules doing matrix work"
+    median = per["rate"].median()
+    rows = rec.query("throughput", run_id="base", limit=1000)
+    assert [(r["fqn"], r["phase"], r["spans"], r["flops"], r["bytes"]) for r in rows] == \
+        [tuple(x) for x in per.select("fqn", "phase", "spans", "flops", "bytes").rows()]
+    assert [r["gflop_per_s"] for r in rows] == pytest.approx(per["rate"].to_list())
+    assert [r["vs_median"] for r in rows] == pytest.approx([x / median for x in per["rate"].to_list()])
+    assert [r["flop_per_byte"] for r in rows] == pytest.approx((per["flops"] / per["bytes"]).to_list())
+
+
 CHECKS: dict[str, Callable[[Recording], None]] = {
+    "throughput": check_throughput,
     "device_time": check_device_time,
     "memory_deltas": check_memory_deltas,
     "top_self_time": check_top_self_time,

@@ -152,7 +152,7 @@ class Divergence:
     excerpt: pl.DataFrame  # EXCERPT_SCHEMA
 
 
-FAIL_ON: tuple[str, ...] = ("regression", "structure", "any", "never")
+FAIL_ON: tuple[str, ...] = ("regression", "structure", "counters", "any", "never")
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,9 @@ class DiffResult:
     # kinds), filled by the API that read the runs; and notes worth a line to the reader.
     sides: tuple[dict[str, Any], dict[str, Any]] | None = None
     notes: tuple[str, ...] = ()
+    # Work counters that differ, exactly (analysis.diff.counters.COUNTER_CHANGE_SCHEMA); None
+    # when a side counted no step.
+    counters: pl.DataFrame | None = None
 
     def failed(self, fail_on: str) -> bool:
         """Whether the findings ``fail_on`` names are present (``FAIL_ON``): what makes
@@ -173,7 +176,9 @@ class DiffResult:
             raise ValueError(f"fail_on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
         regress = self._count("regressions") > 0
         structure = self._count("structure_changes") > 0
-        return {"regression": regress, "structure": structure, "any": regress or structure, "never": False}[fail_on]
+        counters = self._count("counter_changes") > 0
+        return {"regression": regress, "structure": structure, "counters": counters,
+                "any": regress or structure or counters, "never": False}[fail_on]
 
     def _count(self, key: str) -> int:
         value = self.summary.get(key, 0)
