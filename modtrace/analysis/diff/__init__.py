@@ -63,7 +63,12 @@ from modtrace.analysis.diff.stats import (
     sort_within,
     two_sided_p,
 )
-from modtrace.analysis.diff.structure import calls_per_step, collapse_subtrees, compare_structure, placement
+from modtrace.analysis.diff.structure import (
+    calls_per_step,
+    collapse_subtrees,
+    compare_structure,
+    placement,
+)
 from modtrace.analysis.diff.verdicts import compare_timing
 
 __all__ = [

@@ -12,8 +12,19 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from modtrace.analysis.diff.frames import STRUCTURE_SCHEMA, DiffOptions, DiffResult, Divergence, RunCalls
-from modtrace.analysis.diff.order import call_sequences, first_divergence, order_finding, order_varies
+from modtrace.analysis.diff.frames import (
+    STRUCTURE_SCHEMA,
+    DiffOptions,
+    DiffResult,
+    Divergence,
+    RunCalls,
+)
+from modtrace.analysis.diff.order import (
+    call_sequences,
+    first_divergence,
+    order_finding,
+    order_varies,
+)
 from modtrace.analysis.diff.samples import (
     calls_of_spans,
     compared_calls,
