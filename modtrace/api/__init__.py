@@ -473,8 +473,8 @@ class Database:
             disjoint = no_common_step(base_side[1], cand_side[1])
             return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,))
         cand_run = split_ref(other, cand)[0]
-        bases: list[RunLike] = list(terms) if tags is None else list(
-            history_runs(self, self._store, tags, window, cand_run.id if other is self else None))
+        bases: list[RunLike] = list(terms) if tags is None else [
+            Run(r.id, r.name) for r in history_runs(self._store, tags, window, cand_run.id if other is self else None)]
         runs = [split_ref(self, b)[0] for b in bases]
         chosen = common_clock([(self._store, r.id, r.name) for r in runs]
                               + [(other._store, cand_run.id, cand_run.name)], clock)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from modtrace.analysis.diff import RunCalls
     from modtrace.api import Database, Run, RunLike
     from modtrace.store.engine import Store
+    from modtrace.store.runs import RunRef
     from modtrace.store.samples import Window
 
 
@@ -141,16 +142,14 @@ def parse_selector(terms: Sequence[str]) -> dict[str, str] | None:
     return tags
 
 
-def history_runs(db: Database, store: Store, tags: dict[str, str], window: int,
-                 exclude: int | None) -> list[Run]:
+def history_runs(store: Store, tags: dict[str, str], window: int, exclude: int | None) -> list[RunRef]:
     """The newest ``window`` completed runs having every tag, newest first, without run ``exclude``
     (the candidate, when it matches too).  None matching is a ``UsageError``."""
-    from modtrace.api import Run
     from modtrace.store.runs import runs_tagged
 
     if window < 1:
         raise UsageError(f"--window {window}: at least 1")
-    found = [Run(r.id, r.name) for r in runs_tagged(store, tags) if r.id != exclude][:window]
+    found = [r for r in runs_tagged(store, tags) if r.id != exclude][:window]
     if not found:
         what = " ".join(f"{SELECTOR}{k}={v}" for k, v in tags.items())
         others = [r for r in runs_tagged(store, tags, status=None) if r.id != exclude]
