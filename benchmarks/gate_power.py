@@ -16,7 +16,7 @@ load, ``--pairs`` times:
 
 Each candidate is judged twice: the single-base diff against that pair's
 baseline run, and the history gate against the newest ``--history``
-baseline runs (once that many exist).  A/A: any failure of ``--fail-on
+baseline runs.  A/A: any failure of ``--fail-on
 regression`` is a false alarm.  Block 1 slower: detected when block 1 is
 blamed (a regression).  Everything slower: detected when the gate fails
 (a step regression, or any module's).  Prints a table (rates, counts) and
@@ -133,7 +133,7 @@ def main() -> None:
                     cand = f"L{load}-{variant.replace(' ', '').replace('/', '')}-{pair}"
                     record(db_path, cand, variant, args, {"branch": "pr"})
                     with modtrace.open(db_path) as db:
-                        gates: list[tuple[str, Any]] = [("single base", base)]
+                        gates: list[tuple[str, str]] = [("single base", base)]
                         if args.history > 1:
                             gates.append((f"history of {args.history}", f"tag:branch=main-{load}"))
                         for gate, ref in gates:
@@ -150,15 +150,16 @@ def main() -> None:
     print(f"steps {args.steps}, history {args.history}, pairs per load {args.pairs}, blocks {args.blocks}, "
           f"width {args.width}, batch {args.batch}, threads {args.threads}; load average before {load_before}, "
           f"after {load_average()}; {time.time() - t0:.0f} s")
-    print(f"{'busy procs':>10}  {'candidate':<11} {'gate':<13} {'rate':>6}  caught/judged  (A/A: false alarms)")
+    print(f"{'busy procs':>10}  {'candidate':<11} {'gate':<22} {'rate':>6}  caught/judged  (A/A: false alarms)")
     for (load, variant, gate), (hit, n) in sorted(counts.items(), key=lambda kv: (kv[0][0], variants.index(kv[0][1]), kv[0][2])):
-        print(f"{load:>10}  {variant:<11} {gate:<13} {hit / n:>6.0%}  {hit}/{n}")
+        print(f"{load:>10}  {variant:<11} {gate:<22} {hit / n:>6.0%}  {hit}/{n}")
     print(json.dumps({f"{load}|{variant}|{gate}": c for (load, variant, gate), c in counts.items()}))
     tmp.cleanup()
 
 
 def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> bool:
-    """``judge`` with a run name or a tag selector as the base."""
+    """Whether the gate (base ``ref``: a run, or a tag selector) catches ``cand``; for A/A,
+    whether it fails: a false alarm."""
     result = db.diff(ref, cand, window=window)
     if VARIANTS[variant][1] == "block" and variant != "A/A":
         blamed = result.timing.filter(result.timing["verdict"] == "regression")["fqn"].to_list()

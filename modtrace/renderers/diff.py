@@ -76,16 +76,18 @@ def _side(doc: dict[str, Any], side: str) -> str:
 def headline(doc: dict[str, Any]) -> list[str]:
     s, o = doc["summary"], doc["options"]
     ratio = s["step_ratio"]
-    share = "" if o.get("absolute") else (
+    history = bool(doc["base"].get("history")) and len(doc["base"]["history"]) > 1
+    share = "" if o.get("absolute") or history else (
         f" and, as a share of the step, > {o['threshold_pct']:g}% beyond the typical module and its noise"
     )
+    beyond = " beyond every base run's median" if history else ""
     lines = [
         f"base {_side(doc, 'base')}",
         f"cand {_side(doc, 'cand')}" + ("" if ratio is None else f": step time {fmt_ratio(ratio)}"),
         (
             f"{_count(s['regressions'], 'regression')}, {_count(s['improvements'], 'improvement')}, "
             f"{_count(s['structure_changes'], 'structure change')} "
-            f"({s['compared']} module/phase pairs compared; blame on self time: > {o['threshold_pct']:g}% "
+            f"({s['compared']} module/phase pairs compared; blame on self time: > {o['threshold_pct']:g}%{beyond} "
             f"and > {o['min_delta_us']:g} us per step{share}, Mann-Whitney p < {o['alpha']:g} after Holm; "
             f"first {o['skip_steps']} step(s) skipped; {doc['base'].get('clock', 'host')} clock)"
         ),

@@ -18,10 +18,11 @@ the few runs a CI keeps; no normal law assumed):
   test of its steps against the pooled steps of every base run gives p <
   ``alpha`` (Holm over the modules compared);
 - a module is blamed (regression, improvement) when its self time changed
-  so and, unless ``absolute``, its share of the step did too; the step
-  time changed so is a step regression (``summary["step_verdict"]``),
-  which fails ``--fail-on regression`` even when no module's share moved
-  (everything slowed alike beyond the history's spread).
+  so (absolute times: the history's spread is the noise model, so no share
+  of the step is needed, unlike a two-run diff); the step time changed so
+  is a step regression (``summary["step_verdict"]``), which fails
+  ``--fail-on regression`` even when no module's share moved (everything
+  slowed alike beyond the history's spread).
 
 Structure is compared against the pooled steps of the history (a module is
 removed when some base run called it and the candidate did not; calls per
