@@ -161,6 +161,11 @@ def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> bool:
     """Whether the gate (base ``ref``: a run, or a tag selector) catches ``cand``; for A/A,
     whether it fails: a false alarm."""
     result = db.diff(ref, cand, window=window)
+    if variant == "A/A" and result.failed("regression"):  # say what raised the false alarm
+        blamed = result.timing.filter(result.timing["verdict"] == "regression")
+        print(f"false alarm: {cand} against {ref}: step {result.summary.get('step_verdict')} "
+              f"(ratio {result.summary.get('step_ratio')}), modules "
+              f"{list(zip(blamed['fqn'], blamed['phase'], blamed['self_ratio'], strict=True))}", file=sys.stderr)
     if VARIANTS[variant][1] == "block" and variant != "A/A":
         blamed = result.timing.filter(result.timing["verdict"] == "regression")["fqn"].to_list()
         return any(f.endswith(f".{SLOW_BLOCK}") for f in blamed)

@@ -77,7 +77,8 @@ def headline(doc: dict[str, Any]) -> list[str]:
     s, o = doc["summary"], doc["options"]
     ratio = s["step_ratio"]
     history = bool(doc["base"].get("history")) and len(doc["base"]["history"]) > 1
-    share = "" if o.get("absolute") or history else (
+    share = "" if o.get("absolute") else (
+        f" and, as a share of the step, > {o['threshold_pct']:g}% beyond every base run's" if history else
         f" and, as a share of the step, > {o['threshold_pct']:g}% beyond the typical module and its noise"
     )
     beyond = " beyond every base run's median" if history else ""

@@ -63,10 +63,11 @@ existing ones are not renamed or removed without bumping ``format``.
                   1 + threshold (below 1 - threshold) and noise_p_adjusted <
                   alpha; inherited, the same of the inclusive share (or a
                   descendant that is a regression or improvement).  Against a
-                  history no share criterion applies: self (inclusive) time
-                  beyond [history_low_us, history_high_us] by more than the
-                  threshold, significantly (history_low_pct and
-                  history_high_pct of self_share are for the reader).
+                  history instead: self (inclusive) time beyond
+                  [history_low_us, history_high_us] by more than the
+                  threshold, significantly, and (unless options.absolute)
+                  the self share beyond [history_low_pct, history_high_pct]
+                  by more than the threshold.
     structure     [{kind, fqn, phase, base, cand, message}]; kind is one of
                   module_removed, module_added, phase_removed, phase_added,
                   calls_changed, device_changed, stream_changed,

@@ -60,9 +60,7 @@ def test_a_uniform_slowdown_fails_against_a_history(history_db: str, run_cli) ->
     assert res.code == 1, res.out + res.err
     s = doc_of(res.out)["summary"]
     assert s["step_verdict"] == "regression" and s["failed"] is True
-    # every module is slower than every base run, and so is the step
-    assert {r["fqn"] for r in doc_of(res.out)["timing"] if r["verdict"] == "regression"} >= {
-        f"Net.blocks.{i}.work" for i in range(3)}
+    assert s["regressions"] == 0  # every module's share of the step is unchanged: the step is blamed
     assert 2.5 < s["step_ratio"] < 3.5
     table = run_cli("diff", "--db", history_db, "tag:branch=main", "slow3x")
     assert table.code == 1 and "a step-wide regression" in " ".join(table.out.split())

@@ -18,9 +18,10 @@ the few runs a CI keeps; no normal law assumed):
   test of its steps against the pooled steps of every base run gives p <
   ``alpha`` (Holm over the modules compared);
 - a module is blamed (regression, improvement) when its self time changed
-  so (absolute times: the history's spread is the noise model, so no share
-  of the step is needed, unlike a two-run diff); the step time changed so
-  is a step regression (``summary["step_verdict"]``), which fails
+  so and, unless ``absolute``, its share of the step lies beyond the base
+  runs' range of shares by more than ``threshold`` (a busier machine slows
+  every module, a slower module more than the rest); the step time
+  changed so is a step regression (``summary["step_verdict"]``), which fails
   ``--fail-on regression`` even when no module's share moved (everything
   slowed alike beyond the history's spread).
 

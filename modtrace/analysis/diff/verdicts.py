@@ -142,12 +142,12 @@ def compare_timing(
               for b in ("low", "high")),
             *((pl.col(f"self_share_{b}") / PPB).alias(f"self_share_history_{b}") for b in ("low", "high")),
         )
-        inherited = _changed_history("incl", options, SLOWER) | _changed_history("incl", options, FASTER)
         frame = frame.with_columns(
             _changed_history("self", options, SLOWER).alias("_sreg"),
             _changed_history("self", options, FASTER).alias("_simp"),
-            inherited.alias("_inh"),
-            inherited.alias("_inh_abs"),
+            (_changed_history("incl", options, SLOWER) | _changed_history("incl", options, FASTER)).alias("_inh"),
+            (_changed_history("incl", options, SLOWER, shares=False)
+             | _changed_history("incl", options, FASTER, shares=False)).alias("_inh_abs"),
         )
     frame = frame.with_columns(
         (pl.col("_inh") | (pl.col("_inh_abs") & _above_blamed(frame))).alias("_inh")
@@ -185,23 +185,30 @@ def _beyond(value: pl.Expr, low: pl.Expr, high: pl.Expr, threshold: float, direc
     return value < low * (1 - threshold)
 
 
-def _changed_history(metric: str, options: DiffOptions, direction: int) -> pl.Expr:
+def _changed_history(metric: str, options: DiffOptions, direction: int, *, shares: bool = True) -> pl.Expr:
     """Slower (+1) or faster (-1) than a history of base runs (``analysis.diff.history``): the
     candidate's median per step lies beyond every base run's median by more than ``threshold``
     (``_beyond``), by more than ``min_delta_ns`` from the history's median, and the Mann-Whitney
     test of its steps against the pooled steps of the history is significant (Holm).
 
-    Absolute times only: what machine load does to a module's time is measured by the history's
-    own spread, which a share of the step would only blur (the step's time, its denominator,
-    varies with load more than most modules' do); ``benchmarks/gate_power.py`` measured both.
+    Unless ``options.absolute`` (or not ``shares``), its share of the step must also lie beyond
+    the base runs' range of shares by more than ``threshold``: a machine busier than in any base
+    run slows every module, a slower module more than the rest.  No test of the share's
+    significance: the absolute test stands for it, and a share's steps are noisier than its
+    times (the step time it divides by varies with load more than most modules do).
     """
     delta = pl.col(f"{metric}_delta_ns") * direction
-    return (
+    absolute = (
         (pl.col(f"{metric}_p_adjusted") < options.alpha).fill_null(False)
         & (delta > options.min_delta_ns)
         & _beyond(pl.col(f"{metric}_cand_ns"), pl.col(f"{metric}_low"), pl.col(f"{metric}_high"),
                   options.threshold, direction).fill_null(False)
     )
+    if options.absolute or not shares:
+        return absolute
+    share = f"{metric}_share"
+    return absolute & _beyond(pl.col(f"{share}_cand") * PPB, pl.col(f"{share}_low"), pl.col(f"{share}_high"),
+                              options.threshold, direction).fill_null(False)
 
 
 def _empty_timing() -> pl.DataFrame:
