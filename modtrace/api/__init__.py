@@ -412,67 +412,126 @@ class Database:
         return AnalyzeSummary(ref, count_span_rows(self._store, ref.id), result.issues)
 
     def diff(
-        self, base: RunLike, cand: RunLike, options: DiffOptions | None = None, *,
+        self, base: RunLike | Sequence[RunLike], cand: RunLike, options: DiffOptions | None = None, *,
         cand_db: Database | None = None, rank: int | None = None, step_on: str | None = None,
-        step_kind: str | None = None, clock: str | None = None,
+        step_kind: str | None = None, clock: str | None = None, window: int = 10,
     ) -> DiffResult:
-        """Compare run ``cand`` against run ``base``: structure changes, and per module and phase
-        whether its self time per step changed beyond noise (``modtrace diff``).
+        """Compare run ``cand`` against run ``base``, or against a history of base runs: structure
+        changes, and per module and phase whether its self time per step changed beyond noise
+        (``modtrace diff``).
 
         Parameters
         ----------
-        base, cand
-            The runs (see ``run``); ``RUN:RANK`` picks one rank of a run.
+        base
+            A run (see ``run``; ``RUN:RANK`` picks one rank of a run); a list of runs, a history
+            (newest first); or ``tag:KEY=VALUE`` selectors (a string, or a list of them, AND-ed):
+            the newest ``window`` completed runs with those tags, ``cand`` left out.  Against a
+            history of two or more runs, what varies between them is the noise
+            (``analysis.diff.history``), and a step time beyond it is a regression.
+        cand
+            The candidate run.
         options
             Thresholds, significance level, warm-up steps, phases (``DiffOptions``).
         cand_db
             The database ``cand`` is in, when it is not this one.
         rank
-            Both runs restricted to this rank.
+            Every run restricted to this rank.
         step_on, step_kind
-            As for ``steps``; by default the kind most steps of both runs share.
+            As for ``steps``; by default the kind most steps of the runs share.
         clock
-            Both runs on this clock; None: device when both have device times, else host.
+            Every run on this clock; None: device when all have device times, else host.
+        window
+            How many of the newest runs a selector takes.
 
         Returns
         -------
         DiffResult
-            ``timing`` and ``structure`` frames, the first ``divergence``, a ``summary``, the two
-            sides' descriptions (``sides``) and ``notes``; ``exit_code(fail_on)`` is what
+            ``timing`` and ``structure`` frames, the first ``divergence``, the data-dependent
+            ``calls`` per step, a ``summary``, the two sides' descriptions (``sides``; the base's
+            ``history`` lists the runs used) and ``notes``; ``exit_code(fail_on)`` is what
             ``modtrace diff`` exits with.
 
         Examples
         --------
         >>> result = db.diff("baseline", "@")  # doctest: +SKIP
         >>> result.timing.filter(pl.col("verdict") == "regression")  # doctest: +SKIP
+        >>> db.diff("tag:branch=main", "@", window=5).exit_code("regression")  # doctest: +SKIP
         """
         from concurrent.futures import ThreadPoolExecutor
         from dataclasses import replace
 
-        from modtrace.api._diff import diff_counters, like_with_like, no_common_step
+        from modtrace.api._clock import common_clock
+        from modtrace.api._diff import (
+            SELECTOR,
+            diff_counters,
+            history_runs,
+            like_with_like,
+            like_with_like_all,
+            no_common_step,
+            parse_selector,
+            split_ref,
+        )
+        from modtrace.core.errors import UsageError
 
         other = cand_db or self
-        chosen = self._diff_clock(base, cand, other, clock)
-        # Both runs are read side by side (the database driver works without Python's lock) while
-        # this thread imports the comparison: it paid end to end (docs/performance.md).
-        import modtrace.api._diff  # noqa: F401 -- before the threads, which both import it
-        import modtrace.store.samples  # noqa: F401
+        terms: list[RunLike] = [base] if isinstance(base, (str, int, Run)) else list(base)
+        if not terms:
+            raise UsageError("no base run to compare with")
+        texts = [t for t in terms if isinstance(t, str)]
+        tags = parse_selector(texts) if texts else None
+        if tags is not None and len(texts) != len(terms):
+            raise UsageError("give either runs or tag:KEY=VALUE selectors as the base, not both")
+        phases = None if options is None else options.phases
+        if tags is None and len(terms) == 1:
+            chosen = self._diff_clock(terms[0], cand, other, clock)
+            # Both runs are read side by side (the database driver works without Python's lock)
+            # while this thread imports the comparison: it paid end to end (docs/performance.md).
+            import modtrace.store.samples  # noqa: F401 -- before the threads, which both import it
 
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="modtrace-diff") as pool:
-            base_read = pool.submit(self._side, base, rank, step_on, chosen)
-            cand_read = pool.submit(other._side, cand, rank, step_on, chosen)
-            import modtrace.analysis.diff  # noqa: F401
-            base_side, cand_side = base_read.result(), cand_read.result()
-        base_calls, cand_calls = like_with_like(base_side, cand_side, step_kind)
-        from modtrace.analysis.diff import diff_runs
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="modtrace-diff") as pool:
+                base_read = pool.submit(self._side, terms[0], rank, step_on, chosen)
+                cand_read = pool.submit(other._side, cand, rank, step_on, chosen)
+                from modtrace.analysis.diff import diff_runs
 
-        result = diff_runs(base_calls, cand_calls, options)
-        disjoint = no_common_step(base_side[1], cand_side[1])
-        counters = diff_counters(self._store, base_side[1], other._store, cand_side[1], rank,
-                                 None if options is None else options.phases)
+                base_side, cand_side = base_read.result(), cand_read.result()
+            base_calls, cand_calls = like_with_like(base_side, cand_side, step_kind)
+            result = diff_runs(base_calls, cand_calls, options)
+            disjoint = no_common_step(base_side[1], cand_side[1])
+            counters = diff_counters(self._store, base_side[1], other._store, cand_side[1], rank, phases)
+            summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
+            return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,),
+                           counters=counters, summary=summary)
+        from modtrace.analysis.diff import diff_history
+
+        cand_run = split_ref(other, cand)[0]
+        bases: list[RunLike] = list(terms) if tags is None else [
+            Run(r.id, r.name) for r in history_runs(self._store, tags, window, cand_run.id if other is self else None)]
+        runs = [split_ref(self, b)[0] for b in bases]
+        chosen = common_clock([(self._store, r.id, r.name) for r in runs]
+                              + [(other._store, cand_run.id, cand_run.name)], clock)
+        sides = [self._side(b, rank, step_on, chosen) for b in bases] + [other._side(cand, rank, step_on, chosen)]
+        calls = like_with_like_all(sides, step_kind)
+        result = diff_history(calls[:-1], calls[-1], options)
+        base_info, cand_info = dict(sides[0][1]), sides[-1][1]
+        per_run = result.summary.get("history_run_step_ns")
+        step_ns = list(per_run) if isinstance(per_run, list) and len(per_run) == len(bases) else [None] * len(bases)
+        base_info["history"] = [
+            {"run": info["run"], "run_id": info["run_id"],
+             "step_us": None if ns is None else round(float(ns) / 1000.0, 3)}
+            for (_, info), ns in zip(sides[:-1], step_ns, strict=True)
+        ]
+        base_info["selector"] = None if tags is None else " ".join(f"{SELECTOR}{k}={v}" for k, v in tags.items())
+        notes: list[str] = []
+        if len(bases) == 1:
+            notes.append(f"one base run matched {base_info['selector']}: a step-wide change cannot be told from "
+                         "machine load with one base run; record more baseline runs")
+        disjoint = no_common_step(sides[0][1], cand_info)
+        if disjoint is not None:
+            notes.append(disjoint)
+        # Work counters are exact: the candidate against the newest base run.
+        counters = diff_counters(self._store, sides[0][1], other._store, cand_info, rank, phases)
         summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
-        return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,),
-                       counters=counters, summary=summary)
+        return replace(result, sides=(base_info, cand_info), notes=tuple(notes), counters=counters, summary=summary)
 
     def delete(self, runs: RunLike | Sequence[RunLike], *, force: bool = False) -> list[DeletedRun]:
         """Delete runs with every row that belongs to them (events, spans, issues, trees, device

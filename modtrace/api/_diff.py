@@ -5,6 +5,7 @@ A run never analysed is analysed in memory, nothing written.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from modtrace.core.errors import RunNotFound, UsageError
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from modtrace.analysis.diff import RunCalls
     from modtrace.api import Database, Run, RunLike
     from modtrace.store.engine import Store
+    from modtrace.store.runs import RunRef
 
 
 def split_ref(db: Database, ref: RunLike) -> tuple[Run, int | None]:
@@ -78,15 +80,8 @@ def like_with_like(base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, 
                    kind: str | None) -> tuple[RunCalls, RunCalls]:
     """Both sides' calls in steps of one kind (``_steps.like_with_like``); the sides'
     descriptions lose ``_stepped`` and get their step rule, kinds and the kind compared."""
-    from dataclasses import replace
-
-    from modtrace.api._steps import like_with_like as pick
-
-    sides = [(info["run"], info.pop("_stepped")) for _, info in (base, cand)]
-    frames, chosen = pick(sides, kind)
-    for (_, info), (_, stepped) in zip((base, cand), sides, strict=True):
-        info.update(stepped.describe(), step_kind=chosen)
-    return replace(base[0], calls=frames[0]), replace(cand[0], calls=frames[1])
+    b, c = like_with_like_all([base, cand], kind)
+    return b, c
 
 
 def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
@@ -112,3 +107,58 @@ def diff_counters(base_store: Store, base: dict[str, Any], cand_store: Store, ca
         return None
     return counter_changes(read_counted_spans(base_store, base["run_id"], base.get("rank", rank)),
                            read_counted_spans(cand_store, cand["run_id"], cand.get("rank", rank)), phases)
+
+
+SELECTOR = "tag:"
+
+
+def parse_selector(terms: Sequence[str]) -> dict[str, str] | None:
+    """Base terms -> the tags a history's runs must all have (``tag:KEY=VALUE`` terms, AND-ed; a
+    term may hold several separated by spaces); None when no term is a selector.  Raises
+    ``UsageError`` for a malformed term, or selectors mixed with run references."""
+    words = [w for t in terms for w in (t.split() if t.startswith(SELECTOR) else [t])]
+    tagged = [w for w in words if w.startswith(SELECTOR)]
+    if not tagged:
+        return None
+    if len(tagged) != len(words):
+        plain = next(w for w in words if not w.startswith(SELECTOR))
+        raise UsageError(f"base {plain!r}: give either runs or tag:KEY=VALUE selectors, not both")
+    tags: dict[str, str] = {}
+    for word in tagged:
+        key, sep, value = word[len(SELECTOR):].partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(f"bad selector {word!r}: write tag:KEY=VALUE (several are AND-ed)")
+        if key in tags and tags[key] != value:
+            raise UsageError(f"selectors {SELECTOR}{key}={tags[key]} and {word} can match no run")
+        tags[key] = value
+    return tags
+
+
+def history_runs(store: Store, tags: dict[str, str], window: int, exclude: int | None) -> list[RunRef]:
+    """The newest ``window`` completed runs having every tag, newest first, without run ``exclude``
+    (the candidate, when it matches too).  None matching is a ``UsageError``."""
+    from modtrace.store.runs import runs_tagged
+
+    if window < 1:
+        raise UsageError(f"--window {window}: at least 1")
+    found = [r for r in runs_tagged(store, tags) if r.id != exclude][:window]
+    if not found:
+        what = " ".join(f"{SELECTOR}{k}={v}" for k, v in tags.items())
+        others = [r for r in runs_tagged(store, tags, status=None) if r.id != exclude]
+        why = (f" ({len(others)} matching run{'s' if len(others) != 1 else ''} not completed)" if others else "")
+        raise UsageError(f"no completed run matches {what} in {store.label}{why}; tag runs with "
+                         "modtrace record --tag KEY=VALUE")
+    return found
+
+
+def like_with_like_all(sides: Sequence[tuple[RunCalls, dict[str, Any]]], kind: str | None) -> list[RunCalls]:
+    """``like_with_like`` of any number of sides (a history and its candidate)."""
+    from dataclasses import replace
+
+    from modtrace.api._steps import like_with_like as pick
+
+    stepped = [(info["run"], info.pop("_stepped")) for _, info in sides]
+    frames, chosen = pick(stepped, kind)
+    for (_, info), (_, st) in zip(sides, stepped, strict=True):
+        info.update(st.describe(), step_kind=chosen)
+    return [replace(calls, calls=frame) for (calls, _), frame in zip(sides, frames, strict=True)]

@@ -18,8 +18,7 @@ from modtrace.core.contracts import PHASES
 
 
 @click.command()
-@click.argument("base", metavar="BASE")
-@click.argument("cand", metavar="CAND")
+@click.argument("refs", metavar="BASE... CAND", nargs=-1)
 @db_option
 @click.option("--cand-db", metavar="DB", default=None, help="Database of CAND when it is not BASE's.")
 @click.option("--phase", "phases", multiple=True, type=click.Choice(PHASES),
@@ -45,12 +44,16 @@ from modtrace.core.contracts import PHASES
               help="Which findings make the exit status 1 (counters: a module's FLOPs, bytes or ops on a "
                    "counted step of the same kind differ; any: every kind of finding).")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged modules (table and markdown).")
+@click.option("--window", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
+              help="With tag:KEY=VALUE as BASE: how many of the newest matching runs form the history.")
 def diff(
-    base: str, cand: str, db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
+    refs: tuple[str, ...], db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
     threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
     step_on: str | None, step_kind: str | None, clock: str | None, fmt: str, fail_on: str, show_all: bool,
+    window: int,
 ) -> None:
-    """Compare run CAND against run BASE: structure changes and timing regressions per module.
+    """Compare run CAND against run BASE, or against a history of baseline runs: structure
+    changes and timing regressions per module.
 
     BASE and CAND are run references (name, id, @, @~N), optionally with
     :RANK to pick one rank, so `modtrace diff RUN:0 RUN:1` compares two ranks
@@ -62,8 +65,16 @@ def diff(
     both. Steps follow --step-on; when the runs' steps come in several kinds
     (a generate() loop's prompt and its decode steps), steps of one kind are
     compared (--step-kind). Both runs are read on one --clock: device time
-    by default when both have it, else host time. Exit status: 0 clean, 1
-    findings (per --fail-on), 2 usage error.
+    by default when both have it, else host time.
+
+    A history as the base: `modtrace diff 'tag:branch=main' CAND` takes the
+    newest --window completed runs whose tags match (several tag:KEY=VALUE
+    terms are AND-ed; CAND is left out), or list the runs: `modtrace diff
+    B1 B2 B3 CAND`. What varies between the base runs is noise; a module,
+    or the step time, whose median per step lies beyond every base run's by
+    more than --threshold (and is significant) is a change, so a step-wide
+    slowdown beyond the history's spread is a regression. Exit status: 0
+    clean, 1 findings (per --fail-on), 2 usage error.
     """
     import modtrace.api
     from modtrace.api import DiffOptions
@@ -72,6 +83,10 @@ def diff(
     from modtrace.renderers.diff import DiffView
     from modtrace.renderers.diff_document import document
 
+    if len(refs) < 2:
+        raise UsageError("give the base (a run, several runs, or tag:KEY=VALUE) and then the candidate run: "
+                         "modtrace diff BASE... CAND")
+    *bases, cand = refs
     options = DiffOptions(
         threshold=threshold_pct / 100.0,
         min_delta_ns=int(round(min_delta_us * 1000)),
@@ -83,8 +98,8 @@ def diff(
     with contextlib.ExitStack() as opened:
         database = opened.enter_context(modtrace.api.open(db))
         other = opened.enter_context(modtrace.api.open(cand_db)) if cand_db is not None else None
-        result = database.diff(base, cand, options, cand_db=other, rank=rank, step_on=step_on,
-                               step_kind=step_kind, clock=clock)
+        result = database.diff(bases[0] if len(bases) == 1 else bases, cand, options, cand_db=other, rank=rank,
+                               step_on=step_on, step_kind=step_kind, clock=clock, window=window)
     for note in result.notes:
         click.echo(f"modtrace: note: {note}", err=True)
     assert result.sides is not None

@@ -62,22 +62,33 @@ def _ci(stats: dict[str, Any]) -> str:
 def _side(doc: dict[str, Any], side: str) -> str:
     info = doc[side]
     rank = "" if info.get("rank") is None else f" rank {info['rank']}"
+    history = info.get("history")
+    if history and len(history) > 1:
+        s = doc["summary"]
+        chosen = f"{info['selector']}, " if info.get("selector") else ""
+        runs = ", ".join(repr(h["run"]) for h in history)
+        return (f"history of {len(history)} runs ({chosen}newest first: {runs}{rank}; {info['steps']} steps; "
+                f"median step time per run {fmt_time(s.get('history_step_low_us'))} to "
+                f"{fmt_time(s.get('history_step_high_us'))})")
     return f"{info['run']!r} (run {info['run_id']}{rank}, {info['steps']} steps, median step time {fmt_time(info['step_us'])})"
 
 
 def headline(doc: dict[str, Any]) -> list[str]:
     s, o = doc["summary"], doc["options"]
     ratio = s["step_ratio"]
+    history = bool(doc["base"].get("history")) and len(doc["base"]["history"]) > 1
     share = "" if o.get("absolute") else (
+        f" and, as a share of the step, > {o['threshold_pct']:g}% beyond every base run's" if history else
         f" and, as a share of the step, > {o['threshold_pct']:g}% beyond the typical module and its noise"
     )
+    beyond = " beyond every base run's median" if history else ""
     lines = [
         f"base {_side(doc, 'base')}",
         f"cand {_side(doc, 'cand')}" + ("" if ratio is None else f": step time {fmt_ratio(ratio)}"),
         (
             f"{_count(s['regressions'], 'regression')}, {_count(s['improvements'], 'improvement')}, "
             f"{_count(s['structure_changes'], 'structure change')} "
-            f"({s['compared']} module/phase pairs compared; blame on self time: > {o['threshold_pct']:g}% "
+            f"({s['compared']} module/phase pairs compared; blame on self time: > {o['threshold_pct']:g}%{beyond} "
             f"and > {o['min_delta_us']:g} us per step{share}, Mann-Whitney p < {o['alpha']:g} after Holm; "
             f"first {o['skip_steps']} step(s) skipped; {doc['base'].get('clock', 'host')} clock)"
         ),
@@ -86,11 +97,23 @@ def headline(doc: dict[str, Any]) -> list[str]:
     if doc.get("counters") is not None:
         lines.append(f"{_count(s.get('counter_changes', 0), 'work counter change')} (FLOPs, bytes, ops per module "
                      "and phase on the first counted step of each kind, exact)")
-    if s.get("step_changed") and not o.get("absolute") and not s["regressions"] and not s["improvements"]:
+    verdict = s.get("step_verdict")
+    if verdict in ("regression", "improvement"):
+        lines.append(
+            f"step time {fmt_ratio(ratio)}: {'slower' if verdict == 'regression' else 'faster'} than every base "
+            f"run's by more than {o['threshold_pct']:g}%, beyond the history's spread: a step-wide {verdict}"
+            + ("" if s["regressions"] or s["improvements"] else " (every module's share of the step alike)")
+        )
+    elif verdict is None and s.get("step_changed") and not o.get("absolute") and not s["regressions"] \
+            and not s["improvements"]:
         lines.append(
             f"note: the step time changed ({fmt_ratio(ratio)}) but no module's share of the step did: "
-            "everything slowed or sped up alike (machine load?); --absolute judges absolute times only"
+            "everything slowed or sped up alike, and with one base run a step-wide change cannot be told from "
+            "machine load; judge it against a history of baseline runs (modtrace diff 'tag:KEY=VALUE' CAND), "
+            "or --absolute judges absolute times only"
         )
+    if s.get("order_varies"):
+        lines.append("note: call order varies from step to step within a run (data-dependent): order not compared")
     if s["min_p_value"] is not None and s["compared"] and s["min_p_value"] * s["compared"] >= o["alpha"]:
         lines.append(
             f"warning: few steps ({doc['base']['steps']} and {doc['cand']['steps']}) for {s['compared']} "
@@ -140,6 +163,18 @@ SECTIONS = (
 )
 
 STRUCTURE_HEADERS = ("change", "module", "phase", "base", "cand")
+
+CALLS_TITLE = "Calls per step that vary from step to step (data-dependent: compared as ranges, min / median / max)"
+CALLS_HEADERS = ("module", "phase", "base", "cand", "changed")
+
+
+def _calls_text(d: dict[str, float]) -> str:
+    return " / ".join(f"{d[q]:g}" for q in ("min", "median", "max"))
+
+
+def calls_rows(doc: dict[str, Any]) -> list[list[Any]]:
+    return [[c["fqn"], c["phase"], _calls_text(c["base"]), _calls_text(c["cand"]), "yes" if c["changed"] else "no"]
+            for c in doc.get("calls_per_step", [])]
 
 
 def structure_rows(doc: dict[str, Any]) -> list[list[Any]]:
@@ -227,9 +262,12 @@ class DiffTableRenderer(DiffRenderer):
             out.append("\nStructure\n" + table.render(Table(("change", "module", "phase", "detail"), rows)))
         if doc.get("counters"):
             out.append("\nWork counters (exact, self)\n" + table.render(Table(COUNTER_HEADERS, counter_rows(doc))))
+        if doc.get("calls_per_step"):
+            out.append(f"\n{CALLS_TITLE}\n" + table.render(Table(CALLS_HEADERS, calls_rows(doc))))
         if doc["order"] is not None:
             out.append(f"\n{order_title(doc)}\n" + "\n".join(order_lines(doc)) + "\n")
-        if not any(doc["summary"].get(k) for k in ("regressions", "improvements", "structure_changes", "counter_changes")):
+        if not any(doc["summary"].get(k) for k in ("regressions", "improvements", "structure_changes", "counter_changes")) \
+                and doc["summary"].get("step_verdict") in (None, "unchanged"):
             out.append("\nno changes found\n")
         return "".join(out)
 
@@ -291,6 +329,8 @@ class DiffMarkdownRenderer(DiffRenderer):
             out.append("\n" + md.render(Table(("change", "module", "phase", "base", "cand", "detail"), rows, "Structure")))
         if doc.get("counters"):
             out.append("\n" + md.render(Table(COUNTER_HEADERS, counter_rows(doc), "Work counters (exact, self)")))
+        if doc.get("calls_per_step"):
+            out.append("\n" + md.render(Table(CALLS_HEADERS, calls_rows(doc), CALLS_TITLE)))
         if doc["order"] is not None:
             out.append(f"\n### {order_title(doc)}\n\n```diff\n")
             for r in doc["order"]["excerpt"]:

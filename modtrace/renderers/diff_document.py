@@ -8,7 +8,12 @@ existing ones are not renamed or removed without bumping ``format``.
     base, cand    {run, run_id, db, rank (null: all ranks), clock (host |
                   device: the one clock both sides are read on), steps (compared
                   (rank, step) samples), step_us (median step time: time
-                  in root spans per step, over the compared steps)}
+                  in root spans per step, over the compared steps), history
+                  (base only: null for one base run, else the base runs
+                  used, newest first: [{run, run_id, step_us (that run's
+                  median step time)}]; base.run is the newest), selector
+                  (base only: the tag:KEY=VALUE terms that chose the
+                  history, or null)}
     options       {threshold_pct, min_delta_us, alpha, skip_steps, phases
                   (null: all), fail_on, absolute (true: shares of the step
                   were not required to move)}
@@ -17,7 +22,14 @@ existing ones are not renamed or removed without bumping ``format``.
                   time), step_p_value (Mann-Whitney over the step times),
                   step_changed (step time changed significantly by more
                   than the threshold), min_p_value (smallest p the test can
-                  reach with these step counts), failed (bool, per
+                  reach with these step counts), history_runs (how many
+                  base runs), step_verdict (against a history of two or
+                  more runs: regression | improvement | unchanged, the step
+                  time judged against the base runs' range of median step
+                  times; a regression fails fail_on regression; null for
+                  one base run), history_step_low_us, history_step_high_us
+                  (that range), order_varies (a run's call order varies
+                  from step to step: order not compared), failed (bool, per
                   fail_on: ``DiffResult.failed``), exit_code}
     timing        [{fqn, phase, verdict (regression | improvement |
                   inherited | unchanged), impact_us (change of median self
@@ -31,7 +43,9 @@ existing ones are not renamed or removed without bumping ``format``.
                   ratio (null when base is 0), ci_low_us, ci_high_us
                   (interval of delta_us at 1 - alpha), p_value (Mann-Whitney
                   U, two-sided), p_adjusted (Holm over every compared
-                  module and phase; the verdict uses this one)}
+                  module and phase; the verdict uses this one),
+                  history_low_us, history_high_us (against a history: the
+                  lowest and highest base run median; else null)}
                   SHARE = the module's time as a share of its step's time
                   (time in root spans), per step: {base_pct, cand_pct
                   (median, percent of the step), delta_pct (percentage
@@ -48,7 +62,12 @@ existing ones are not renamed or removed without bumping ``format``.
                   the self share's p_adjusted < alpha, vs_typical_ratio above
                   1 + threshold (below 1 - threshold) and noise_p_adjusted <
                   alpha; inherited, the same of the inclusive share (or a
-                  descendant that is a regression or improvement).
+                  descendant that is a regression or improvement).  Against a
+                  history instead: self (inclusive) time beyond
+                  [history_low_us, history_high_us] by more than the
+                  threshold, significantly, and (unless options.absolute)
+                  the self share beyond [history_low_pct, history_high_pct]
+                  by more than the threshold.
     counters      null (a side counted no step), or [{kind (step kind), fqn,
                   phase, counter (flops | bytes | ops), base, cand,
                   lower_bound (a side's FLOPs count unknown ops)}]: the
@@ -58,6 +77,11 @@ existing ones are not renamed or removed without bumping ``format``.
                   module_removed, module_added, phase_removed, phase_added,
                   calls_changed, device_changed, stream_changed,
                   order_changed
+    calls_per_step [{fqn, phase, base: {min, median, max}, cand: {min,
+                  median, max}, changed}]: the modules whose calls per step
+                  vary from step to step in a run (data-dependent); changed
+                  (a calls_changed finding) only when the two ranges do not
+                  overlap
     order         null, or {rank_base, rank_cand, step_base, step_cand,
                   position (1-based call of the step where the sequences
                   first differ), excerpt: [{op ("=" same, "-" base only,
@@ -105,6 +129,8 @@ def _stats(row: dict[str, Any], metric: str) -> dict[str, Any]:
         "ci_high_us": _us(row[f"{metric}_ci_high_ns"]),
         "p_value": _round(row[f"{metric}_p_value"]),
         "p_adjusted": _round(row[f"{metric}_p_adjusted"]),
+        "history_low_us": _us(row[f"{metric}_history_low_ns"]),
+        "history_high_us": _us(row[f"{metric}_history_high_ns"]),
     }
 
 
@@ -126,7 +152,13 @@ def _share(row: dict[str, Any], metric: str) -> dict[str, Any]:
         "ci_high_pct": _pct(row[f"{m}_ci_high"]),
         "p_value": _round(row[f"{m}_p_value"]),
         "p_adjusted": _round(row[f"{m}_p_adjusted"]),
+        **({"history_low_pct": _pct(row["self_share_history_low"]),
+            "history_high_pct": _pct(row["self_share_history_high"])} if metric == "self" else {}),
     }
+
+
+def _calls(row: dict[str, Any], side: str) -> dict[str, float]:
+    return {q: row[f"{side}_{q}"] for q in ("min", "median", "max")}
 
 
 def document(
@@ -149,6 +181,11 @@ def document(
         "step_p_value": _round(s["step_p_value"]),  # type: ignore[arg-type]
         "step_changed": s["step_changed"],
         "min_p_value": _round(s["min_p_value"]),  # type: ignore[arg-type]
+        "history_runs": s.get("history_runs", 1),
+        "step_verdict": s.get("step_verdict"),
+        "history_step_low_us": _us(s.get("history_step_low_ns")),  # type: ignore[arg-type]
+        "history_step_high_us": _us(s.get("history_step_high_ns")),  # type: ignore[arg-type]
+        "order_varies": bool(s.get("order_varies", False)),
     }
     summary["failed"] = result.failed(fail_on)
     summary["exit_code"] = result.exit_code(fail_on)
@@ -183,7 +220,7 @@ def document(
         }
     return {
         "format": FORMAT,
-        "base": {**base, "steps": s["base_steps"], "step_us": _us(s["base_step_ns"])},  # type: ignore[arg-type]
+        "base": {"history": None, "selector": None, **base, "steps": s["base_steps"], "step_us": _us(s["base_step_ns"])},  # type: ignore[arg-type]
         "cand": {**cand, "steps": s["cand_steps"], "step_us": _us(s["cand_step_ns"])},  # type: ignore[arg-type]
         "options": {
             "threshold_pct": round(options.threshold * 100, 6),
@@ -198,5 +235,10 @@ def document(
         "timing": timing,
         "structure": result.structure.to_dicts(),
         "counters": None if result.counters is None else result.counters.to_dicts(),
+        "calls_per_step": [
+            {"fqn": r["fqn"], "phase": r["phase"], "base": _calls(r, "base"), "cand": _calls(r, "cand"),
+             "changed": r["changed"]}
+            for r in result.calls.iter_rows(named=True)
+        ],
         "order": order,
     }

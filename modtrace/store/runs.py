@@ -446,3 +446,22 @@ def recorded_steps(store: Store, run_id: int, rank: int | None = None) -> str | 
     from modtrace.core.step_ranges import parse_ranges, ranges
 
     return ranges(set().union(*(parse_ranges(t) for t in found))) or ""
+
+
+def runs_tagged(store: Store, tags: Mapping[str, str], *, status: str | None = "completed") -> list[RunRef]:
+    """Runs whose tags hold every ``tags`` KEY=VALUE (and of ``status``; None: any), newest first.
+
+    Tags are a JSON object in a text column: matched here, not in SQL, so
+    SQLite and PostgreSQL agree on what matches.
+    """
+    q = select(runs.c.id, runs.c.name, runs.c.tags).order_by(runs.c.id.desc())
+    if status is not None:
+        q = q.where(runs.c.status == status)
+    with store.engine.connect() as conn:
+        rows = conn.execute(q).all()
+    found = []
+    for run_id, name, text in rows:
+        have = json.loads(text or "{}")
+        if all(k in have and str(have[k]) == v for k, v in tags.items()):
+            found.append(RunRef(int(run_id), name))
+    return found

@@ -594,3 +594,75 @@ def test_a_module_missing_from_the_lookup_is_named_by_its_id() -> None:
 
 def test_collapse_subtrees() -> None:
     assert collapse_subtrees({"a.b", "a.b.c", "a.b.c.d", "a.bc", "x"}) == [("a.b", 2), ("a.bc", 0), ("x", 0)]
+
+
+# -- data-dependent calls, and a history of base runs -----------------------------------
+
+
+def routed(seed: int, choices: tuple[int, ...]) -> Callable[[str, str], int]:
+    """Calls of Net.head drawn per call from ``choices`` (a router's data-dependent choice)."""
+    rng = random.Random(seed)
+    return lambda fqn, phase: rng.choice(choices) if fqn == "Net.head" else 1
+
+
+def test_data_dependent_calls_are_compared_as_ranges() -> None:
+    base = synth(seed=1, calls=routed(1, (1, 2, 3)))
+    same = synth(seed=2, calls=routed(2, (1, 2, 3)))
+    result = diff_spans(base, same)
+    assert result.structure.height == 0 and result.divergence is None
+    assert result.summary["order_varies"] is True
+    rows = {(r["fqn"], r["phase"]): r for r in result.calls.iter_rows(named=True)}
+    head = rows[("Net.head", "forward")]
+    assert (head["base_min"], head["base_max"], head["changed"]) == (1.0, 3.0, False)
+    more = synth(seed=3, calls=routed(3, (5, 6)))
+    found = kinds(diff_spans(base, more))
+    changed = [k for k in found if k[:3] == ("calls_changed", "Net.head", "forward")]
+    assert len(changed) == 1 and changed[0][3] == "1-3 (median 2)" and changed[0][4].startswith("5-6 (median ")
+    assert all(k[0] != "order_changed" for k in found)
+
+
+def scaled(load: float, fqn: str | None = None, factor: float = 1.0) -> SelfFn:
+    """Every module ``load`` times slower (a busier machine), ``fqn`` ``factor`` times more."""
+    return lambda name, phase, step: SELF_US[name] * load * (factor if name == fqn else 1.0)
+
+
+HISTORY_LOADS = (1.0, 1.1, 0.95, 1.05)
+
+
+def history(noise: float = 0.03) -> list:  # type: ignore[type-arg]
+    return [calls_of_spans(synth(self_us=scaled(load), seed=10 + i, noise=noise))
+            for i, load in enumerate(HISTORY_LOADS)]
+
+
+def test_a_history_tells_a_step_wide_slowdown_from_load() -> None:
+    from modtrace.analysis.diff import diff_history, diff_runs
+
+    bases = history()
+    aa = diff_history(bases, calls_of_spans(synth(self_us=scaled(1.08), seed=20)))
+    assert aa.summary["step_verdict"] == "unchanged" and not aa.failed("regression")
+    assert aa.summary["history_runs"] == 4 and aa.timing["verdict"].unique().to_list() == ["unchanged"]
+    slow = calls_of_spans(synth(self_us=scaled(1.5), seed=21))
+    found = diff_history(bases, slow)
+    assert found.summary["step_verdict"] == "regression" and found.failed("regression")
+    # the range is the history's: 1.5 / 1.1 beyond every base run by more than 10%
+    assert found.summary["history_step_high_ns"] / found.summary["history_step_low_ns"] > 1.1  # type: ignore[operator]
+    # one base run cannot tell it from a busier machine, and does not fail
+    assert not diff_runs(bases[0], slow).failed("regression")
+
+
+def test_a_history_blames_one_slower_module_and_not_its_ancestors() -> None:
+    from modtrace.analysis.diff import diff_history
+
+    cand = calls_of_spans(synth(self_us=scaled(1.02, "Net.block1.mlp", 2.0), seed=22))
+    result = diff_history(history(), cand)
+    assert flagged(result) == [("Net.block1.mlp", "backward"), ("Net.block1.mlp", "forward")]
+    assert verdicts(result)[("Net.block1", "forward")] == "inherited"
+
+
+def test_a_history_of_one_run_is_a_two_run_diff() -> None:
+    from modtrace.analysis.diff import diff_history
+
+    base, cand = synth(seed=1), synth(seed=2, self_us=slower("Net.head", 2.0))
+    one = diff_history([calls_of_spans(base)], calls_of_spans(cand))
+    two = diff_spans(base, cand)
+    assert one.timing.equals(two.timing) and one.summary == two.summary

@@ -8,17 +8,21 @@ STEPS = 10
 
 
 def record(db: str, name: str, costs: dict[int, int] | None = None, *, steps: int = STEPS, rank: int = 0,
-           world_size: int = 1, blocks: int = 3, analyze: bool = True) -> None:
+           world_size: int = 1, blocks: int = 3, analyze: bool = True, scale: float = 1.0, jitter: float = 0.0,
+           seed: int = 0, tags: dict[str, str] | None = None) -> None:
+    """``scale`` stretches every duration alike (a busier machine, or slower code everywhere);
+    ``jitter`` multiplies each module's cost by a random factor in [1 - jitter, 1 + jitter]
+    (seeded by ``seed``): step-to-step noise."""
     import torch
 
     from modtrace import Recorder
 
-    clock = WorkClock()
+    clock = WorkClock(scale=scale, jitter=jitter, seed=seed)
     net = build_model(clock, costs or {}, blocks)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
     with Recorder(db=db, run=name, clock=clock, rank=rank, world_size=world_size, join=world_size > 1,
-                  handle_sigterm=False, analyze=analyze) as _rec:
+                  handle_sigterm=False, analyze=analyze, tags=tags) as _rec:
         for _ in range(steps):
             net(x).sum().backward()
             opt.step()
@@ -29,16 +33,22 @@ def record(db: str, name: str, costs: dict[int, int] | None = None, *, steps: in
 class WorkClock:
     """Nanoseconds: ``tick`` per read, plus whatever ``work`` adds."""
 
-    def __init__(self, tick: int = 1000) -> None:
+    def __init__(self, tick: int = 1000, scale: float = 1.0, jitter: float = 0.0, seed: int = 0) -> None:
+        import random
+
         self.now = 0
-        self.tick = tick
+        self.tick = round(tick * scale)
+        self.scale = scale
+        self.jitter = jitter
+        self.rng = random.Random(seed)
 
     def __call__(self) -> int:
         self.now += self.tick
         return self.now
 
     def work(self, ns: int) -> None:
-        self.now += ns
+        factor = self.scale * ((1 + self.rng.uniform(-self.jitter, self.jitter)) if self.jitter else 1.0)
+        self.now += round(ns * factor)
 
 
 def build_model(clock: WorkClock, costs: dict[int, int], blocks: int = 3) -> Any:

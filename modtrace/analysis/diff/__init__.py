@@ -14,6 +14,7 @@ stages, one module each, in the order a diff runs them:
 ``structure``  modules, phases, calls, devices and streams that changed
 ``order``      the first call-order divergence and its excerpt
 ``run``        ``diff_runs`` / ``diff_spans``: all of it, one ``DiffResult``
+``history``    ``diff_history``: the candidate against a history of base runs
 
 ``DiffResult.exit_code(fail_on)`` is what ``modtrace diff`` exits with.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from modtrace.analysis.diff.frames import (
     CALL_SCHEMA,
+    CALLS_SCHEMA,
     EXCERPT_SCHEMA,
     FAIL_ON,
     METRICS,
@@ -38,7 +40,8 @@ from modtrace.analysis.diff.frames import (
     Divergence,
     RunCalls,
 )
-from modtrace.analysis.diff.order import call_sequences, first_divergence
+from modtrace.analysis.diff.history import diff_history
+from modtrace.analysis.diff.order import call_sequences, first_divergence, order_varies
 from modtrace.analysis.diff.run import diff_runs, diff_spans
 from modtrace.analysis.diff.samples import (
     calls_of_spans,
@@ -60,14 +63,19 @@ from modtrace.analysis.diff.stats import (
     sort_within,
     two_sided_p,
 )
-from modtrace.analysis.diff.structure import collapse_subtrees, compare_structure, placement
+from modtrace.analysis.diff.structure import (
+    calls_per_step,
+    collapse_subtrees,
+    compare_structure,
+    placement,
+)
 from modtrace.analysis.diff.verdicts import compare_timing
 
 __all__ = [
-    "CALL_SCHEMA", "EXCERPT_SCHEMA", "FAIL_ON", "METRICS", "PHASES", "PPB", "SAMPLE_SCHEMA", "SHARE_METRICS",
+    "CALLS_SCHEMA", "CALL_SCHEMA", "EXCERPT_SCHEMA", "FAIL_ON", "METRICS", "PHASES", "PPB", "SAMPLE_SCHEMA", "SHARE_METRICS",
     "STRUCTURE_KINDS", "STRUCTURE_SCHEMA", "TIMING_COLUMNS", "VERDICTS",
     "DiffOptions", "DiffResult", "Divergence", "RunCalls",
-    "call_sequences", "calls_of_spans", "collapse_subtrees", "compare_structure", "compare_timing",
+    "call_sequences", "calls_of_spans", "calls_per_step", "diff_history", "order_varies", "collapse_subtrees", "compare_structure", "compare_timing",
     "compared_calls", "compared_samples", "diff_runs", "diff_spans", "fill_steps", "first_divergence", "holm",
     "mann_whitney", "median_summary", "min_p_value", "module_keys", "module_lookup", "normal_quantile",
     "placement", "rank_sums", "sort_within", "step_units", "two_sided_p", "with_mkey",

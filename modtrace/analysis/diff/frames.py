@@ -66,7 +66,21 @@ TIMING_COLUMNS: tuple[str, ...] = (
     *(f"{m}_{c}" for m in SHARE_METRICS for c in STAT_COLUMNS),
     "self_vs_rest", "incl_vs_rest", "self_vs_typical", "incl_vs_typical",
     "self_noise_p_adjusted", "incl_noise_p_adjusted",
+    # against a history of base runs (``history``): the lowest and highest of the base runs'
+    # medians; null in a diff of two runs
+    *(f"{m}_history_{b}_ns" for m in METRICS for b in ("low", "high")),
+    *(f"self_share_history_{b}" for b in ("low", "high")),
 )
+
+# Calls per step of the modules whose count varies from step to step in a run (data-dependent:
+# routing, early exit): their distribution on each side, and whether it changed
+# (``structure.calls_per_step``).
+CALLS_SCHEMA: dict[str, pl.DataType] = {
+    "fqn": pl.String(),
+    "phase": pl.String(),
+    **{f"{side}_{q}": pl.Float64() for side in ("base", "cand") for q in ("min", "median", "max")},
+    "changed": pl.Boolean(),
+}
 
 # -- (module, phase) keys ------------------------------------------------------------
 
@@ -168,13 +182,15 @@ class DiffResult:
     # Work counters that differ, exactly (analysis.diff.counters.COUNTER_CHANGE_SCHEMA); None
     # when a side counted no step.
     counters: pl.DataFrame | None = None
+    calls: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=CALLS_SCHEMA))  # CALLS_SCHEMA
 
     def failed(self, fail_on: str) -> bool:
         """Whether the findings ``fail_on`` names are present (``FAIL_ON``): what makes
         ``modtrace diff`` exit 1.  ``never``: no finding fails."""
         if fail_on not in FAIL_ON:
             raise ValueError(f"fail_on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
-        regress = self._count("regressions") > 0
+        # against a history, a step time beyond the history's spread is a regression of its own
+        regress = self._count("regressions") > 0 or self.summary.get("step_verdict") == "regression"
         structure = self._count("structure_changes") > 0
         counters = self._count("counter_changes") > 0
         return {"regression": regress, "structure": structure, "counters": counters,

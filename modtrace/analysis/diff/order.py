@@ -44,6 +44,17 @@ def call_sequences(compared: pl.DataFrame, phases: tuple[str, ...] | None) -> pl
     return seq.select("rank", "step", (first.cast(pl.Int64).cum_sum() - 1).alias("k"), "key", "depth")
 
 
+def order_varies(seq: pl.DataFrame) -> bool:
+    """Whether a run's compared steps (``call_sequences``) differ in call order among themselves:
+    data-dependent calls (routing, early exit), whose order between two runs is no structure
+    change."""
+    if seq.height == 0:
+        return False
+    pos = pl.int_range(pl.len()).over("k")
+    sig = seq.group_by("k").agg(pl.struct(pos.alias("pos"), "key", "depth").hash().sum().alias("_h"), pl.len())
+    return sig.select("_h", "len").n_unique() > 1
+
+
 def first_divergence(seq_b: pl.DataFrame, seq_c: pl.DataFrame, names: pl.DataFrame,
                      options: DiffOptions) -> Divergence | None:
     """The first k-th compared step of each run whose call sequences differ, with an aligned excerpt.

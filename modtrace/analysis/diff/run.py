@@ -12,8 +12,19 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from modtrace.analysis.diff.frames import STRUCTURE_SCHEMA, DiffOptions, DiffResult, RunCalls
-from modtrace.analysis.diff.order import call_sequences, first_divergence, order_finding
+from modtrace.analysis.diff.frames import (
+    STRUCTURE_SCHEMA,
+    DiffOptions,
+    DiffResult,
+    Divergence,
+    RunCalls,
+)
+from modtrace.analysis.diff.order import (
+    call_sequences,
+    first_divergence,
+    order_finding,
+    order_varies,
+)
 from modtrace.analysis.diff.samples import (
     calls_of_spans,
     compared_calls,
@@ -25,7 +36,7 @@ from modtrace.analysis.diff.samples import (
     with_mkey,
 )
 from modtrace.analysis.diff.stats import min_p_value, two_sample_p
-from modtrace.analysis.diff.structure import compare_structure, placement
+from modtrace.analysis.diff.structure import calls_per_step, compare_structure, placement
 from modtrace.analysis.diff.verdicts import compare_timing
 
 
@@ -60,10 +71,7 @@ def diff_runs(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None
     step_b = _median(b.units["step_ns"])
     step_c = _median(c.units["step_ns"])
     timing = compare_timing(b.samples, c.samples, names, options, n_base=n_b, n_cand=n_c, step_ns=step_b)
-    structure = compare_structure(b.samples, c.samples, names, b.placed, c.placed)
-    divergence = first_divergence(b.sequence, c.sequence, names, options)
-    if divergence is not None:
-        structure = pl.concat([structure, pl.DataFrame([order_finding(divergence)], schema=STRUCTURE_SCHEMA)])
+    structure, divergence, calls, varies = compare_rest(b, c, names, options)
     counts = timing["verdict"].value_counts()
     by_verdict = dict(zip(counts["verdict"].to_list(), counts["count"].to_list(), strict=True))
     step_ratio = (step_c / step_b) if step_b and step_c is not None else None
@@ -85,8 +93,24 @@ def diff_runs(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None
         "inherited": int(by_verdict.get("inherited", 0)),
         "structure_changes": structure.height,
         "min_p_value": min_p_value(n_b, n_c),
+        "order_varies": varies,
+        "history_runs": 1,
+        "step_verdict": None,  # judged against a history only (``history``)
     }
-    return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary)
+    return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)
+
+
+def compare_rest(b: _Side, c: _Side, names: pl.DataFrame, options: DiffOptions
+                 ) -> tuple[pl.DataFrame, Divergence | None, pl.DataFrame, bool]:
+    """Structure findings, the first order divergence, the data-dependent calls per step, and
+    whether either run's call order varies from step to step (then order is not compared: a
+    divergence between the runs is what their own steps already do)."""
+    structure = compare_structure(b.samples, c.samples, names, b.placed, c.placed)
+    varies = order_varies(b.sequence) or order_varies(c.sequence)
+    divergence = None if varies else first_divergence(b.sequence, c.sequence, names, options)
+    if divergence is not None:
+        structure = pl.concat([structure, pl.DataFrame([order_finding(divergence)], schema=STRUCTURE_SCHEMA)])
+    return structure, divergence, calls_per_step(b.samples, c.samples, names), varies
 
 
 def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions | None = None) -> DiffResult:

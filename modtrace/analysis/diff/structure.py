@@ -3,8 +3,16 @@
 One row per finding (``STRUCTURE_SCHEMA``): ``module_removed`` /
 ``module_added`` (a module called in one run only, its called submodules
 folded in), ``phase_removed`` / ``phase_added`` (e.g. a recompute that
-appeared), ``calls_changed`` (median calls per step), ``device_changed``
-and ``stream_changed``.  ``order_changed`` comes from ``order``.
+appeared), ``calls_changed``, ``device_changed`` and ``stream_changed``.
+``order_changed`` comes from ``order``.
+
+Calls per step are compared as distributions (``calls_per_step``): a
+module called the same number of times in every step of both runs changed
+when that number did; one whose count varies from step to step inside a
+run (routing in a mixture of experts, early exit, loops over data) changed
+only when the two runs' ranges of calls per step do not overlap, i.e. the
+change lies outside both runs' own variation.  A module that appears or
+disappears is always a finding.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import polars as pl
 
 from modtrace.analysis.diff.frames import (
+    CALLS_SCHEMA,
     PHASES,
     STRUCTURE_SCHEMA,
     key_fqn,
@@ -55,6 +64,7 @@ def compare_structure(
         return samples.group_by("key").agg(pl.col("calls").median().alias(alias))
 
     calls_b, calls_c = per_key(base, "b"), per_key(cand, "c")
+    changed_calls = {(r["fqn"], r["phase"]): r for r in calls_per_step(base, cand, names).iter_rows(named=True)}
     mods_b = {fqns[key_module(int(k))] for k in calls_b["key"].to_list()}
     mods_c = {fqns[key_module(int(k))] for k in calls_c["key"].to_list()}
     for fqn, n in collapse_subtrees(mods_b - mods_c):
@@ -80,7 +90,13 @@ def compare_structure(
             rows.append(structure_row("phase_removed", fqn, phase, _calls(removed[fqn]), "none",
                              f"{fqn}{_and(n)} has no {phase} calls in the candidate (base: {_calls(removed[fqn])}/step)"))
     for fqn, phase, b, c in both.drop_nulls(["b", "c"]).select("fqn", "phase", "b", "c").iter_rows():
-        if b != c:
+        varying = changed_calls.get((fqn, phase))
+        if varying is not None:
+            if varying["changed"]:
+                db, dc = _spread(varying, "base"), _spread(varying, "cand")
+                rows.append(structure_row("calls_changed", fqn, phase, db, dc,
+                                          f"{fqn} {phase}: {db} -> {dc} calls per step (ranges do not overlap)"))
+        elif b != c:
             rows.append(structure_row("calls_changed", fqn, phase, _calls(b), _calls(c),
                              f"{fqn} {phase}: {_calls(b)} -> {_calls(c)} calls per step"))
 
@@ -94,6 +110,35 @@ def compare_structure(
             b, c = b or "none", c or "none"
             rows.append(structure_row(f"{what}_changed", fqn, None, b, c, f"{fqn} runs on {what} {c} (base: {b})"))
     return pl.DataFrame(rows, schema=STRUCTURE_SCHEMA) if rows else pl.DataFrame(schema=STRUCTURE_SCHEMA)
+
+
+def calls_per_step(base: pl.DataFrame, cand: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+    """Filled samples of two runs -> ``CALLS_SCHEMA``: the (module, phase) keys of both runs whose
+    calls per step vary from step to step in either run, with each side's min, median and max, and
+    ``changed`` when the two ranges do not overlap."""
+
+    def spread(samples: pl.DataFrame, side: str) -> pl.DataFrame:
+        c = pl.col("calls").cast(pl.Float64)
+        return samples.group_by("key").agg(
+            c.min().alias(f"{side}_min"), c.median().alias(f"{side}_median"), c.max().alias(f"{side}_max")
+        )
+
+    both = spread(base, "base").join(spread(cand, "cand"), on="key")
+    varying = both.filter((pl.col("base_min") != pl.col("base_max")) | (pl.col("cand_min") != pl.col("cand_max")))
+    return (
+        varying.with_columns(
+            key_fqn(pl.col("key"), names).alias("fqn"), key_phase_name(pl.col("key")).alias("phase"),
+            ((pl.col("cand_max") < pl.col("base_min")) | (pl.col("cand_min") > pl.col("base_max"))).alias("changed"),
+        )
+        .sort("fqn", key_phase(pl.col("key")))
+        .select(list(CALLS_SCHEMA))
+        .cast(CALLS_SCHEMA)  # type: ignore[arg-type]
+    )
+
+
+def _spread(row: dict[str, float], side: str) -> str:
+    lo, mid, hi = row[f"{side}_min"], row[f"{side}_median"], row[f"{side}_max"]
+    return _calls(lo) if lo == hi else f"{_calls(lo)}-{_calls(hi)} (median {_calls(mid)})"
 
 
 def collapse_subtrees(fqns: set[str]) -> list[tuple[str, int]]:

@@ -72,13 +72,15 @@ SLOWER, FASTER = 1, -1
 
 def compare_timing(
     base: pl.DataFrame, cand: pl.DataFrame, names: pl.DataFrame, options: DiffOptions,
-    *, n_base: int, n_cand: int, step_ns: float | None = None,
+    *, n_base: int, n_cand: int, step_ns: float | None = None, history: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Filled samples of two runs (``fill_steps``; ``n_base`` / ``n_cand`` compared steps) -> timing
     frame (``TIMING_COLUMNS``).
 
     Only keys present in both runs are compared; the others are structure
-    findings.  ``step_ns`` (the base run's median step time) gives ``impact_pct``.
+    findings.  ``step_ns`` (the base run's median step time) gives ``impact_pct``.  With
+    ``history`` (``history.run_ranges``: per key the lowest and highest of the base runs'
+    medians; ``base`` then pools those runs' steps) the verdict follows ``_changed_history``.
     """
     keys = (
         base.select("key").unique().join(cand.select("key").unique(), on="key")
@@ -125,13 +127,28 @@ def compare_timing(
         pl.col("self_delta_ns").alias("impact_ns"),
     )
     frame = frame.with_columns(*_typical(frame, "self"), *_typical(frame, "incl"))
-    frame = frame.with_columns(
-        _changed("self", options, SLOWER).alias("_sreg"),
-        _changed("self", options, FASTER).alias("_simp"),
-        (_changed("incl", options, SLOWER) | _changed("incl", options, FASTER)).alias("_inh"),
-        (_changed("incl", options, SLOWER, shares=False) | _changed("incl", options, FASTER, shares=False))
-        .alias("_inh_abs"),
-    )
+    if history is None:
+        frame = frame.with_columns(
+            *(pl.lit(None, dtype=pl.Float64).alias(c) for c in _HISTORY_COLUMNS),
+            _changed("self", options, SLOWER).alias("_sreg"),
+            _changed("self", options, FASTER).alias("_simp"),
+            (_changed("incl", options, SLOWER) | _changed("incl", options, FASTER)).alias("_inh"),
+            (_changed("incl", options, SLOWER, shares=False) | _changed("incl", options, FASTER, shares=False))
+            .alias("_inh_abs"),
+        )
+    else:
+        frame = frame.join(history, on="key", how="left").with_columns(
+            *(pl.col(f"{m}_{b}").cast(pl.Float64).alias(f"{m}_history_{b}_ns") for m in ("self", "incl")
+              for b in ("low", "high")),
+            *((pl.col(f"self_share_{b}") / PPB).alias(f"self_share_history_{b}") for b in ("low", "high")),
+        )
+        frame = frame.with_columns(
+            _changed_history("self", options, SLOWER).alias("_sreg"),
+            _changed_history("self", options, FASTER).alias("_simp"),
+            (_changed_history("incl", options, SLOWER) | _changed_history("incl", options, FASTER)).alias("_inh"),
+            (_changed_history("incl", options, SLOWER, shares=False)
+             | _changed_history("incl", options, FASTER, shares=False)).alias("_inh_abs"),
+        )
     frame = frame.with_columns(
         (pl.col("_inh") | (pl.col("_inh_abs") & _above_blamed(frame))).alias("_inh")
     ).with_columns(
@@ -155,6 +172,43 @@ def compare_timing(
     return frame.select(list(TIMING_COLUMNS)).with_columns(
         pl.col("calls_base", "calls_cand").cast(pl.Float64)
     )
+
+
+_HISTORY_COLUMNS = tuple(c for c in TIMING_COLUMNS if "_history_" in c)
+
+
+def _beyond(value: pl.Expr, low: pl.Expr, high: pl.Expr, threshold: float, direction: int) -> pl.Expr:
+    """Whether ``value`` lies beyond the history's range [low, high] by more than ``threshold``
+    (relative): above high * (1 + threshold) (slower), or below low * (1 - threshold) (faster)."""
+    if direction > 0:
+        return value > high * (1 + threshold)
+    return value < low * (1 - threshold)
+
+
+def _changed_history(metric: str, options: DiffOptions, direction: int, *, shares: bool = True) -> pl.Expr:
+    """Slower (+1) or faster (-1) than a history of base runs (``analysis.diff.history``): the
+    candidate's median per step lies beyond every base run's median by more than ``threshold``
+    (``_beyond``), by more than ``min_delta_ns`` from the history's median, and the Mann-Whitney
+    test of its steps against the pooled steps of the history is significant (Holm).
+
+    Unless ``options.absolute`` (or not ``shares``), its share of the step must also lie beyond
+    the base runs' range of shares by more than ``threshold``: a machine busier than in any base
+    run slows every module, a slower module more than the rest.  No test of the share's
+    significance: the absolute test stands for it, and a share's steps are noisier than its
+    times (the step time it divides by varies with load more than most modules do).
+    """
+    delta = pl.col(f"{metric}_delta_ns") * direction
+    absolute = (
+        (pl.col(f"{metric}_p_adjusted") < options.alpha).fill_null(False)
+        & (delta > options.min_delta_ns)
+        & _beyond(pl.col(f"{metric}_cand_ns"), pl.col(f"{metric}_low"), pl.col(f"{metric}_high"),
+                  options.threshold, direction).fill_null(False)
+    )
+    if options.absolute or not shares:
+        return absolute
+    share = f"{metric}_share"
+    return absolute & _beyond(pl.col(f"{share}_cand") * PPB, pl.col(f"{share}_low"), pl.col(f"{share}_high"),
+                              options.threshold, direction).fill_null(False)
 
 
 def _empty_timing() -> pl.DataFrame:

@@ -1,0 +1,176 @@
+"""Power and false alarms of ``modtrace diff`` as a CI regression gate, on real recordings.
+
+    .venv/bin/python benchmarks/gate_power.py [--pairs 30] [--steps 20] [--history 5] [--loads 0,1,2]
+
+A small model (``--blocks`` blocks, each a Linear applied ``REPS`` times, so a
+block's cost is set in steps of 10%) is recorded in this process by
+``modtrace.Recorder``, with ``--loads`` background processes that do nothing
+but spin (0, one, two busy processes) started for each load in turn.  Per
+load, ``--pairs`` times:
+
+- a baseline run (tagged ``branch=main``: the newest ``--history`` of them
+  are the history gate's window, as a CI's main branch would keep them;
+  ``--history`` - 1 older ones are recorded first);
+- an A/A candidate (the same code) and the A/B candidates: block 1 1.5x,
+  2x and 3x slower, and every block 1.3x slower.
+
+Each candidate is judged twice: the single-base diff against that pair's
+baseline run, and the history gate against the newest ``--history``
+baseline runs.  A/A: any failure of ``--fail-on
+regression`` is a false alarm.  Block 1 slower: detected when block 1 is
+blamed (a regression).  Everything slower: detected when the gate fails
+(a step regression, or any module's).  Prints a table (rates, counts) and
+one JSON line; progress goes to stderr.  Sizes are arguments: on a shared
+machine run a reduced version and say which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this tree's benchmarks and modtrace
+
+from benchmarks._common import load_average  # noqa: E402
+
+REPS = 10  # Linear applications per block per forward: a 1.3x block applies it 13 times
+VARIANTS: dict[str, tuple[float, str]] = {  # name -> (slowdown, "block" (block 1 only) | "all")
+    "A/A": (1.0, "all"),
+    "block 1.5x": (1.5, "block"),
+    "block 2x": (2.0, "block"),
+    "block 3x": (3.0, "block"),
+    "all 1.3x": (1.3, "all"),
+}
+SLOW_BLOCK = 1
+
+
+def build(slowdown: float, where: str, blocks: int, width: int) -> Any:
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, reps: int) -> None:
+            super().__init__()
+            self.lin = nn.Linear(width, width)
+            self.reps = reps
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x
+            for _ in range(self.reps):  # the block's own code: the Linear's weights, applied directly
+                y = torch.tanh(torch.nn.functional.linear(y, self.lin.weight, self.lin.bias))
+            return x + y
+
+    def reps(i: int) -> int:
+        slower = where == "all" or i == SLOW_BLOCK
+        return round(REPS * slowdown) if slower else REPS
+
+    torch.manual_seed(0)
+    return nn.Sequential(*(Block(reps(i)) for i in range(blocks)))
+
+
+def record(db: str, name: str, variant: str, args: argparse.Namespace, tags: dict[str, str]) -> None:
+    import torch
+
+    import modtrace
+
+    slowdown, where = VARIANTS[variant]
+    net = build(slowdown, where, args.blocks, args.width)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4)
+    x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(1))
+    with modtrace.Recorder(db=db, run=name, tags=tags, handle_sigterm=False) as rec:
+        for _ in range(args.steps + 1):  # the first step is skipped by diff as warm-up
+            net(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    rec.wait_analyzed()
+
+
+def spin(n: int) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--pairs", type=int, default=30, help="baseline runs and candidates of each variant, per load")
+    p.add_argument("--steps", type=int, default=20, help="compared steps per run")
+    p.add_argument("--history", type=int, default=5, help="baseline runs in the history gate's window")
+    p.add_argument("--loads", default="0,1,2", help="background busy processes, comma-separated")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="which candidates (comma-separated)")
+    p.add_argument("--blocks", type=int, default=4)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--db", default=None, help="database (default: a temporary file)")
+    args = p.parse_args()
+    import torch
+
+    import modtrace
+
+    torch.set_num_threads(args.threads)
+    variants = [v for v in args.variants.split(",") if v]
+    loads = [int(x) for x in args.loads.split(",")]
+    tmp = tempfile.TemporaryDirectory()
+    db_path = args.db or str(Path(tmp.name) / "gate.db")
+    counts: dict[tuple[int, str, str], list[int]] = {}  # (load, variant, gate) -> [caught, judged]
+    t0, load_before = time.time(), load_average()
+    for load in loads:
+        spinners = spin(load)
+        try:
+            main_tag = {"branch": f"main-{load}"}
+            for i in range(args.history - 1):  # the history's older runs; each pair adds the newest
+                record(db_path, f"L{load}-history{i}", "A/A", args, main_tag)
+            for pair in range(args.pairs):
+                base = f"L{load}-base{pair}"
+                record(db_path, base, "A/A", args, main_tag)
+                for variant in variants:
+                    cand = f"L{load}-{variant.replace(' ', '').replace('/', '')}-{pair}"
+                    record(db_path, cand, variant, args, {"branch": "pr"})
+                    with modtrace.open(db_path) as db:
+                        gates: list[tuple[str, str]] = [("single base", base)]
+                        if args.history > 1:
+                            gates.append((f"history of {args.history}", f"tag:branch=main-{load}"))
+                        for gate, ref in gates:
+                            hit = judge_ref(db, ref, cand, variant, args.history)
+                            c = counts.setdefault((load, variant, gate), [0, 0])
+                            c[0] += int(hit)
+                            c[1] += 1
+                print(f"load {load} pair {pair + 1}/{args.pairs} done ({time.time() - t0:.0f} s, "
+                      f"load average {load_average()})", file=sys.stderr)
+        finally:
+            for s in spinners:
+                s.kill()
+                s.wait()
+    print(f"steps {args.steps}, history {args.history}, pairs per load {args.pairs}, blocks {args.blocks}, "
+          f"width {args.width}, batch {args.batch}, threads {args.threads}; load average before {load_before}, "
+          f"after {load_average()}; {time.time() - t0:.0f} s")
+    print(f"{'busy procs':>10}  {'candidate':<11} {'gate':<22} {'rate':>6}  caught/judged  (A/A: false alarms)")
+    for (load, variant, gate), (hit, n) in sorted(counts.items(), key=lambda kv: (kv[0][0], variants.index(kv[0][1]), kv[0][2])):
+        print(f"{load:>10}  {variant:<11} {gate:<22} {hit / n:>6.0%}  {hit}/{n}")
+    print(json.dumps({f"{load}|{variant}|{gate}": c for (load, variant, gate), c in counts.items()}))
+    tmp.cleanup()
+
+
+def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> bool:
+    """Whether the gate (base ``ref``: a run, or a tag selector) catches ``cand``; for A/A,
+    whether it fails: a false alarm."""
+    result = db.diff(ref, cand, window=window)
+    if variant == "A/A" and result.failed("regression"):  # say what raised the false alarm
+        blamed = result.timing.filter(result.timing["verdict"] == "regression")
+        print(f"false alarm: {cand} against {ref}: step {result.summary.get('step_verdict')} "
+              f"(ratio {result.summary.get('step_ratio')}), modules "
+              f"{list(zip(blamed['fqn'], blamed['phase'], blamed['self_ratio'], strict=True))}", file=sys.stderr)
+    if VARIANTS[variant][1] == "block" and variant != "A/A":
+        blamed = result.timing.filter(result.timing["verdict"] == "regression")["fqn"].to_list()
+        return any(f.endswith(f".{SLOW_BLOCK}") for f in blamed)
+    return bool(result.failed("regression"))
+
+
+if __name__ == "__main__":
+    main()

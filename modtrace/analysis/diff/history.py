@@ -1,0 +1,149 @@
+"""A history of base runs: the candidate judged against what varies from one base run to the next.
+
+One base run cannot tell a busier machine from slower code: every module
+and the step slow down alike in both cases.  A history can: it holds the
+same code recorded several times, so what differs between its runs is
+noise, and a candidate beyond all of it is a change.  The rule (the
+README's "regression gate") combines asv's ``compare`` (a change must
+exceed a factor *and* be significant) with a window of runs as Bencher's
+thresholds use, and takes the window's range as its boundary (robust with
+the few runs a CI keeps; no normal law assumed):
+
+- each base run gives one value per metric: its median per step (step
+  time; each module and phase's self and inclusive time and share of the
+  step); ``low`` and ``high`` are the lowest and highest of these medians;
+- the candidate changed when its median lies above ``high * (1 +
+  threshold)`` (slower) or below ``low * (1 - threshold)`` (faster), by more
+  than ``min_delta_ns`` from the history's median, and the Mann-Whitney
+  test of its steps against the pooled steps of every base run gives p <
+  ``alpha`` (Holm over the modules compared);
+- a module is blamed (regression, improvement) when its self time changed
+  so and, unless ``absolute``, its share of the step lies beyond the base
+  runs' range of shares by more than ``threshold`` (a busier machine slows
+  every module, a slower module more than the rest); the step time
+  changed so is a step regression (``summary["step_verdict"]``), which fails
+  ``--fail-on regression`` even when no module's share moved (everything
+  slowed alike beyond the history's spread).
+
+Structure is compared against the pooled steps of the history (a module is
+removed when some base run called it and the candidate did not; calls per
+step against their spread over every base run), call order against the
+newest base run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+from modtrace.analysis.diff.frames import DiffOptions, DiffResult, RunCalls
+from modtrace.analysis.diff.order import call_sequences
+from modtrace.analysis.diff.run import _prepare, _Side, compare_rest, diff_runs
+from modtrace.analysis.diff.samples import (
+    compared_calls,
+    compared_samples,
+    fill_steps,
+    module_keys,
+    module_lookup,
+    step_units,
+    with_mkey,
+)
+from modtrace.analysis.diff.stats import min_p_value, two_sample_p
+from modtrace.analysis.diff.structure import placement
+from modtrace.analysis.diff.verdicts import compare_timing
+
+# Base run i's ranks become i * RANK_STRIDE + rank in the pooled samples: every (run, rank, step) one sample.
+RANK_STRIDE = 1 << 16
+_METRICS = ("self", "incl", "self_share", "incl_share")
+_COLUMNS = {"self": "self_ns", "incl": "incl_ns", "self_share": "self_share", "incl_share": "incl_share"}
+
+
+def run_ranges(pooled: pl.DataFrame) -> pl.DataFrame:
+    """Pooled filled samples -> per key the lowest and highest of the base runs' medians per step of
+    each metric: key, {metric}_low, {metric}_high."""
+    run = (pl.col("rank") // RANK_STRIDE).alias("_run")
+    medians = pooled.group_by("key", run).agg(pl.col(_COLUMNS[m]).median().alias(m) for m in _METRICS)
+    return medians.group_by("key").agg(
+        *(pl.col(m).min().alias(f"{m}_low") for m in _METRICS),
+        *(pl.col(m).max().alias(f"{m}_high") for m in _METRICS),
+    )
+
+
+def step_verdict(history_ns: Sequence[float], pooled: pl.Series, cand: pl.Series, options: DiffOptions
+                 ) -> tuple[str, float | None]:
+    """(verdict of the candidate's step time against the base runs' median step times, its p)."""
+    p = two_sample_p(pooled, cand)
+    if not history_ns or cand.len() == 0 or p is None or p >= options.alpha:
+        return "unchanged", p
+    c = float(cand.median())  # type: ignore[arg-type]
+    mid = float(pl.Series(history_ns).median())  # type: ignore[arg-type]
+    if c > max(history_ns) * (1 + options.threshold) and c - mid > options.min_delta_ns:
+        return "regression", p
+    if c < min(history_ns) * (1 - options.threshold) and mid - c > options.min_delta_ns:
+        return "improvement", p
+    return "unchanged", p
+
+
+def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
+    """The candidate against a history of base runs (newest first): timing verdicts and a step
+    verdict against the spread of the history, structure against its pooled steps, call order
+    against its newest run.  One base run is ``diff_runs``."""
+    options = options or DiffOptions()
+    if not bases:
+        raise ValueError("a history needs at least one base run")
+    if len(bases) == 1:
+        return diff_runs(bases[0], cand, options)
+    lookups = [module_lookup(b) for b in bases]
+    lookup_c = module_lookup(cand)
+    names = module_keys(*lookups, lookup_c)
+    units_all: list[pl.DataFrame] = []
+    raw_all: list[pl.DataFrame] = []
+    newest: pl.DataFrame | None = None
+    for i, (run, lookup) in enumerate(zip(bases, lookups, strict=True)):
+        compared = with_mkey(compared_calls(run.calls, options.skip_steps), lookup, names)
+        if i == 0:
+            newest = compared
+        offset = pl.col("rank") + i * RANK_STRIDE
+        units_all.append(step_units(compared).with_columns(offset.cast(pl.Int32)))
+        raw_all.append(compared_samples(compared, options.phases).with_columns(offset.cast(pl.Int32)))
+    assert newest is not None
+    units = pl.concat(units_all)
+    pooled = fill_steps(pl.concat(raw_all), units)
+    b = _Side(units=units, samples=pooled, placed=placement(newest, bases[0].devices, options.phases),
+              sequence=call_sequences(newest, options.phases))
+    c = _prepare(cand, lookup_c, names, options)
+    per_run = [float(m) for m in units.group_by(pl.col("rank") // RANK_STRIDE, maintain_order=True).agg(
+        pl.col("step_ns").median())["step_ns"].to_list() if m is not None]
+    n_b, n_c = units.height, c.units.height
+    step_b = float(pl.Series(per_run).median()) if per_run else None  # type: ignore[arg-type]
+    step_c = float(c.units["step_ns"].median()) if n_c else None  # type: ignore[arg-type]
+    timing = compare_timing(pooled, c.samples, names, options, n_base=n_b, n_cand=n_c, step_ns=step_b,
+                            history=run_ranges(pooled))
+    structure, divergence, calls, varies = compare_rest(b, c, names, options)
+    verdict, step_p = step_verdict(per_run, units["step_ns"], c.units["step_ns"], options)
+    counts = timing["verdict"].value_counts()
+    by_verdict = dict(zip(counts["verdict"].to_list(), counts["count"].to_list(), strict=True))
+    step_ratio = (step_c / step_b) if step_b and step_c is not None else None
+    summary: dict[str, object] = {
+        "base_steps": n_b,
+        "cand_steps": n_c,
+        "base_step_ns": step_b,
+        "cand_step_ns": step_c,
+        "step_ratio": step_ratio,
+        "step_p_value": step_p,
+        "step_changed": verdict != "unchanged",
+        "compared": timing.height,
+        "regressions": int(by_verdict.get("regression", 0)),
+        "improvements": int(by_verdict.get("improvement", 0)),
+        "inherited": int(by_verdict.get("inherited", 0)),
+        "structure_changes": structure.height,
+        "min_p_value": min_p_value(n_b, n_c),
+        "order_varies": varies,
+        "history_runs": len(bases),
+        "step_verdict": verdict,
+        "history_step_low_ns": min(per_run) if per_run else None,
+        "history_step_high_ns": max(per_run) if per_run else None,
+        "history_run_step_ns": per_run,
+    }
+    return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)
