@@ -20,13 +20,16 @@ if TYPE_CHECKING:
 
 def _check(clock: str | None) -> None:
     if clock is not None and clock not in CLOCKS:
-        raise UsageError(f"--clock {clock}: one of {', '.join(CLOCKS)}")
+        raise UsageError(f"clock={clock!r}: one of {', '.join(map(repr, CLOCKS))}",
+                         cli=f"--clock {clock}: one of {', '.join(CLOCKS)}")
 
 
 def _no_device_time(names: list[str]) -> UsageError:
     names = list(dict.fromkeys(names))
     which = f"run {names[0]!r} has" if len(names) == 1 else f"runs {' and '.join(map(repr, names))} have"
-    return UsageError(f"--clock device: {which} no device times (recorded without CUDA, or with "
+    return UsageError(f"clock='device': {which} no device times (recorded without CUDA, or with "
+                      "Recorder(device_time=False)); use clock='host'",
+                      cli=f"--clock device: {which} no device times (recorded without CUDA, or with "
                       "--no-device-time); use --clock host")
 
 

@@ -140,7 +140,7 @@ def history_runs(store: Store, tags: dict[str, str], window: int, exclude: int |
     from modtrace.store.runs import runs_tagged
 
     if window < 1:
-        raise UsageError(f"--window {window}: at least 1")
+        raise UsageError(f"window={window}: at least 1", cli=f"--window {window}: at least 1")
     found = [r for r in runs_tagged(store, tags) if r.id != exclude][:window]
     if not found:
         what = " ".join(f"{SELECTOR}{k}={v}" for k, v in tags.items())

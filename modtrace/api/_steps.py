@@ -57,11 +57,13 @@ def restep(store: Store, run_id: int, run_name: str, frame: pl.DataFrame, step_o
     try:
         stepping = apply_step_rule(store, run_id, frame, step_on, ranks)
     except NoRootCalls:
-        raise UsageError(f"run {run_name!r} has module calls but no root calls recorded: modtrace noted none before "
-                         "schema revision 0003, and before 0011 only those of the main thread (a run serving on "
-                         "worker threads); record it again, or use its recorded steps (--step-on optimizer)") from None
+        why = (f"run {run_name!r} has module calls but no root calls recorded: modtrace noted none before "
+               "schema revision 0003, and before 0011 only those of the main thread (a run serving on "
+               "worker threads); record it again, or use its recorded steps")
+        raise UsageError(f"{why} (step_on='optimizer')", cli=f"{why} (--step-on optimizer)") from None
     except StepRuleError as exc:
-        raise UsageError(f"--step-on {step_on}: run {run_name!r}: {exc}") from None
+        raise UsageError(f"step_on={step_on!r}: run {run_name!r}: {exc}",
+                         cli=f"--step-on {step_on}: run {run_name!r}: {exc}") from None
     return Stepped(stepping.frame, step_kinds(stepping.frame, stepping.roots), stepping.rule, stepping.recorded_on)
 
 
@@ -112,8 +114,8 @@ def of_kind(run_name: str, stepped: Stepped, kind: str) -> pl.DataFrame:
 
     value = _kind_value(kind)
     if value not in set(stepped.kinds["kind"].to_list()):
-        raise UsageError(f"--step-kind {kind}: run {run_name!r} has no steps of that kind "
-                         f"(its kinds: {_kinds_text(stepped)})")
+        why = f"run {run_name!r} has no steps of that kind (its kinds: {_kinds_text(stepped)})"
+        raise UsageError(f"step_kind={kind!r}: {why}", cli=f"--step-kind {kind}: {why}")
     return keep(stepped.frame, stepped.kinds, value)
 
 

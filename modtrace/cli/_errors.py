@@ -39,7 +39,7 @@ def run_main(group: click.Group, argv: list[str]) -> NoReturn:
     except ModtraceError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(mask(f"modtrace: error: {exc}"), err=True)
+        click.echo(mask(f"modtrace: error: {exc.cli or exc}"), err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("modtrace: interrupted", err=True)

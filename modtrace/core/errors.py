@@ -11,9 +11,17 @@ from modtrace.core.secrets import mask
 
 
 class ModtraceError(Exception):
-    """A failure to report as one line, without a traceback."""
+    """A failure to report as one line, without a traceback.
+
+    The message speaks of the Python API (its parameters: ``step_on='root'``); ``cli``, when
+    given, is the same error in the command line's words (its options: ``--step-on root``),
+    which the CLI prints instead."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *, cli: str | None = None) -> None:
+        super().__init__(message)
+        self.cli = cli
 
 
 class UsageError(ModtraceError):

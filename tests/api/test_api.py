@@ -152,3 +152,20 @@ def test_the_database_is_a_small_documented_product() -> None:
             assert "Examples" in doc or "Parameters" in doc, name
     assert set(modtrace.api.__all__) >= {"Database", "Run", "open", "query", "upgrade"}
     assert not {n for n in modtrace.api.__all__ if "like_with_like" in n or n.startswith("preload")}
+
+
+def test_errors_speak_of_the_api_and_the_cli_of_its_options(recorded: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """One error, two wordings: the API's names its parameters, the command line its options."""
+    import pytest
+
+    from modtrace.core.errors import UsageError
+
+    with modtrace.open(recorded) as db, pytest.raises(UsageError) as raised:
+        db.tree("base", step_kind="nope")
+    assert str(raised.value).startswith("step_kind='nope': run 'base' has no steps of that kind"), raised.value
+    assert "--" not in str(raised.value)
+    cli = run_cli("tree", "base", "--db", recorded, "--step-kind", "nope")
+    assert cli.code == 2 and cli.err.startswith("modtrace: error: --step-kind nope: run 'base' has no steps"), cli
+    with modtrace.open(recorded) as db, pytest.raises(UsageError) as raised:
+        db.spans("base", clock="device")
+    assert str(raised.value).startswith("clock='device': run 'base' has no device times"), raised.value
