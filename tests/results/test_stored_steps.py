@@ -51,7 +51,10 @@ def _rows(db: str, sql: str) -> list[tuple[Any, ...]]:
 
 
 def _assert_views_equal_polars(db: str, run: str) -> None:
-    frame = modtrace.open(db).steps(run).frame
+    from modtrace.api._cli import restep
+
+    with modtrace.open(db) as database:
+        frame = restep(database, run, database.spans(run), None).frame
     py = step_table(frame)
     (run_id,) = _rows(db, f"SELECT id FROM runs WHERE name = '{run}'")[0]
     cols = ", ".join(STEP_COLUMNS)
