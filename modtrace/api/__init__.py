@@ -383,15 +383,11 @@ class Database:
         --------
         >>> db.tree("@", phase="forward", max_depth=2)  # doctest: +SKIP
         """
-        from modtrace.api._tree import TreeOptions, nodes_from_spans, stored_nodes
+        from modtrace.api._tree import TreeOptions, tree_nodes
         from modtrace.results.tree import nodes_frame
 
-        opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind)
-        opts.check()
-        ref = self._ref(run)
-        chosen = self._clock(ref, clock)
-        stored = stored_nodes(self, ref, chosen, opts)
-        return nodes_frame(stored) if stored is not None else nodes_from_spans(self, ref, chosen, opts)
+        found = tree_nodes(self, run, TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind), clock)
+        return nodes_frame(found) if isinstance(found, list) else found
 
     # -- writes and comparisons ------------------------------------------------------
 

@@ -116,15 +116,12 @@ def restep(db: Database, run: RunLike, frame: pl.DataFrame, step_on: str | None)
 def tree_rows(db: Database, run: RunLike, **options: Any) -> list[dict[str, Any]]:
     """``Database.tree`` as plain dicts in pre-order (what the tree renderers take); a stored
     tree is read and filtered without polars."""
-    from modtrace.api._tree import TreeOptions, nodes_from_spans, stored_nodes
+    from modtrace.api._tree import TreeOptions, tree_nodes
 
     opts = TreeOptions(options.get("phase"), options.get("step"), options.get("rank"), options.get("max_depth"),
                        options.get("min_percent"), options.get("step_on"), options.get("step_kind"))
-    opts.check()
-    ref = db._ref(run)
-    chosen = db._clock(ref, options.get("clock"))
-    stored = stored_nodes(db, ref, chosen, opts)
-    return stored if stored is not None else nodes_from_spans(db, ref, chosen, opts).to_dicts()
+    found = tree_nodes(db, run, opts, options.get("clock"))
+    return found if isinstance(found, list) else found.to_dicts()
 
 
 def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame) -> DiffResult:

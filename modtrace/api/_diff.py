@@ -78,10 +78,9 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
 
 def like_with_like(base: tuple[RunCalls, dict[str, Any]], cand: tuple[RunCalls, dict[str, Any]],
                    kind: str | None) -> tuple[RunCalls, RunCalls]:
-    """Both sides' calls in steps of one kind (``_steps.like_with_like``); the sides'
-    descriptions lose ``_stepped`` and get their step rule, kinds and the kind compared."""
-    b, c = like_with_like_all([base, cand], kind)
-    return b, c
+    """Both sides' calls in steps of one kind (``like_with_like_all`` of the two)."""
+    base_calls, cand_calls = like_with_like_all([base, cand], kind)
+    return base_calls, cand_calls
 
 
 def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
@@ -152,7 +151,9 @@ def history_runs(store: Store, tags: dict[str, str], window: int, exclude: int |
 
 
 def like_with_like_all(sides: Sequence[tuple[RunCalls, dict[str, Any]]], kind: str | None) -> list[RunCalls]:
-    """``like_with_like`` of any number of sides (a history and its candidate)."""
+    """Every side's calls kept to steps of one kind (``api._steps.like_with_like``: None, the
+    kind most steps share; ``all``, every step); the sides' descriptions lose ``_stepped`` and
+    get their step rule, kinds and the kind compared.  Two sides, or a history and its candidate."""
     from dataclasses import replace
 
     from modtrace.api._steps import like_with_like as pick

@@ -20,7 +20,7 @@ from modtrace.core.errors import UsageError
 if TYPE_CHECKING:
     import polars as pl
 
-    from modtrace.api import Database, Run
+    from modtrace.api import Database, Run, RunLike
 
 
 @dataclass(frozen=True)
@@ -106,3 +106,13 @@ def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> p
             raise UsageError(f"run {ref.name} has no spans in step {opts.step}; {where}")
         spans = chosen
     return filter_tree(module_tree(spans), phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
+
+
+def tree_nodes(db: Database, run: RunLike, opts: TreeOptions, clock: str | None) -> list[dict[str, Any]] | pl.DataFrame:
+    """The nodes ``tree`` shows: the stored tree's rows (plain dicts, read without polars) when
+    it answers ``opts``, else a nodes frame computed from the run's spans."""
+    opts.check()
+    ref = db._ref(run)
+    chosen = db._clock(ref, clock)
+    stored = stored_nodes(db, ref, chosen, opts)
+    return stored if stored is not None else nodes_from_spans(db, ref, chosen, opts)

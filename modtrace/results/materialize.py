@@ -22,13 +22,14 @@ if TYPE_CHECKING:
     from modtrace.store.engine import Store
 
 # ``materialize`` analyses a rank in rounds of at most ROUND_ROWS events (read in chunks of
-# CHUNK_ROWS), each round's rows written while the next is read and analysed
+# CHUNK_ROWS), each round's rows written before the next is read
 # (``store.analysis_store.write_analysis_rounds``); a rank up to ROUND_ROWS events is held
 # whole (its spans returned and its tree computed from them), as the one-piece analysis
 # would hold it.  The rounds' results are the one-piece analysis' (``analysis.stream``).
-# On PostgreSQL rounds are PART_ROWS events: the server writes one round's spans in its own
-# process while this one reads and analyses the next.  SQLite's writes are this process's
-# CPU, and rounds that small cost more than the overlap gave back (docs/performance.md).
+# On PostgreSQL rounds are PART_ROWS events, which bounds what one round holds in memory;
+# a rollback-journal SQLite file keeps one round up to ROUND_ROWS, since reading a round's
+# events beside an open write transaction may wait on its lock there
+# (``store.analysis_store.writes_beside_reads``).
 ROUND_ROWS = 2_000_000
 CHUNK_ROWS = 200_000
 PART_ROWS = 200_000
@@ -212,8 +213,8 @@ def _rounds(
 ) -> Iterator[tuple[pl.DataFrame, pl.DataFrame, int | None]]:
     """(spans, issues, rank whose rows they replace or None) per round of each rank, rounds of
     ``min(round_rows, part_rows)`` events (None: PART_ROWS on PostgreSQL, ``round_rows`` on
-    SQLite); of ``round_rows`` where the store cannot write a round while the next is read
-    (``store.analysis_store.writes_beside_reads``)."""
+    SQLite); of ``round_rows`` where the store cannot read a round's events beside the open
+    write transaction (``store.analysis_store.writes_beside_reads``)."""
     from modtrace.analysis.stream import analyze_rank
     from modtrace.store.analysis_store import writes_beside_reads
     from modtrace.store.reader import read_modules
@@ -305,7 +306,7 @@ def materialize(
     events (``part_rows`` None: ``PART_ROWS`` on PostgreSQL, one round up to
     ``round_rows`` on SQLite; ``analysis.stream.analyze_rank``), whose results
     are those of the one-piece analysis whatever the size; each round is
-    written while the next is read and analysed.  The run's default module call tree
+    written before the next is read and analysed.  The run's default module call tree
     is stored after them (``results.tree.store_tree``); its steps under its own rule with them, in
     their transaction (``results.steps``).  The returned spans are named when
     every rank was at most ``round_rows`` events; a run with a larger rank comes back

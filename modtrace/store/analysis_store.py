@@ -217,8 +217,8 @@ def _journal_allows_overlap(mode: str) -> bool:
 
 
 def writes_beside_reads(store: Store) -> bool:
-    """Whether a write transaction may write while other connections read the run's events:
-    PostgreSQL, and SQLite in WAL mode.  In rollback-journal mode a writer whose cache
+    """Whether other connections may read the run's events while a write transaction is open
+    (so that a run can be analysed in several rounds): PostgreSQL, and SQLite in WAL mode.  In rollback-journal mode a writer whose cache
     spills takes the exclusive lock until its commit, and a reader of the next part
     would wait on it while the commit waits on the reader."""
     if store.dialect != "sqlite":
