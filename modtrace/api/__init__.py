@@ -260,14 +260,28 @@ class Database:
         -------
         polars.DataFrame
             ``contracts.SPAN_FRAME`` (with ``contracts.DEVICE_SPAN_COLUMNS`` when the run has device
-            times); times on ``clock``.
+            times), then the work counters (Int64, as the ``spans`` SQL view has them; null where
+            the span's step was not counted, docs/schema.md "Work counters"): ``flops``,
+            ``flops_self``, ``bytes``, ``bytes_self``, ``ops``, ``ops_self``, ``unknown_ops``,
+            ``unknown_ops_self``; times on ``clock``.
 
         Examples
         --------
         >>> db.spans("@").sort("self_ns", descending=True).head(10)  # doctest: +SKIP
+        >>> db.spans("@").filter(pl.col("flops").is_not_null())  # the counted steps' spans  # doctest: +SKIP
         """
+        import polars as pl
+
+        from modtrace.analysis.counters import SPAN_COUNTER_COLUMNS
+        from modtrace.results.counters import span_counts
+
         ref = self._ref(run)
         spans = self._spans_on(ref, clock)
+        counts = span_counts(self._store, ref.id, spans)
+        if counts is None:
+            spans = spans.with_columns(pl.lit(None, dtype=pl.Int64).alias(c) for c in SPAN_COUNTER_COLUMNS)
+        else:
+            spans = spans.join(counts, on=["rank", "span_id"], how="left", maintain_order="left")
         if not named:
             return spans
         from modtrace.api._tables import spans_table
@@ -353,10 +367,11 @@ class Database:
     def tree(
         self, run: RunLike, *, phase: str | None = None, step: int | None = None, rank: int | None = None,
         max_depth: int | None = None, min_percent: float | None = None, step_on: str | None = None,
-        step_kind: str | None = None, clock: str | None = None,
+        step_kind: str | None = None, clock: str | None = None, peak_tflops: float | None = None,
     ) -> pl.DataFrame:
         """The module call tree with calls, per-step median and total inclusive and self time,
-        and percent of step, in pre-order.
+        percent of step and, for a run with work counters, each node's work per step and
+        achieved throughput, in pre-order.
 
         Parameters
         ----------
@@ -372,12 +387,20 @@ class Database:
             As for ``steps``.
         clock
             As for ``spans``; by default device time when the run has it.
+        peak_tflops
+            The device's peak throughput in TFLOP/s: fills ``peak_percent`` (a usage error unless
+            above 0).
 
         Returns
         -------
         polars.DataFrame
-            ``contracts.TREE_NODE_FRAME``.  The whole run's tree (no ``step``, ``rank`` or
-            ``step_kind``) is read from the tree stored with the analysis when the run has one.
+            ``contracts.TREE_FRAME``: ``contracts.TREE_NODE_FRAME``'s timings, then the node's work
+            (``core.work``; null where it ran in no counted step): ``counted_steps``,
+            ``flops_per_step``, ``bytes_per_step``, ``unknown_ops_per_step`` (medians over its
+            counted steps of its inclusive counts summed over its calls in the step),
+            ``gflop_per_s`` (``flops_per_step`` / ``inclusive_median_ns``), ``flop_per_byte`` and
+            ``peak_percent``.  The whole run's tree (no ``step``, ``rank`` or ``step_kind``) is
+            read from the tree stored with the analysis when the run has one.
 
         Examples
         --------
@@ -386,8 +409,8 @@ class Database:
         from modtrace.api._tree import TreeOptions, tree_nodes
         from modtrace.results.tree import nodes_frame
 
-        found = tree_nodes(self, run, TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind), clock)
-        return nodes_frame(found) if isinstance(found, list) else found
+        opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind, peak_tflops)
+        return nodes_frame(tree_nodes(self, run, opts, clock))
 
     # -- writes and comparisons ------------------------------------------------------
 

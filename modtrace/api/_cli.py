@@ -119,9 +119,9 @@ def tree_rows(db: Database, run: RunLike, **options: Any) -> list[dict[str, Any]
     from modtrace.api._tree import TreeOptions, tree_nodes
 
     opts = TreeOptions(options.get("phase"), options.get("step"), options.get("rank"), options.get("max_depth"),
-                       options.get("min_percent"), options.get("step_on"), options.get("step_kind"))
-    found = tree_nodes(db, run, opts, options.get("clock"))
-    return found if isinstance(found, list) else found.to_dicts()
+                       options.get("min_percent"), options.get("step_on"), options.get("step_kind"),
+                       options.get("peak_tflops"))
+    return tree_nodes(db, run, opts, options.get("clock"))
 
 
 def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame) -> DiffResult:

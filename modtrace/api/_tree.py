@@ -34,10 +34,14 @@ class TreeOptions:
     min_percent: float | None = None
     step_on: str | None = None
     step_kind: str | None = None
+    peak_tflops: float | None = None
 
     def check(self) -> None:
+        from modtrace.core.work import check_peak
+
         if self.phase is not None and self.phase not in PHASES:
             raise UsageError(f"phase {self.phase!r}: one of {', '.join(PHASES)}")
+        check_peak(self.peak_tflops)
 
     @property
     def whole_run(self) -> bool:
@@ -78,12 +82,14 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(parts)
 
 
-def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> pl.DataFrame:
-    """The nodes frame to show, from the run's spans (held, stored or computed) on ``clock``."""
+def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> tuple[pl.DataFrame, dict[int, Any] | None]:
+    """The nodes frame to show, from the run's spans (held, stored or computed) on ``clock``, and
+    its nodes' work counts (``results.counters.node_counts``; None when the run counted none)."""
     import polars as pl
 
     from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS, filter_tree, module_tree
     from modtrace.api._steps import of_kind
+    from modtrace.results.counters import node_counts
     from modtrace.results.materialize import load_spans
 
     if clock != "host":  # device time: the spans with their device columns
@@ -105,14 +111,26 @@ def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> p
             where = f"its steps are {step_ranges(recorded)}" if recorded else "it has no steps"
             raise UsageError(f"run {ref.name} has no spans in step {opts.step}; {where}")
         spans = chosen
-    return filter_tree(module_tree(spans), phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
+    nodes = filter_tree(module_tree(spans), phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
+    return nodes, node_counts(db._store, ref.id, spans, frame)
 
 
-def tree_nodes(db: Database, run: RunLike, opts: TreeOptions, clock: str | None) -> list[dict[str, Any]] | pl.DataFrame:
-    """The nodes ``tree`` shows: the stored tree's rows (plain dicts, read without polars) when
-    it answers ``opts``, else a nodes frame computed from the run's spans."""
+def tree_nodes(db: Database, run: RunLike, opts: TreeOptions, clock: str | None) -> list[dict[str, Any]]:
+    """The nodes ``tree`` shows, as plain dicts in pre-order with their work (``core.work.WORK_KEYS``,
+    None where a node ran in no counted step): the stored tree's rows when it answers ``opts``
+    (read without polars unless the run counted work), else computed from the run's spans."""
+    from modtrace.core.work import derived
+
     opts.check()
     ref = db._ref(run)
     chosen = db._clock(ref, clock)
     stored = stored_nodes(db, ref, chosen, opts)
-    return stored if stored is not None else nodes_from_spans(db, ref, chosen, opts)
+    if stored is not None:
+        from modtrace.results.counters import node_counts
+
+        nodes, counts = stored, node_counts(db._store, ref.id)
+    else:
+        frame, counts = nodes_from_spans(db, ref, chosen, opts)
+        nodes = frame.to_dicts()
+    found = counts or {}
+    return [{**n, **derived(found.get(n["node_id"]), n["inclusive_median_ns"], opts.peak_tflops)} for n in nodes]

@@ -68,3 +68,20 @@ def quiet_option(help: str = "No progress bar or notes on stderr.") -> Callable[
         return click.option("-q", "--quiet", is_flag=True, help=help)(fn)
 
     return deco
+
+
+def _peak(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    import math
+
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{value} is not a number of TFLOP/s above 0", ctx=ctx, param=param)
+    return value
+
+
+def peak_option(fn: F) -> F:
+    """``--peak-tflops X``: the device's peak FLOP/s, for each module's utilisation (% peak)."""
+    return click.option(
+        "--peak-tflops", type=float, default=None, metavar="X", callback=_peak,
+        help="The device's peak throughput in TFLOP/s (e.g. its dense BF16 figure): adds each module's "
+             "achieved FLOP/s as a percentage of it (% peak). Needs work counters (record --counters).",
+    )(fn)

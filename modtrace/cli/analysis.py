@@ -15,6 +15,7 @@ from modtrace.cli._options import (
     clock_option,
     db_option,
     format_option,
+    peak_option,
     rank_option,
     stdout_terminal,
 )
@@ -88,10 +89,11 @@ def _step_arg(value: str) -> int | None:
 @step_on_option
 @step_kind_option("all")
 @clock_option
+@peak_option
 @format_option("table", "json")
 def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, max_depth: int | None,
          min_percent: float | None, sort_by: str | None, top: int | None, full_names: bool, step_on: str | None,
-         step_kind: str | None, clock: str | None, fmt: str) -> None:
+         step_kind: str | None, clock: str | None, peak_tflops: float | None, fmt: str) -> None:
     """Show RUN's module call tree: calls, inclusive and self time, % of step.
 
     Times are per-step medians (over the steps a node ran in) and totals;
@@ -103,6 +105,11 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     generate() loop).  Times are on --clock: device time by default when
     the run has it (CUDA), else host time.  The table names each node by
     its part below its parent (--full-names: by its full name, as JSON does).
+
+    A run with work counters (record --counters) adds, per node: FLOPs/step
+    (the median over its counted steps of its inclusive FLOPs summed over its
+    calls in the step), GFLOP/s (FLOPs/step over incl/step) and FLOP/B
+    (FLOPs per byte of its ops' tensors); --peak-tflops adds % peak.
     """
     import modtrace.api
     from modtrace.api._cli import tree_rows
@@ -115,7 +122,7 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
         ref = database.run(run)
         rows: list[dict[str, Any]] = tree_rows(
             database, ref, phase=None if phase == "all" else phase, step=step, rank=rank, max_depth=max_depth,
-            min_percent=min_percent, step_on=step_on, step_kind=step_kind, clock=clock)
+            min_percent=min_percent, step_on=step_on, step_kind=step_kind, clock=clock, peak_tflops=peak_tflops)
     if top is not None:
         rows = top_nodes(rows, sort_by or "self", top)
     if sort_by is not None:

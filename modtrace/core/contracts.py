@@ -223,6 +223,13 @@ SPAN_FRAME = Contract("spans frame", (
     ("stream", "Int64"), ("status", "Status"), ("exit_seq", "Int64"),
 ))
 
+# A span's work counters (modtrace.analysis.counters), inclusive and self, after its columns in
+# ``Database.spans`` and the spans view; null where its step was not counted.
+SPAN_COUNTS = Contract("span work counters", tuple(
+    (c, "Int64") for c in ("flops", "flops_self", "bytes", "bytes_self", "ops", "ops_self", "unknown_ops",
+                           "unknown_ops_self")
+))
+
 # The issues frame (one row per nesting issue); stored in nesting_issues with
 # phase as its name (String).
 ISSUE_FRAME = Contract("issues frame", (
@@ -245,6 +252,13 @@ TREE_NODE_FRAME = Contract("tree node frame", (
     ("module_type", "String"), ("phase", "Phase"), ("calls", "UInt32"), ("steps", "UInt32"),
     ("inclusive_total_ns", "Int64"), ("self_total_ns", "Int64"), ("inclusive_median_ns", "Float64"),
     ("self_median_ns", "Float64"), ("percent", "Float64"),
+))
+# The tree as ``tree`` and ``Database.tree`` give it: each node with its work per counted step
+# and what derives from it (``core.work``; null where the node ran in no counted step).
+TREE_FRAME = Contract("tree frame", (
+    *TREE_NODE_FRAME.columns, ("counted_steps", "UInt32"), ("flops_per_step", "Float64"),
+    ("bytes_per_step", "Float64"), ("unknown_ops_per_step", "Float64"), ("gflop_per_s", "Float64"),
+    ("flop_per_byte", "Float64"), ("peak_percent", "Float64"),
 ))
 
 # One root call (the outermost module call on its thread) as the tracker notes it (table
@@ -301,6 +315,6 @@ class Batch:
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
-    SPAN_ROW, SPAN_STORED_ROW, SPAN_FRAME, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, TREE_NODE_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
+    SPAN_ROW, SPAN_STORED_ROW, SPAN_FRAME, SPAN_COUNTS, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, TREE_NODE_FRAME, TREE_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
     DEVICE_EVENT_ROW, DEVICE_EVENT_FRAME, SPAN_DEVICE_ROW,
 )

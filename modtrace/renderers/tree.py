@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from modtrace.core.work import WORK_KEYS
 from modtrace.renderers.base import Renderer
 
 Node = dict[str, Any]
@@ -42,7 +43,7 @@ class TreeRenderer(Renderer[TreeView]):
 
 _JSON_KEYS = (
     "fqn", "module_type", "phase", "calls", "steps", "inclusive_total_ns", "self_total_ns",
-    "inclusive_median_ns", "self_median_ns", "percent",
+    "inclusive_median_ns", "self_median_ns", "percent", *WORK_KEYS,
 )
 
 
@@ -57,6 +58,21 @@ def format_ns(ns: float | int | None) -> str:
     return f"{value:.0f} ns"
 
 
+def format_count(n: float | int | None) -> str:
+    """A count with an SI prefix (k, M, G, T, P), three significant digits: ``1.23 G``."""
+    if n is None:
+        return ""
+    value = float(n)
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}"
+    return f"{value:.0f}"
+
+
+def _g(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
 class TreeTextRenderer(TreeRenderer):
     """An indented table: one line per node, children under their parent.
 
@@ -66,22 +82,39 @@ class TreeTextRenderer(TreeRenderer):
 
     name = "table"
     columns = ("module", "type", "phase", "calls", "incl/step", "self/step", "incl total", "self total", "% step")
+    # The work columns are shown when some node was counted (% peak when a peak was given); on a
+    # terminal too narrow for the table once names are cut, DROPPABLE columns go, in this order.
+    DROPPABLE = ("FLOP/B", "incl total", "self total")
 
     def render(self, model: TreeView) -> str:
         # Plain text, laid out as a borderless table (columns two spaces apart, names
         # left, numbers right): a tree of a big model has thousands of rows, which a
         # table library takes seconds to measure and render; this takes milliseconds.
         left = {"module", "type", "phase"}
+        columns = list(self.columns)
+        if any(n.get("flops_per_step") is not None for n in model.nodes):
+            shown = ("FLOPs/step", "GFLOP/s", "FLOP/B")
+            if any(n.get("peak_percent") is not None for n in model.nodes):
+                shown += ("% peak",)
+            columns += shown
         names = [str(n["fqn"]) for n in model.nodes] if model.full_names else leaf_names(model.nodes)
-        rows = [self.columns, *(self._cells(node, name) for node, name in zip(model.nodes, names, strict=True))]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(self.columns))]
-        over = sum(widths) + 2 * (len(widths) - 1) - (self.terminal.width or 1 << 30)
+        cells = [self._cells(node, name) for node, name in zip(model.nodes, names, strict=True)]
+        rows = [tuple(columns), *(tuple(c[col] for col in columns) for c in cells)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+        room = self.terminal.width or 1 << 30
+        over = sum(widths) + 2 * (len(widths) - 1) - room
         if over > 0:
-            widths[0] = max(len(self.columns[0]), widths[0] - over, 12)
+            widths[0] = max(len(columns[0]), widths[0] - over, 12)
             rows = [(_cut(row[0], widths[0]), *row[1:]) for row in rows]
+            for col in self.DROPPABLE:
+                if sum(widths) + 2 * (len(widths) - 1) <= room or col not in columns:
+                    continue
+                i = columns.index(col)
+                del columns[i], widths[i]
+                rows = [(*row[:i], *row[i + 1:]) for row in rows]
         lines = [
             "  ".join(cell.ljust(w) if col in left else cell.rjust(w)
-                      for col, cell, w in zip(self.columns, row, widths, strict=True)).rstrip()
+                      for col, cell, w in zip(columns, row, widths, strict=True)).rstrip()
             for row in rows
         ]
         if model.title:
@@ -89,18 +122,23 @@ class TreeTextRenderer(TreeRenderer):
         return "\n".join(lines) + "\n"
 
     @staticmethod
-    def _cells(node: Node, name: str) -> tuple[str, ...]:
-        return (
-            "  " * int(node["level"]) + name,
-            str(node["module_type"]),
-            str(node["phase"]),
-            str(node["calls"]),
-            format_ns(node["inclusive_median_ns"]),
-            format_ns(node["self_median_ns"]),
-            format_ns(node["inclusive_total_ns"]),
-            format_ns(node["self_total_ns"]),
-            "" if node["percent"] is None else f"{node['percent']:.1f}",
-        )
+    def _cells(node: Node, name: str) -> dict[str, str]:
+        peak = node.get("peak_percent")
+        return {
+            "module": "  " * int(node["level"]) + name,
+            "type": str(node["module_type"]),
+            "phase": str(node["phase"]),
+            "calls": str(node["calls"]),
+            "incl/step": format_ns(node["inclusive_median_ns"]),
+            "self/step": format_ns(node["self_median_ns"]),
+            "incl total": format_ns(node["inclusive_total_ns"]),
+            "self total": format_ns(node["self_total_ns"]),
+            "% step": "" if node["percent"] is None else f"{node['percent']:.1f}",
+            "FLOPs/step": format_count(node.get("flops_per_step")),
+            "GFLOP/s": _g(node.get("gflop_per_s")),
+            "FLOP/B": _g(node.get("flop_per_byte")),
+            "% peak": "" if peak is None else f"{peak:.1f}",
+        }
 
 
 def _cut(text: str, width: int) -> str:
@@ -116,7 +154,7 @@ class TreeJsonRenderer(TreeRenderer):
         roots: list[dict[str, Any]] = []
         path: list[dict[str, Any]] = []
         for node in model.nodes:
-            item: dict[str, Any] = {k: (str(node[k]) if k == "phase" else node[k]) for k in _JSON_KEYS}
+            item: dict[str, Any] = {k: (str(node[k]) if k == "phase" else node.get(k)) for k in _JSON_KEYS}
             item["children"] = []
             level = int(node["level"])
             del path[level:]

@@ -133,9 +133,11 @@ def read_tree_rows(store: Store, run_id: int, clock: str, step_on: str | None) -
 
 
 def nodes_frame(rows: list[Node]) -> pl.DataFrame:
-    """Node rows -> the nodes frame ``module_tree`` returns (``TREE_NODE_FRAME``)."""
+    """Node rows with their work (``api._tree.tree_nodes``') -> the tree frame ``Database.tree``
+    returns (``TREE_FRAME``)."""
     import polars as pl
 
-    from modtrace.core.contracts import TREE_NODE_FRAME
+    from modtrace.core.contracts import TREE_FRAME
 
-    return pl.DataFrame(rows, schema=TREE_NODE_FRAME.polars(), orient="row")
+    schema = TREE_FRAME.polars()
+    return pl.DataFrame([{k: row[k] for k in schema} for row in rows], schema=schema)

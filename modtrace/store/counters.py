@@ -71,25 +71,42 @@ def write_span_counters(store: Store, run_id: int, rank: int, frame: pl.DataFram
 
 
 def read_counted_spans(store: Store, run_id: int, rank: int | None = None) -> pl.DataFrame:
-    """The self counters of the spans of each counted range of the run (``rank``'s only when
-    given): rank, first_seq (the range), kind (``root_calls.kind`` of the root call that
-    began it), fqn, phase (code), flops_self, bytes_self, ops_self, unknown_ops_self."""
+    """The spans of each counted range of the run (``rank``'s only when given) with their
+    counters: rank, first_seq (the range), kind (``root_calls.kind`` of the root call that
+    began it), span_id, parent_span_id, depth, fqn, phase (code), flops_self, bytes_self,
+    ops_self, unknown_ops_self and the inclusive flops, bytes, unknown_ops."""
     import polars as pl
 
     m = mark(store)
     where = f"r.run_id = {m}" + ("" if rank is None else f" AND r.rank = {int(rank)}")
     sql = (
-        "SELECT r.rank, r.first_seq, rc.kind, m.fqn, s.phase, sc.flops_self, sc.bytes_self, sc.ops_self, "
-        "sc.unknown_ops_self FROM counted_ranges r "
+        "SELECT r.rank, r.first_seq, rc.kind, s.span_id, s.span_id - s.parent_gap, s.depth, m.fqn, s.phase, sc.flops_self, "
+        "sc.bytes_self, sc.ops_self, sc.unknown_ops_self, sc.flops, sc.bytes, sc.unknown_ops FROM counted_ranges r "
         "LEFT JOIN root_calls rc ON rc.run_id = r.run_id AND rc.rank = r.rank AND rc.seq = r.first_seq "
         "JOIN span_rows s ON s.run_id = r.run_id AND s.rank = r.rank AND s.span_id BETWEEN r.first_seq AND r.last_seq "
         "JOIN span_counter_rows sc ON sc.run_id = s.run_id AND sc.rank = s.rank AND sc.span_id = s.span_id "
         "JOIN modules m ON m.run_id = s.run_id AND m.rank = s.rank AND m.module_id = s.module_id "
         f"WHERE {where} ORDER BY r.rank, s.span_id"
     )
-    schema = {"rank": pl.Int32, "first_seq": pl.Int64, "kind": pl.String, "fqn": pl.String, "phase": pl.Int8,
-              "flops_self": pl.Int64, "bytes_self": pl.Int64, "ops_self": pl.Int64, "unknown_ops_self": pl.Int64}
+    schema = {"rank": pl.Int32, "first_seq": pl.Int64, "kind": pl.String, "span_id": pl.Int64,
+              "parent_span_id": pl.Int64, "depth": pl.Int32, "fqn": pl.String, "phase": pl.Int8,
+              "flops_self": pl.Int64, "bytes_self": pl.Int64, "ops_self": pl.Int64, "unknown_ops_self": pl.Int64,
+              "flops": pl.Int64, "bytes": pl.Int64, "unknown_ops": pl.Int64}
     with driver_cursor(store) as cur:
         cur.execute(sql, (run_id,))
         rows = cur.fetchall()
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def read_span_counters(store: Store, run_id: int) -> pl.DataFrame:
+    """The run's span counter rows: rank, span_id and ``SPAN_COUNTER_ROW_COLUMNS``' counters
+    (only the spans of counted steps have one)."""
+    import polars as pl
+
+    columns = SPAN_COUNTER_ROW_COLUMNS[1:]
+    with driver_cursor(store) as cur:
+        cur.execute(f"SELECT {', '.join(columns)} FROM span_counter_rows WHERE run_id = {mark(store)} "
+                    "ORDER BY rank, span_id", (run_id,))
+        rows = cur.fetchall()
+    schema = {c: pl.Int32 if c == "rank" else pl.Int64 for c in columns}
     return pl.DataFrame(rows, schema=schema, orient="row")
