@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
-from modtrace.cli._options import clock_option, db_option, format_option, quiet_option, rank_option
+from modtrace.cli._options import clock_option, db_option, format_option, peak_option, quiet_option, rank_option
 from modtrace.cli._steps import step_on_option
 
 if TYPE_CHECKING:
@@ -335,12 +335,15 @@ def _diff_document(database: Database, base: str, cand: str, step_on: str | None
 @rank_option("Rank shown in the flame chart (default: the lowest).")
 @step_on_option
 @clock_option
+@peak_option
 @quiet_option()
 def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None,
-           step_on: str | None, clock: str | None, quiet: bool) -> None:
+           step_on: str | None, clock: str | None, peak_tflops: float | None, quiet: bool) -> None:
     """Write one self-contained HTML file about RUN: a flame chart of a step
-    (forward, backward, recompute), per-step times, the nesting issues and,
-    with --vs BASE, the diff against BASE.  It needs no network to view."""
+    (forward, backward, recompute), per-step times, the modules by self time
+    (with FLOPs/step, GFLOP/s and FLOP/B when the run counted work; % peak
+    with --peak-tflops), the nesting issues and, with --vs BASE, the diff
+    against BASE.  It needs no network to view."""
     from dataclasses import replace
 
     import modtrace.api
@@ -367,7 +370,8 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
         payload = report_data(
-            data.info, data.spans, data.issues, steps=_cli.step_table(data.spans), step=step, rank=rank, diff=diff, progress=advance
+            data.info, data.spans, data.issues, steps=_cli.step_table(data.spans), step=step, rank=rank, diff=diff,
+            progress=advance, peak_tflops=peak_tflops,
         )
     html = get_renderer("report", "html").render(payload)
     with atomic_text(output) as out:

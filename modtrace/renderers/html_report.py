@@ -118,21 +118,34 @@ def flame_steps(spans: pl.DataFrame, rank: int, first: int, budget: int = FLAME_
     return {"names": names, "steps": [s for _, s in out]}
 
 
-def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES) -> pl.DataFrame:
+def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES, peak_tflops: float | None = None) -> list[dict[str, Any]]:
     """(fqn, phase) of ``rank`` by total self time, with ``modtrace tree``'s numbers under its JSON keys.
 
     calls and the totals sum every step; ``self_median_ns`` / ``inclusive_median_ns`` (the report's
     and the tree's "self/step" and "incl/step") are the median, over the steps the module ran in, of
-    its time summed over its calls in the step.
+    its time summed over its calls in the step.  With the spans' work counters (``Database.spans``)
+    each row has the tree's work keys (``core.work.WORK_KEYS``), per module and phase.
     """
+    from modtrace.core.work import derived
+
     sp = spans.filter((pl.col("rank") == rank) & pl.col("duration_ns").is_not_null())
     keys = (pl.col("fqn").cast(pl.String), pl.col("module_type").cast(pl.String), pl.col("phase").cast(pl.String))
+    counted = "flops" in sp.columns
+    work = [
+        pl.when(pl.col("flops").is_not_null().any()).then(pl.col(c).sum()).alias(f"_{c}")
+        for c in ("flops", "bytes", "unknown_ops")
+    ] if counted else []
     per_step = sp.group_by(*keys, "step").agg(
         pl.len().alias("calls"),
         pl.col("self_ns").sum().alias("_self"),
         pl.col("duration_ns").sum().alias("_incl"),
+        *work,
     )
-    return (
+    work_out = [
+        pl.col("_flops").count().alias("counted_steps"),
+        *(pl.col(f"_{c}").median().alias(f"{c}_per_step") for c in ("flops", "bytes", "unknown_ops")),
+    ] if counted else []
+    table = (
         per_step.group_by("fqn", "module_type", "phase")
         .agg(
             pl.col("calls").sum().alias("calls"),
@@ -141,10 +154,16 @@ def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES) -> pl.
             pl.col("_incl").median().alias("inclusive_median_ns"),
             pl.col("_self").sum().alias("self_total_ns"),
             pl.col("_incl").sum().alias("inclusive_total_ns"),
+            *work_out,
         )
         .sort("self_total_ns", "fqn", "phase", descending=[True, False, False])
         .head(limit)
     )
+    rows = _rows(table)
+    for row in rows:
+        steps = row.pop("counted_steps", None)
+        row.update(derived({**row, "counted_steps": steps} if steps else None, row["inclusive_median_ns"], peak_tflops))
+    return rows
 
 
 def issue_data(issues: pl.DataFrame, limit: int = ISSUE_ROWS) -> dict[str, Any]:
@@ -218,12 +237,14 @@ def report_data(
     rank: int | None = None,
     diff: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    peak_tflops: float | None = None,
 ) -> dict[str, Any]:
     """The report's model: run metadata, per-step times, flame chart data, top modules, issues, diff.
 
     ``steps`` is ``modtrace.analysis.step_time.step_table(spans)``: step time, its phases and wall time.
     ``diff`` is the document ``modtrace diff BASE RUN --format json`` prints (``diff_document.document``),
-    so the report's diff shows the same numbers under the same names.
+    so the report's diff shows the same numbers under the same names.  ``peak_tflops``: the
+    device's peak, for each module's ``peak_percent``.
     """
     from modtrace._version import __version__
 
@@ -250,7 +271,8 @@ def report_data(
         "flame": flame,
         "phases": list(PHASES),
         "statuses": list(STATUSES),
-        "top_modules": _rows(top_modules(spans, rank)) if spans.height else [],
+        "top_modules": top_modules(spans, rank, peak_tflops=peak_tflops) if spans.height else [],
+        "peak_tflops": peak_tflops,
         "issues": issue_data(issues),
         "diff": diff_data(diff) if diff is not None else None,
         "diff_headline": headline(dict(diff)) if diff is not None else None,

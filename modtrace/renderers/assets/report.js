@@ -199,6 +199,10 @@
     calls: "calls: every call of the module in that phase, all steps (as in modtrace tree)",
     selfTotal: "self total: self time summed over every call and step",
     inclTotal: "incl total: inclusive time summed over every call and step",
+    flopsStep: "FLOPs/step: median, over the counted steps the module ran in, of its inclusive FLOPs summed over its calls in the step (as in modtrace tree; a lower bound where it ran ops with no FLOP formula)",
+    gflops: "GFLOP/s: achieved throughput, FLOPs/step over incl/step (as in modtrace tree)",
+    intensity: "FLOP/B: arithmetic intensity, FLOPs per byte of its ops' tensor inputs and outputs",
+    peak: "% peak: GFLOP/s as a percentage of the peak given (--peak-tflops)",
     pHolm: "p (Holm): two-sided Mann-Whitney p over the compared steps, Holm-adjusted over every module and phase compared; the verdict uses this one (the JSON also has the unadjusted p_value)",
   };
 
@@ -500,6 +504,28 @@
   // -- modules by self time ------------------------------------------------------
 
   var mods = DATA.top_modules;
+  // Work columns only for a run with counted steps; % peak only when a peak was given.
+  var modWork = [];
+  if (mods.some(function (r) { return r.flops_per_step !== null && r.flops_per_step !== undefined; })) {
+    var fmtCount = function (v) {
+      if (v === null || v === undefined) return "";
+      var pre = [["P", 1e15], ["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]];
+      for (var i = 0; i < pre.length; i++) {
+        if (Math.abs(v) >= pre[i][1]) return fmtG(v / pre[i][1], 3) + NB + pre[i][0];
+      }
+      return v.toFixed(0);
+    };
+    var fmt3 = function (v) { return v === null || v === undefined ? "" : fmtG(v, 3); };
+    modWork = [
+      { key: "flops_per_step", label: "FLOPs/step", num: true, fmt: fmtCount, title: GLOSSARY.flopsStep },
+      { key: "gflop_per_s", label: "GFLOP/s", num: true, fmt: fmt3, title: GLOSSARY.gflops },
+      { key: "flop_per_byte", label: "FLOP/B", num: true, fmt: fmt3, title: GLOSSARY.intensity },
+    ];
+    if (DATA.peak_tflops) {
+      modWork.push({ key: "peak_percent", label: "% peak", num: true,
+                     fmt: function (v) { return v === null || v === undefined ? "" : v.toFixed(1); }, title: GLOSSARY.peak });
+    }
+  }
   var maxSelf = mods.reduce(function (m, r) { return Math.max(m, r.self_total_ns || 0); }, 0) || 1;
   document.getElementById("modules-table").appendChild(table([
     { key: "fqn", label: "module", name: true },
@@ -510,7 +536,7 @@
     { key: "inclusive_median_ns", label: "incl/step", num: true, fmt: fmtNs, title: GLOSSARY.inclStep },
     { key: "self_total_ns", label: "self total", num: true, fmt: fmtNs, title: GLOSSARY.selfTotal },
     { key: "inclusive_total_ns", label: "incl total", num: true, fmt: fmtNs, title: GLOSSARY.inclTotal },
-  ], mods));
+  ].concat(modWork), mods));
   var modRows = document.querySelectorAll("#modules-table tbody tr");
   mods.forEach(function (r, i) {
     var cell = modRows[i].children[0].firstChild;
