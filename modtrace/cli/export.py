@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
-from modtrace.cli._options import clock_option, db_option, format_option, peak_option, quiet_option, rank_option
+from modtrace.cli._options import (
+    clock_option,
+    db_option,
+    format_option,
+    peak_option,
+    quiet_option,
+    rank_option,
+)
 from modtrace.cli._steps import step_on_option
 
 if TYPE_CHECKING:

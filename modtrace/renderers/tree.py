@@ -93,7 +93,7 @@ class TreeTextRenderer(TreeRenderer):
         left = {"module", "type", "phase"}
         columns = list(self.columns)
         if any(n.get("flops_per_step") is not None for n in model.nodes):
-            shown = ("FLOPs/step", "GFLOP/s", "FLOP/B")
+            shown: tuple[str, ...] = ("FLOPs/step", "GFLOP/s", "FLOP/B")
             if any(n.get("peak_percent") is not None for n in model.nodes):
                 shown += ("% peak",)
             columns += shown
