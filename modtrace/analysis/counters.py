@@ -64,32 +64,3 @@ def span_counters(spans: pl.DataFrame, calls: pl.DataFrame, ranges: pl.DataFrame
         ).drop(f"{c}_children" for c in COUNTS)
     return counted.select("rank", "span_id", *SPAN_COUNTER_COLUMNS).cast(out_schema).sort("rank", "span_id")  # type: ignore[arg-type]
 
-
-def node_work(counted: pl.DataFrame) -> pl.DataFrame:
-    """Counted spans -> each call-tree node's work per counted step (``core.work.COUNTED_KEYS``).
-
-    ``counted``: rank, sample (the counted step: a key unique within a rank), span_id,
-    parent_span_id, depth, phase, fqn, flops, bytes, unknown_ops (inclusive).  They are whole
-    counted steps, so every span's ancestors are among them and its node
-    (``aggregate.assign_nodes``: the node ids ``module_tree`` gives) is the tree's.  Returns
-    node_id, counted_steps (the (rank, sample) pairs the node ran in) and the medians over
-    them of the node's flops, bytes and unknown ops summed over its calls in the step."""
-    from modtrace.analysis.aggregate import assign_nodes
-
-    schema = {"node_id": pl.UInt64, "counted_steps": pl.UInt32, "flops_per_step": pl.Float64,
-              "bytes_per_step": pl.Float64, "unknown_ops_per_step": pl.Float64}
-    if counted.height == 0:
-        return pl.DataFrame(schema=schema)
-    spans = counted.sort("rank", "span_id")
-    nodes = assign_nodes(spans).select("node_id")
-    per_step = (
-        pl.concat([spans.select("rank", "sample", "flops", "bytes", "unknown_ops"), nodes], how="horizontal")
-        .group_by("node_id", "rank", "sample")
-        .agg(pl.col("flops", "bytes", "unknown_ops").sum())
-    )
-    return per_step.group_by("node_id").agg(
-        pl.len().alias("counted_steps"),
-        pl.col("flops").median().alias("flops_per_step"),
-        pl.col("bytes").median().alias("bytes_per_step"),
-        pl.col("unknown_ops").median().alias("unknown_ops_per_step"),
-    ).cast(schema)  # type: ignore[arg-type]

@@ -53,15 +53,18 @@ class TreeOptions:
         return None if self.phase is None else {self.phase}
 
 
-def stored_nodes(db: Database, ref: Run, clock: str, opts: TreeOptions) -> list[dict[str, Any]] | None:
-    """The nodes to show from the run's stored tree on ``clock``; None when it cannot answer ``opts``."""
+def stored_nodes(db: Database, ref: Run, clock: str, opts: TreeOptions) -> tuple[list[dict[str, Any]], dict[int, Any] | None] | None:
+    """The nodes to show from the run's stored tree on ``clock`` and the tree's work counts
+    (``results.counters.node_counts``); None when it cannot answer ``opts``."""
     from modtrace.core.tree_rows import filter_nodes
+    from modtrace.results.counters import node_counts
     from modtrace.results.tree import read_tree_rows
 
     nodes = read_tree_rows(db._store, ref.id, clock, opts.step_on) if opts.whole_run else None
     if nodes is None:
         return None
-    return filter_nodes(nodes, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
+    shown = filter_nodes(nodes, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
+    return shown, node_counts(db._store, ref.id, nodes)
 
 
 def step_ranges(steps: list[int]) -> str:
@@ -111,8 +114,10 @@ def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> t
             where = f"its steps are {step_ranges(recorded)}" if recorded else "it has no steps"
             raise UsageError(f"run {ref.name} has no spans in step {opts.step}; {where}")
         spans = chosen
-    nodes = filter_tree(module_tree(spans), phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
-    return nodes, node_counts(db._store, ref.id, spans, frame)
+    whole = module_tree(spans)
+    nodes = filter_tree(whole, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
+    return nodes, node_counts(db._store, ref.id, whole.select("node_id", "parent_node_id", "phase", "fqn").to_dicts(),
+                              spans, frame)
 
 
 def tree_nodes(db: Database, run: RunLike, opts: TreeOptions, clock: str | None) -> list[dict[str, Any]]:
@@ -126,9 +131,7 @@ def tree_nodes(db: Database, run: RunLike, opts: TreeOptions, clock: str | None)
     chosen = db._clock(ref, clock)
     stored = stored_nodes(db, ref, chosen, opts)
     if stored is not None:
-        from modtrace.results.counters import node_counts
-
-        nodes, counts = stored, node_counts(db._store, ref.id)
+        nodes, counts = stored
     else:
         frame, counts = nodes_from_spans(db, ref, chosen, opts)
         nodes = frame.to_dicts()

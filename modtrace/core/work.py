@@ -11,7 +11,8 @@ from step to step of the same shapes (``--counters first`` counts one step per k
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # A node's (or a module's) work columns: what was counted, then what is derived from it.
@@ -53,6 +54,42 @@ def derived(counted: Mapping[str, Any] | None, ns_per_step: float | None, peak_t
         "gflop_per_s": rate,
         "flop_per_byte": flop_per_byte(counted["flops_per_step"], counted["bytes_per_step"]),
         "peak_percent": peak_percent(rate, peak_tflops),
+    }
+
+
+def counts_by_node(nodes: Iterable[Mapping[str, Any]], spans: Iterable[tuple[Any, ...]]) -> dict[int, dict[str, Any]]:
+    """node_id -> ``COUNTED_KEYS`` of each node that ran in a counted step.
+
+    ``nodes``: the whole tree's nodes (node_id, parent_node_id, phase, fqn; before any filter
+    re-parents them); ``spans``: (rank, sample, span_id, parent_span_id, phase, fqn, flops,
+    bytes, unknown_ops) of whole counted steps (``sample`` the step: a key unique within a
+    rank), inclusive counts.  A span's node is its parent's child of its (phase, fqn), a root's
+    (or a span whose parent is not among them) the root node of it: the call path
+    ``analysis.aggregate.assign_nodes`` hashes into the node id.  Pure Python: a stored tree
+    gets its work without polars."""
+    child = {(n["parent_node_id"], str(n["phase"]), str(n["fqn"])): n["node_id"] for n in nodes}
+    node_of: dict[tuple[int, int], int] = {}
+    per_step: dict[tuple[int, int, int], list[int]] = {}
+    for rank, sample, span_id, parent, phase, fqn, flops, nbytes, unknown in sorted(spans, key=lambda r: (r[0], r[2])):
+        node = child.get((node_of.get((rank, parent)) if parent is not None else None, str(phase), str(fqn)))
+        if node is None:
+            continue
+        node_of[(rank, span_id)] = node
+        acc = per_step.setdefault((node, rank, sample), [0, 0, 0])
+        acc[0] += flops
+        acc[1] += nbytes
+        acc[2] += unknown
+    samples: dict[int, list[list[int]]] = {}
+    for (node, _, _), acc in per_step.items():
+        samples.setdefault(node, []).append(acc)
+    return {
+        node: {
+            "counted_steps": len(accs),
+            "flops_per_step": float(statistics.median(a[0] for a in accs)),
+            "bytes_per_step": float(statistics.median(a[1] for a in accs)),
+            "unknown_ops_per_step": float(statistics.median(a[2] for a in accs)),
+        }
+        for node, accs in samples.items()
     }
 
 

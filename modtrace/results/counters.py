@@ -8,6 +8,7 @@ or computes anything here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,38 +41,36 @@ def span_counts(store: Store, run_id: int, spans: pl.DataFrame) -> pl.DataFrame 
     return pl.concat(parts) if parts else span_counters(spans.clear(), *read_counters(store, run_id, 0))
 
 
-def node_counts(store: Store, run_id: int, selected: pl.DataFrame | None = None,
+def node_counts(store: Store, run_id: int, nodes: Sequence[Mapping[str, Any]], selected: pl.DataFrame | None = None,
                 run_spans: pl.DataFrame | None = None) -> dict[int, dict[str, Any]] | None:
-    """node_id -> ``core.work.COUNTED_KEYS`` of each tree node that ran in a counted step; None
-    when the run counted nothing.
+    """node_id -> ``core.work.COUNTED_KEYS`` of each of ``nodes`` (the whole tree's, before any
+    filter) that ran in a counted step; None when the run counted nothing.
 
     ``selected``: the spans the tree was built from (``run_spans``: all of the run's, for
     ``span_counts``), their steps the counted steps' keys; None: the whole run's tree (the stored
-    one), whose counted steps are read from the store alone (the counted ranges' spans)."""
+    one), whose counted spans are read from the store alone, without polars."""
+    from modtrace.core.work import counts_by_node
     from modtrace.store.counters import has_counters
 
     if not has_counters(store, run_id):
         return None
+    if selected is None:
+        from modtrace.core.contracts import PHASES
+        from modtrace.store.counters import COUNTED_SPAN_COLUMNS, counted_span_rows
+
+        at = [COUNTED_SPAN_COLUMNS.index(c) for c in ("rank", "first_seq", "span_id", "parent_span_id", "phase", "fqn",
+                                                      "flops", "bytes", "unknown_ops")]
+        rows = [tuple(r[i] for i in at) for r in counted_span_rows(store, run_id)]
+        spans = [(*r[:4], PHASES[r[4]], *r[5:]) for r in rows]
+        return counts_by_node(nodes, spans)
     import polars as pl
 
-    from modtrace.analysis.counters import node_work
-    from modtrace.core.contracts import PHASES
-
-    columns = ("rank", "sample", "span_id", "parent_span_id", "depth", "phase", "fqn", "flops", "bytes", "unknown_ops")
-    if selected is None:
-        from modtrace.store.counters import read_counted_spans
-
-        counted = read_counted_spans(store, run_id).with_columns(
-            pl.col("first_seq").alias("sample"),
-            pl.col("phase").replace_strict(list(range(len(PHASES))), list(PHASES), return_dtype=pl.String),
-        )
-    else:
-        counts = span_counts(store, run_id, selected if run_spans is None else run_spans)
-        if counts is None:
-            return None
-        counted = selected.select(
-            "rank", pl.col("step").cast(pl.Int64).alias("sample"), "span_id", "parent_span_id", "depth",
-            pl.col("phase").cast(pl.String), pl.col("fqn").cast(pl.String),
-        ).join(counts.select("rank", "span_id", "flops", "bytes", "unknown_ops"), on=["rank", "span_id"], how="inner")
-    work = node_work(counted.select(columns))
-    return {row["node_id"]: row for row in work.iter_rows(named=True)}
+    counts = span_counts(store, run_id, selected if run_spans is None else run_spans)
+    if counts is None:
+        return None
+    counted = selected.select(
+        "rank", pl.col("step").alias("sample"), "span_id", "parent_span_id", pl.col("phase").cast(pl.String),
+        pl.col("fqn").cast(pl.String),
+    ).join(counts.select("rank", "span_id", "flops", "bytes", "unknown_ops"), on=["rank", "span_id"], how="inner",
+           maintain_order="left")
+    return counts_by_node(nodes, counted.rows())

@@ -70,32 +70,41 @@ def write_span_counters(store: Store, run_id: int, rank: int, frame: pl.DataFram
         _insert(conn, store, "span_counter_rows", SPAN_COUNTER_ROW_COLUMNS, rows)
 
 
-def read_counted_spans(store: Store, run_id: int, rank: int | None = None) -> pl.DataFrame:
-    """The spans of each counted range of the run (``rank``'s only when given) with their
-    counters: rank, first_seq (the range), kind (``root_calls.kind`` of the root call that
-    began it), span_id, parent_span_id, depth, fqn, phase (code), flops_self, bytes_self,
-    ops_self, unknown_ops_self and the inclusive flops, bytes, unknown_ops."""
-    import polars as pl
+COUNTED_SPAN_COLUMNS = ("rank", "first_seq", "kind", "span_id", "parent_span_id", "depth", "fqn", "phase",
+                        "flops_self", "bytes_self", "ops_self", "unknown_ops_self", "flops", "bytes", "unknown_ops")
 
+
+def counted_span_rows(store: Store, run_id: int, rank: int | None = None) -> list[tuple[Any, ...]]:
+    """The spans of each counted range of the run (``rank``'s only when given) with their
+    counters, as ``COUNTED_SPAN_COLUMNS`` tuples ordered by rank and span_id (read without
+    polars): rank, first_seq (the range), kind (``root_calls.kind`` of the root call that began
+    it), span_id, parent_span_id, depth, fqn, phase (code), the self counts and the inclusive
+    flops, bytes and unknown_ops."""
     m = mark(store)
     where = f"r.run_id = {m}" + ("" if rank is None else f" AND r.rank = {int(rank)}")
     sql = (
-        "SELECT r.rank, r.first_seq, rc.kind, s.span_id, s.span_id - s.parent_gap, s.depth, m.fqn, s.phase, sc.flops_self, "
-        "sc.bytes_self, sc.ops_self, sc.unknown_ops_self, sc.flops, sc.bytes, sc.unknown_ops FROM counted_ranges r "
+        "SELECT r.rank, r.first_seq, rc.kind, s.span_id, s.span_id - s.parent_gap, s.depth, m.fqn, s.phase, "
+        "sc.flops_self, sc.bytes_self, sc.ops_self, sc.unknown_ops_self, sc.flops, sc.bytes, sc.unknown_ops "
+        "FROM counted_ranges r "
         "LEFT JOIN root_calls rc ON rc.run_id = r.run_id AND rc.rank = r.rank AND rc.seq = r.first_seq "
         "JOIN span_rows s ON s.run_id = r.run_id AND s.rank = r.rank AND s.span_id BETWEEN r.first_seq AND r.last_seq "
         "JOIN span_counter_rows sc ON sc.run_id = s.run_id AND sc.rank = s.rank AND sc.span_id = s.span_id "
         "JOIN modules m ON m.run_id = s.run_id AND m.rank = s.rank AND m.module_id = s.module_id "
         f"WHERE {where} ORDER BY r.rank, s.span_id"
     )
-    schema = {"rank": pl.Int32, "first_seq": pl.Int64, "kind": pl.String, "span_id": pl.Int64,
-              "parent_span_id": pl.Int64, "depth": pl.Int32, "fqn": pl.String, "phase": pl.Int8,
-              "flops_self": pl.Int64, "bytes_self": pl.Int64, "ops_self": pl.Int64, "unknown_ops_self": pl.Int64,
-              "flops": pl.Int64, "bytes": pl.Int64, "unknown_ops": pl.Int64}
     with driver_cursor(store) as cur:
         cur.execute(sql, (run_id,))
-        rows = cur.fetchall()
-    return pl.DataFrame(rows, schema=schema, orient="row")
+        return [tuple(r) for r in cur.fetchall()]
+
+
+def read_counted_spans(store: Store, run_id: int, rank: int | None = None) -> pl.DataFrame:
+    """``counted_span_rows`` as a frame."""
+    import polars as pl
+
+    dtypes = {"rank": pl.Int32, "first_seq": pl.Int64, "kind": pl.String, "depth": pl.Int32, "fqn": pl.String,
+              "phase": pl.Int8}
+    schema = {c: dtypes.get(c, pl.Int64) for c in COUNTED_SPAN_COLUMNS}
+    return pl.DataFrame(counted_span_rows(store, run_id, rank), schema=schema, orient="row")
 
 
 def read_span_counters(store: Store, run_id: int) -> pl.DataFrame:
