@@ -26,6 +26,9 @@ from modtrace.core.contracts import PHASES
 @rank_option("Restrict both runs to this rank (RUN:RANK sets one side's rank).")
 @click.option("--threshold", "threshold_pct", type=click.FloatRange(min=0), default=10.0, show_default=True,
               metavar="PCT", help="Smallest relative change of median self time that counts, in percent.")
+@click.option("--share-threshold", "share_threshold_pct", type=click.FloatRange(min=0), default=50.0,
+              show_default=True, metavar="PCT",
+              help="How much slower than the typical module of the step a module must get to be blamed, in percent.")
 @click.option("--min-delta-us", type=click.FloatRange(min=0), default=20.0, show_default=True, metavar="N",
               help="Smallest absolute change of median self time per step that counts, in microseconds.")
 @click.option("--alpha", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), default=0.01,
@@ -48,7 +51,7 @@ from modtrace.core.contracts import PHASES
               help="With tag:KEY=VALUE as BASE: how many of the newest matching runs form the history.")
 def diff(
     refs: tuple[str, ...], db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
-    threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
+    threshold_pct: float, share_threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
     step_on: str | None, step_kind: str | None, clock: str | None, fmt: str, fail_on: str, show_all: bool,
     window: int,
 ) -> None:
@@ -93,6 +96,7 @@ def diff(
         alpha=alpha,
         skip_steps=skip_steps,
         absolute=absolute,
+        share_threshold=share_threshold_pct / 100.0,
         phases=tuple(p for p in PHASES if p in phases) if phases else None,
     )
     with contextlib.ExitStack() as opened:
