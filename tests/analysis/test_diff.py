@@ -284,11 +284,11 @@ def test_a_zero_mad_does_not_put_every_deviation_beyond_noise() -> None:
     """Most modules at exactly the typical ratio (a median absolute deviation of 0) leave the
     noise to be judged from the others' spread: a module that moves like its noisy neighbours
     is not beyond noise, one far out of their spread is."""
-    from modtrace.analysis.diff.verdicts import _typical
+    from modtrace.analysis.diff.verdicts import _noise_p
 
     def noise_p(vs_rest: list[float]) -> list[float]:
         frame = pl.DataFrame({"self_vs_rest": vs_rest})
-        return _typical(frame, "self")[1].to_list()
+        return _noise_p(frame, "self").to_list()
 
     within = noise_p([1.0] * 6 + [1.15, 0.87, 1.14, 0.88])
     assert within[:6] == [1.0] * 6

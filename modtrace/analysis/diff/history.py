@@ -4,26 +4,21 @@ One base run cannot tell a busier machine from slower code: every module
 and the step slow down alike in both cases.  A history can: it holds the
 same code recorded several times, so what differs between its runs is
 noise, and a candidate beyond all of it is a change.  The rule (the
-README's "regression gate") combines asv's ``compare`` (a change must
-exceed a factor *and* be significant) with a window of runs as Bencher's
-thresholds use, and takes the window's range as its boundary (robust with
-the few runs a CI keeps; no normal law assumed):
+README's "regression gate") takes the window's range as its boundary (robust
+with the few runs a CI keeps; no normal law assumed):
 
-- each base run gives one value per metric: its median per step (step
-  time; each module and phase's self and inclusive time and share of the
-  step); ``low`` and ``high`` are the lowest and highest of these medians;
-- the candidate changed when its median lies above ``high * (1 +
-  threshold)`` (slower) or below ``low * (1 - threshold)`` (faster), by more
-  than ``min_delta_ns`` from the history's median, and the Mann-Whitney
-  test of its steps against the pooled steps of every base run gives p <
-  ``alpha`` (Holm over the modules compared);
-- a module is blamed (regression, improvement) when its self time changed
-  so and, unless ``absolute``, its share of the step lies beyond the base
-  runs' range of shares by more than ``threshold`` (a busier machine slows
-  every module, a slower module more than the rest); the step time
-  changed so is a step regression (``summary["step_verdict"]``), which fails
-  ``--fail-on regression`` even when no module's share moved (everything
-  slowed alike beyond the history's spread).
+- each base run gives, per module and phase, its level and level share
+  (``verdicts.low_levels``: a low quantile of its time per step), and its
+  level step time (``step_levels``);
+- a module is blamed (regression, improvement) as against one base run
+  (``verdicts._level_changed``), its share beyond *every* base run's share
+  by more than ``threshold`` and its level beyond the base runs' median
+  level by more than ``min_delta_ns``;
+- the step is a step regression (``summary["step_verdict"]``, ``step_verdict``)
+  when its level lies beyond the history's range by the range's own width
+  and by ``threshold``, significantly; it fails ``--fail-on regression``
+  even when no module's share moved (everything slowed alike beyond the
+  history's spread).
 
 Structure is compared against the pooled steps of the history (a module is
 removed when some base run called it and the candidate did not; calls per

@@ -8,15 +8,21 @@ median's standard error from order statistics, McKean-Schrader, combined),
 and a two-sided Mann-Whitney U test over the per-step samples, its p-value
 Holm-adjusted over all the keys compared (``stats``).
 
-A time *changed* when its adjusted p < ``alpha`` and it moved by more than
-``threshold`` (relative) and by more than ``min_delta_ns`` per step.  A
-share changed when its adjusted p < ``alpha`` and it moved by more than
-``threshold`` relative to the typical module (``_typical``): ``vs_rest`` is
-the ratio, candidate over base, of share / (1 - share) at the medians (how
-much slower the module got compared with the rest of its step),
-``vs_typical`` is ``vs_rest`` over the median ``vs_rest`` of all the
-modules compared, and its run-to-run noise p (``noise_p_adjusted``, an
-empirical null from all the modules) is below ``alpha`` too.
+The verdict is judged on *levels* (``low_levels``), not on those medians:
+a module's level in a run is the ``low_quantile`` (10th percentile) of its
+time per step, its level share that level over the sum of every module's
+self level.  A busy machine only ever adds time: it preempts the process
+for milliseconds in whichever module runs, in most steps of a run when it
+is busy enough, so the upper part of a module's times is the machine's and
+a low quantile is the module's own.  ``compare_levels`` gives ``vs_typical``:
+the candidate's share over the base runs' median share, over the median of
+that ratio across the modules compared.  A time *changed* (``_level_changed``)
+when its level moved by more than ``min_delta_ns`` from the base runs'
+median level, its share lies beyond every base run's share by more than
+``threshold`` (relative), and ``vs_typical`` lies beyond 1 by more than
+``share_threshold``; and the runs have enough steps for a change seen in
+every step to reach p < ``alpha``.  The Mann-Whitney p, the median shares,
+``vs_rest`` and ``noise_p_adjusted`` (``_noise_p``) are reported, not judged.
 
 Why shares: when the machine gets busier or quieter between two
 recordings, every module and the step slow down or speed up alike, so
@@ -25,20 +31,20 @@ really got slower takes a larger share of the step (and every other module
 a smaller one: hence against the typical module, not against 1).  So
 ``verdict``:
 
-- ``regression``: self time got slower (absolute criteria) *and* its share
-  of the step grew (share criteria);
+- ``regression``: self time got slower by those criteria;
 - ``improvement``: the same, faster and smaller;
 - ``inherited``: self time did not change, inclusive time did by the same
-  two criteria, or by the absolute ones above a descendant that is a
+  criteria, or by the absolute ones above a descendant that is a
   regression or improvement: the change belongs to a descendant (context,
   not blame);
 - ``unchanged``.
 
-With ``absolute=True`` only the absolute criteria count (runs recorded on
-an equally quiet machine, or a change that slows every module alike and
-should be blamed on each).  ``impact_ns`` is the change of median self time
-per step: what the module itself adds to (or saves from) every step.  Rows
-are sorted regressions first (largest impact first), then improvements,
+With ``absolute=True`` only absolute criteria count (runs recorded on an
+equally quiet machine, or a change that slows every module alike and should
+be blamed on each): the level moved by more than ``threshold`` and
+``min_delta_ns`` and the Mann-Whitney p after Holm is below ``alpha``.
+``impact_ns`` is the change of median self time per step: what the module
+itself adds to (or saves from) every step.  Rows are sorted regressions first (largest impact first), then improvements,
 inherited, unchanged.
 """
 
@@ -59,9 +65,9 @@ from modtrace.analysis.diff.frames import (
 )
 from modtrace.analysis.diff.stats import (
     holm,
-    min_p_value,
     laplace_null,
     laplace_p,
+    min_p_value,
     normal_quantile,
     two_sample_stats,
 )
@@ -82,7 +88,8 @@ def compare_timing(
     Only keys present in both runs are compared; the others are structure
     findings.  ``step_ns`` (the base run's median step time) gives ``impact_pct``.  With
     ``history`` (``history.run_ranges``: per key the lowest and highest of the base runs'
-    medians; ``base`` then pools those runs' steps) the verdict follows ``_changed_history``.
+    medians, reported; ``base`` then pools those runs' steps) ``base_levels`` holds each base
+    run's ``low_levels``, which the verdict judges the candidate against.
     """
     keys = (
         base.select("key").unique().join(cand.select("key").unique(), on="key")
@@ -128,7 +135,7 @@ def compare_timing(
         _vs_rest("incl_share").alias("incl_vs_rest"),
         pl.col("self_delta_ns").alias("impact_ns"),
     )
-    frame = frame.with_columns(*_typical(frame, "self"), *_typical(frame, "incl"))
+    frame = frame.with_columns(_noise_p(frame, "self"), _noise_p(frame, "incl"))
     if history is None:
         frame = frame.with_columns(*(pl.lit(None, dtype=pl.Float64).alias(c) for c in _HISTORY_COLUMNS))
     else:
@@ -278,9 +285,9 @@ def _above_blamed(frame: pl.DataFrame) -> pl.Series:
     return pl.Series(out, dtype=pl.Boolean)
 
 
-def _typical(frame: pl.DataFrame, metric: str) -> list[pl.Series]:
-    """``{metric}_vs_typical`` and ``{metric}_noise_p_adjusted``: each module's ``vs_rest`` against
-    the typical module's, and how unlikely that is as run-to-run noise.
+def _noise_p(frame: pl.DataFrame, metric: str) -> pl.Series:
+    """``{metric}_noise_p_adjusted``, reported, not judged: how unlikely each module's
+    ``vs_rest`` is as run-to-run noise around the typical module's.
 
     x = log(vs_rest) of every compared module; the typical module is their
     median m.  Two recordings of the same code on a shared machine differ
@@ -289,14 +296,11 @@ def _typical(frame: pl.DataFrame, metric: str) -> list[pl.Series]:
     a normal law: x - m is taken as Laplace noise whose scale b comes from
     the median absolute deviation (b = MAD / ln 2), an empirical null
     estimated from all the modules of this pair of runs.  The p-value of a
-    module, exp(-|x - m| / b), is Holm-adjusted over the modules.  A
-    regression of one module does not move the median; a change of most
-    modules at once does (``absolute`` judges those).
+    module, exp(-|x - m| / b), is Holm-adjusted over the modules.  It is
+    taken on medians, which a preempted process moves, so the rule judges
+    ``vs_typical`` on levels instead (``compare_levels``).
     """
     vs_rest = frame[f"{metric}_vs_rest"]
     logs = [None if v is None or v <= 0 else math.log(v) for v in vs_rest.to_list()]
     m, scale = laplace_null(pl.Series([x for x in logs if x is not None], dtype=pl.Float64))
-    return [
-        (vs_rest / math.exp(m)).alias(f"{metric}_vs_typical"),
-        holm(laplace_p(logs, m, scale)).alias(f"{metric}_noise_p_adjusted"),
-    ]
+    return holm(laplace_p(logs, m, scale)).alias(f"{metric}_noise_p_adjusted")
