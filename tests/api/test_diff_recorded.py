@@ -11,7 +11,6 @@ import modtrace
 from modtrace.analysis.diff import DiffOptions
 from tests.helpers.diff_runs import build_rep_model, record, record_reps
 
-
 BLOCK_1 = {"Net.blocks.1", "Net.blocks.1.a", "Net.blocks.1.b"}
 
 
