@@ -108,6 +108,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--db", default=None, help="database (default: a temporary file)")
+    p.add_argument("--rejudge", action="store_true",
+                   help="record nothing: judge the runs an earlier run of this script left in --db (a new rule on "
+                        "the same recordings)")
     args = p.parse_args()
     import torch
 
@@ -121,21 +124,27 @@ def main() -> None:
     counts: dict[tuple[int, str, str], list[int]] = {}  # (load, variant, gate) -> [caught, judged]
     t0, load_before = time.time(), load_average()
     for load in loads:
-        spinners = spin(load)
+        spinners = [] if args.rejudge else spin(load)
         try:
             main_tag = {"branch": f"main-{load}"}
             for i in range(args.history - 1):  # the history's older runs; each pair adds the newest
-                record(db_path, f"L{load}-history{i}", "A/A", args, main_tag)
+                if not args.rejudge:
+                    record(db_path, f"L{load}-history{i}", "A/A", args, main_tag)
             for pair in range(args.pairs):
                 base = f"L{load}-base{pair}"
-                record(db_path, base, "A/A", args, main_tag)
+                if not args.rejudge:
+                    record(db_path, base, "A/A", args, main_tag)
                 for variant in variants:
                     cand = f"L{load}-{variant.replace(' ', '').replace('/', '')}-{pair}"
-                    record(db_path, cand, variant, args, {"branch": "pr"})
+                    if not args.rejudge:
+                        record(db_path, cand, variant, args, {"branch": "pr"})
                     with modtrace.open(db_path) as db:
-                        gates: list[tuple[str, str]] = [("single base", base)]
+                        gates: list[tuple[str, Any]] = [("single base", base)]
                         if args.history > 1:
-                            gates.append((f"history of {args.history}", f"tag:branch=main-{load}"))
+                            # re-judging, the selector would take the newest runs of the database: name
+                            # the runs it took when this pair was recorded
+                            ref = history_at(load, pair, args.history) if args.rejudge else f"tag:branch=main-{load}"
+                            gates.append((f"history of {args.history}", ref))
                         for gate, ref in gates:
                             hit = judge_ref(db, ref, cand, variant, args.history)
                             c = counts.setdefault((load, variant, gate), [0, 0])
@@ -155,6 +164,13 @@ def main() -> None:
         print(f"{load:>10}  {variant:<11} {gate:<22} {hit / n:>6.0%}  {hit}/{n}")
     print(json.dumps({f"{load}|{variant}|{gate}": c for (load, variant, gate), c in counts.items()}))
     tmp.cleanup()
+
+
+def history_at(load: int, pair: int, window: int) -> list[str]:
+    """The baseline runs ``tag:branch=main-LOAD`` took when pair ``pair`` was recorded, newest first."""
+    names = [f"L{load}-base{p}" for p in range(pair, -1, -1)]
+    names += [f"L{load}-history{i}" for i in range(window - 2, -1, -1)]
+    return names[:window]
 
 
 def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> bool:

@@ -25,9 +25,12 @@ from modtrace.core.contracts import PHASES
               help="Compare only this phase (repeatable; default: all).")
 @rank_option("Restrict both runs to this rank (RUN:RANK sets one side's rank).")
 @click.option("--threshold", "threshold_pct", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              metavar="PCT", help="Smallest relative change of median self time that counts, in percent.")
+              metavar="PCT", help="How far a module's share of the step must lie beyond every base run's (with --absolute: its time beyond the base's), in percent.")
+@click.option("--share-threshold", "share_threshold_pct", type=click.FloatRange(min=0), default=50.0,
+              show_default=True, metavar="PCT",
+              help="How much slower than the typical module of the step a module must get to be blamed, in percent.")
 @click.option("--min-delta-us", type=click.FloatRange(min=0), default=20.0, show_default=True, metavar="N",
-              help="Smallest absolute change of median self time per step that counts, in microseconds.")
+              help="Smallest change of a module's time per step (its 10th percentile) that counts, in microseconds.")
 @click.option("--alpha", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), default=0.01,
               show_default=True, help="Significance level of the Mann-Whitney test over steps.")
 @click.option("--skip-steps", type=click.IntRange(min=0), default=1, show_default=True, metavar="N",
@@ -48,7 +51,7 @@ from modtrace.core.contracts import PHASES
               help="With tag:KEY=VALUE as BASE: how many of the newest matching runs form the history.")
 def diff(
     refs: tuple[str, ...], db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
-    threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
+    threshold_pct: float, share_threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
     step_on: str | None, step_kind: str | None, clock: str | None, fmt: str, fail_on: str, show_all: bool,
     window: int,
 ) -> None:
@@ -57,12 +60,12 @@ def diff(
 
     BASE and CAND are run references (name, id, @, @~N), optionally with
     :RANK to pick one rank, so `modtrace diff RUN:0 RUN:1` compares two ranks
-    of one run (stragglers). A module is blamed when its own self time per
-    step got slower by more than --threshold percent and --min-delta-us, its
-    share of the step grew by more than --threshold percent relative to the
-    rest of the step (so a machine that got busier between the runs blames
-    nobody), and Mann-Whitney tests over the steps give p < --alpha for
-    both. Steps follow --step-on; when the runs' steps come in several kinds
+    of one run (stragglers). A module's time in a run is the 10th percentile
+    of its self time per step (load only adds time). It is blamed when that
+    grew by more than --min-delta-us, its share of the step grew by more
+    than --threshold percent beyond the base's, and by more than
+    --share-threshold percent beyond the typical module's (so a machine that
+    got busier between the runs blames nobody). Steps follow --step-on; when the runs' steps come in several kinds
     (a generate() loop's prompt and its decode steps), steps of one kind are
     compared (--step-kind). Both runs are read on one --clock: device time
     by default when both have it, else host time.
@@ -70,10 +73,10 @@ def diff(
     A history as the base: `modtrace diff 'tag:branch=main' CAND` takes the
     newest --window completed runs whose tags match (several tag:KEY=VALUE
     terms are AND-ed; CAND is left out), or list the runs: `modtrace diff
-    B1 B2 B3 CAND`. What varies between the base runs is noise; a module,
-    or the step time, whose median per step lies beyond every base run's by
-    more than --threshold (and is significant) is a change, so a step-wide
-    slowdown beyond the history's spread is a regression. Exit status: 0
+    B1 B2 B3 CAND`. What varies between the base runs is noise: a module's
+    share must lie beyond every base run's, and the step time's 10th
+    percentile beyond the history's range by the range's own width and
+    --threshold (significantly) is a step-wide regression. Exit status: 0
     clean, 1 findings (per --fail-on), 2 usage error.
     """
     import modtrace.api
@@ -93,6 +96,7 @@ def diff(
         alpha=alpha,
         skip_steps=skip_steps,
         absolute=absolute,
+        share_threshold=share_threshold_pct / 100.0,
         phases=tuple(p for p in PHASES if p in phases) if phases else None,
     )
     with contextlib.ExitStack() as opened:

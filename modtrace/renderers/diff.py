@@ -73,23 +73,35 @@ def _side(doc: dict[str, Any], side: str) -> str:
     return f"{info['run']!r} (run {info['run_id']}{rank}, {info['steps']} steps, median step time {fmt_time(info['step_us'])})"
 
 
+def _ordinal(pct: float) -> str:
+    n = f"{pct:g}"
+    if not n.isdigit():
+        return n
+    suffix = "th" if 10 <= int(n) % 100 <= 20 else {"1": "st", "2": "nd", "3": "rd"}.get(n[-1], "th")
+    return n + suffix
+
+
 def headline(doc: dict[str, Any]) -> list[str]:
     s, o = doc["summary"], doc["options"]
     ratio = s["step_ratio"]
     history = bool(doc["base"].get("history")) and len(doc["base"]["history"]) > 1
-    share = "" if o.get("absolute") else (
-        f" and, as a share of the step, > {o['threshold_pct']:g}% beyond every base run's" if history else
-        f" and, as a share of the step, > {o['threshold_pct']:g}% beyond the typical module and its noise"
-    )
-    beyond = " beyond every base run's median" if history else ""
+    q = f"the {_ordinal(o['level_pct'])} percentile of self time per step"
+    if o.get("absolute"):
+        rule = (f"blame on {q}: > {o['threshold_pct']:g}% and > {o['min_delta_us']:g} us, "
+                f"Mann-Whitney p < {o['alpha']:g} after Holm")
+    else:
+        base = "the base runs' median" if history else "the base's"
+        shares = "every base run's" if history else "the base's"
+        rule = (f"blame on {q}: > {o['min_delta_us']:g} us above {base}, its share of the step > "
+                f"{o['threshold_pct']:g}% beyond {shares} and > {o['share_threshold_pct']:g}% beyond the "
+                "typical module's")
     lines = [
         f"base {_side(doc, 'base')}",
         f"cand {_side(doc, 'cand')}" + ("" if ratio is None else f": step time {fmt_ratio(ratio)}"),
         (
             f"{_count(s['regressions'], 'regression')}, {_count(s['improvements'], 'improvement')}, "
             f"{_count(s['structure_changes'], 'structure change')} "
-            f"({s['compared']} module/phase pairs compared; blame on self time: > {o['threshold_pct']:g}%{beyond} "
-            f"and > {o['min_delta_us']:g} us per step{share}, Mann-Whitney p < {o['alpha']:g} after Holm; "
+            f"({s['compared']} module/phase pairs compared; {rule}; "
             f"first {o['skip_steps']} step(s) skipped; {doc['base'].get('clock', 'host')} clock)"
         ),
     ]
@@ -100,8 +112,9 @@ def headline(doc: dict[str, Any]) -> list[str]:
     verdict = s.get("step_verdict")
     if verdict in ("regression", "improvement"):
         lines.append(
-            f"step time {fmt_ratio(ratio)}: {'slower' if verdict == 'regression' else 'faster'} than every base "
-            f"run's by more than {o['threshold_pct']:g}%, beyond the history's spread: a step-wide {verdict}"
+            f"step time {fmt_ratio(ratio)}: its {_ordinal(o['level_pct'])} percentile {'above' if verdict == 'regression' else 'below'} "
+            f"the history's range by the range's own width and more than {o['threshold_pct']:g}%: "
+            f"a step-wide {verdict}"
             + ("" if s["regressions"] or s["improvements"] else " (every module's share of the step alike)")
         )
     elif verdict is None and s.get("step_changed") and not o.get("absolute") and not s["regressions"] \

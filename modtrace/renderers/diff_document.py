@@ -14,9 +14,10 @@ existing ones are not renamed or removed without bumping ``format``.
                   median step time)}]; base.run is the newest), selector
                   (base only: the tag:KEY=VALUE terms that chose the
                   history, or null)}
-    options       {threshold_pct, min_delta_us, alpha, skip_steps, phases
-                  (null: all), fail_on, absolute (true: shares of the step
-                  were not required to move)}
+    options       {threshold_pct, share_threshold_pct, level_pct (the
+                  percentile of the time per step a level is), min_delta_us, alpha,
+                  skip_steps, phases (null: all), fail_on, absolute (true:
+                  shares of the step were not required to move)}
     summary       {compared, regressions, improvements, inherited,
                   structure_changes, step_ratio (cand/base median step
                   time), step_p_value (Mann-Whitney over the step times),
@@ -24,11 +25,16 @@ existing ones are not renamed or removed without bumping ``format``.
                   than the threshold), min_p_value (smallest p the test can
                   reach with these step counts), history_runs (how many
                   base runs), step_verdict (against a history of two or
-                  more runs: regression | improvement | unchanged, the step
-                  time judged against the base runs' range of median step
-                  times; a regression fails fail_on regression; null for
-                  one base run), history_step_low_us, history_step_high_us
-                  (that range), order_varies (a run's call order varies
+                  more runs: regression | improvement | unchanged, the
+                  candidate's level step time (the options.level_pct
+                  percentile of its step times) beyond the base runs' range of level step times by
+                  the range's own width and the threshold; a regression
+                  fails fail_on regression; null for one base run),
+                  history_step_low_us, history_step_high_us (the range of
+                  the base runs' median step times, shown),
+                  history_step_level_low_us, history_step_level_high_us
+                  (the range of their level step times, judged),
+                  order_varies (a run's call order varies
                   from step to step: order not compared), failed (bool, per
                   fail_on: ``DiffResult.failed``), exit_code}
     timing        [{fqn, phase, verdict (regression | improvement |
@@ -43,7 +49,8 @@ existing ones are not renamed or removed without bumping ``format``.
                   ratio (null when base is 0), ci_low_us, ci_high_us
                   (interval of delta_us at 1 - alpha), p_value (Mann-Whitney
                   U, two-sided), p_adjusted (Holm over every compared
-                  module and phase; the verdict uses this one),
+                  module and phase; the verdict uses it only when
+                  options.absolute),
                   history_low_us, history_high_us (against a history: the
                   lowest and highest base run median; else null)}
                   SHARE = the module's time as a share of its step's time
@@ -52,22 +59,30 @@ existing ones are not renamed or removed without bumping ``format``.
                   points), ratio (cand/base share; null when base is 0),
                   vs_rest_ratio (cand/base of share / (1 - share): how much
                   the module slowed relative to the rest of the step; 1
-                  when everything slowed alike), vs_typical_ratio
-                  (vs_rest_ratio over the median vs_rest_ratio of all the
-                  modules compared), noise_p_adjusted (how likely so large
-                  a vs_typical_ratio is as run-to-run noise, from the spread
-                  of all the modules' ratios, Laplace, Holm), ci_low_pct,
-                  ci_high_pct, p_value, p_adjusted}.  Unless
-                  options.absolute, a regression (improvement) also needs
-                  the self share's p_adjusted < alpha, vs_typical_ratio above
-                  1 + threshold (below 1 - threshold) and noise_p_adjusted <
-                  alpha; inherited, the same of the inclusive share (or a
-                  descendant that is a regression or improvement).  Against a
-                  history instead: self (inclusive) time beyond
-                  [history_low_us, history_high_us] by more than the
-                  threshold, significantly, and (unless options.absolute)
-                  the self share beyond [history_low_pct, history_high_pct]
-                  by more than the threshold.
+                  when everything slowed alike; shown), vs_typical_ratio
+                  (the rule's ratio: the module's level share, cand over
+                  the base runs' median, over the median of that ratio
+                  across the modules compared; a level is the
+                  options.level_pct percentile of the time per step, a
+                  level share the level
+                  over the sum of every module's self level),
+                  noise_p_adjusted (informational, not judged: how likely
+                  so large a vs_rest_ratio is as run-to-run noise, from the
+                  spread of all the modules' ratios, Laplace, Holm),
+                  ci_low_pct, ci_high_pct, p_value, p_adjusted (shown, not
+                  judged); self_share only: history_low_pct,
+                  history_high_pct (against a history: the lowest and
+                  highest base run median share; else null)}.  A
+                  regression (improvement) needs the self level more than
+                  min_delta_us above (below) the base runs' median level
+                  and, unless options.absolute, the self level share above
+                  every base run's by more than threshold_pct (below every
+                  one's) and vs_typical_ratio above 1 + share_threshold_pct
+                  (below its inverse); with options.absolute instead the
+                  level moved by more than threshold_pct and
+                  self.p_adjusted < alpha.  Inherited:
+                  the same of the inclusive time (or the absolute criteria
+                  above a descendant that is a regression or improvement).
     counters      null (a side counted no step), or [{kind (step kind), fqn,
                   phase, counter (flops | bytes | ops), base, cand,
                   lower_bound (a side's FLOPs count unknown ops)}]: the
@@ -185,6 +200,8 @@ def document(
         "step_verdict": s.get("step_verdict"),
         "history_step_low_us": _us(s.get("history_step_low_ns")),  # type: ignore[arg-type]
         "history_step_high_us": _us(s.get("history_step_high_ns")),  # type: ignore[arg-type]
+        "history_step_level_low_us": _us(s.get("history_step_level_low_ns")),  # type: ignore[arg-type]
+        "history_step_level_high_us": _us(s.get("history_step_level_high_ns")),  # type: ignore[arg-type]
         "order_varies": bool(s.get("order_varies", False)),
     }
     summary["failed"] = result.failed(fail_on)
@@ -224,6 +241,8 @@ def document(
         "cand": {**cand, "steps": s["cand_steps"], "step_us": _us(s["cand_step_ns"])},  # type: ignore[arg-type]
         "options": {
             "threshold_pct": round(options.threshold * 100, 6),
+            "share_threshold_pct": round(options.share_threshold * 100, 6),
+            "level_pct": round(options.low_quantile * 100, 6),
             "min_delta_us": round(options.min_delta_ns / 1000, 6),
             "alpha": options.alpha,
             "skip_steps": options.skip_steps,

@@ -22,7 +22,7 @@ def _analysis(db: modtrace.api.Database, run: str) -> str:
 @pytest.fixture
 def recorded(any_db: str) -> str:
     record(any_db, "base")
-    record(any_db, "slow", {1: 150_000})
+    record(any_db, "slow", {1: 200_000})  # twice as slow: 1.5x sits at the share threshold
     record(any_db, "raw", steps=3, analyze=False)  # events only: never analysed
     return any_db
 

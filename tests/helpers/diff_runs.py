@@ -88,3 +88,73 @@ def build_model(clock: WorkClock, costs: dict[int, int], blocks: int = 3) -> Any
 
     torch.manual_seed(0)
     return Net()
+
+
+def build_rep_model(reps: int, slow_block: int | None = None, factor: int = 1, *, blocks: int = 3,
+                    width: int = 256) -> Any:
+    """A model whose leaf modules do real work, on the real clock: each ``Rep`` applies its
+    weight ``reps`` times in its own code (its self time, no child module, so the calls per
+    step do not change); block ``slow_block``'s Reps ``reps * factor`` times."""
+    import torch
+    from torch import nn
+    from torch.nn import functional
+
+    class Rep(nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(width, width) / width**0.5)
+            self.n = n
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(self.n):
+                x = torch.tanh(functional.linear(x, self.weight))
+            return x
+
+    class Block(nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.a = Rep(n)
+            self.b = Rep(n)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.b(self.a(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = Rep(reps)
+            self.blocks = nn.ModuleList(Block(reps * (factor if i == slow_block else 1)) for i in range(blocks))
+            self.head = Rep(reps)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.inp(x)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def record_reps(db: str, name: str, reps: int, slow_block: int | None = None, factor: int = 1, *,
+                steps: int = 25, batch: int = 32) -> None:
+    """``build_rep_model`` trained for ``steps`` steps on one thread, recorded by the real
+    Recorder on the real clock."""
+    import torch
+
+    from modtrace import Recorder
+
+    net = build_rep_model(reps, slow_block, factor)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4)
+    x = torch.randn(batch, net.head.weight.shape[0], generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core's work per step: a second thread would share it with the load
+    try:
+        with Recorder(db=db, run=name, handle_sigterm=False) as _rec:
+            for _ in range(steps):
+                net(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        _rec.wait_analyzed()
+    finally:
+        torch.set_num_threads(threads)

@@ -141,6 +141,13 @@ class DiffOptions:
     skip_steps: int = 1
     phases: tuple[str, ...] | None = None  # None: every phase
     absolute: bool = False  # judge absolute times only (no share-of-step criterion)
+    # A module's time in a run is judged at this quantile of its per-step times: load only adds
+    # time (a preemption lands in whichever module runs), so a low quantile is the module's own.
+    low_quantile: float = 0.10
+    # How much a module's share must grow against the typical module's (0.5 = 1.5 times) to be
+    # blamed: what separated run-to-run noise from a slower module on a loaded machine
+    # (docs/performance.md, "Regression gate").
+    share_threshold: float = 0.50
     excerpt_context: int = 3
     excerpt_changes: int = 8
 

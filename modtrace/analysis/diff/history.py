@@ -4,26 +4,21 @@ One base run cannot tell a busier machine from slower code: every module
 and the step slow down alike in both cases.  A history can: it holds the
 same code recorded several times, so what differs between its runs is
 noise, and a candidate beyond all of it is a change.  The rule (the
-README's "regression gate") combines asv's ``compare`` (a change must
-exceed a factor *and* be significant) with a window of runs as Bencher's
-thresholds use, and takes the window's range as its boundary (robust with
-the few runs a CI keeps; no normal law assumed):
+README's "regression gate") takes the window's range as its boundary (robust
+with the few runs a CI keeps; no normal law assumed):
 
-- each base run gives one value per metric: its median per step (step
-  time; each module and phase's self and inclusive time and share of the
-  step); ``low`` and ``high`` are the lowest and highest of these medians;
-- the candidate changed when its median lies above ``high * (1 +
-  threshold)`` (slower) or below ``low * (1 - threshold)`` (faster), by more
-  than ``min_delta_ns`` from the history's median, and the Mann-Whitney
-  test of its steps against the pooled steps of every base run gives p <
-  ``alpha`` (Holm over the modules compared);
-- a module is blamed (regression, improvement) when its self time changed
-  so and, unless ``absolute``, its share of the step lies beyond the base
-  runs' range of shares by more than ``threshold`` (a busier machine slows
-  every module, a slower module more than the rest); the step time
-  changed so is a step regression (``summary["step_verdict"]``), which fails
-  ``--fail-on regression`` even when no module's share moved (everything
-  slowed alike beyond the history's spread).
+- each base run gives, per module and phase, its level and level share
+  (``verdicts.low_levels``: a low quantile of its time per step), and its
+  level step time (``step_levels``);
+- a module is blamed (regression, improvement) as against one base run
+  (``verdicts._level_changed``), its share beyond *every* base run's share
+  by more than ``threshold`` and its level beyond the base runs' median
+  level by more than ``min_delta_ns``;
+- the step is a step regression (``summary["step_verdict"]``, ``step_verdict``)
+  when its level lies beyond the history's range by the range's own width
+  and by ``threshold``, significantly; it fails ``--fail-on regression``
+  even when no module's share moved (everything slowed alike beyond the
+  history's spread).
 
 Structure is compared against the pooled steps of the history (a module is
 removed when some base run called it and the candidate did not; calls per
@@ -51,7 +46,7 @@ from modtrace.analysis.diff.samples import (
 )
 from modtrace.analysis.diff.stats import min_p_value, two_sample_p
 from modtrace.analysis.diff.structure import placement
-from modtrace.analysis.diff.verdicts import compare_timing
+from modtrace.analysis.diff.verdicts import compare_timing, low_levels
 
 # Base run i's ranks become i * RANK_STRIDE + rank in the pooled samples: every (run, rank, step) one sample.
 RANK_STRIDE = 1 << 16
@@ -70,17 +65,38 @@ def run_ranges(pooled: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def step_verdict(history_ns: Sequence[float], pooled: pl.Series, cand: pl.Series, options: DiffOptions
+def step_levels(units: pl.DataFrame, quantile: float) -> list[float]:
+    """Step units of one or more runs (ranks offset by ``RANK_STRIDE``) -> each run's
+    ``quantile`` of its step times, in run order."""
+    levels = units.group_by(pl.col("rank") // RANK_STRIDE, maintain_order=True).agg(
+        pl.col("step_ns").cast(pl.Float64).quantile(quantile, "linear"))
+    return [float(v) for v in levels["step_ns"].to_list() if v is not None]
+
+
+def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, options: DiffOptions
                  ) -> tuple[str, float | None]:
-    """(verdict of the candidate's step time against the base runs' median step times, its p)."""
+    """(verdict of the candidate's step time against the base runs', its p).
+
+    ``history`` holds each base run's level (``step_levels``).  The candidate's level changed
+    when it lies beyond the history's range by the range's own width and by ``threshold``:
+    above high * (high / low) * (1 + threshold), or below low * (low / high) * (1 -
+    threshold), more than ``min_delta_ns`` from the history's median level, and the
+    Mann-Whitney test of its steps against the pooled steps gives p < ``alpha``.  A history
+    recorded on a quiet machine (a narrow range) so catches a small step-wide change, and one
+    whose runs differ as much as load makes them does not cry wolf.
+    """
     p = two_sample_p(pooled, cand)
-    if not history_ns or cand.len() == 0 or p is None or p >= options.alpha:
+    if not history or cand.len() == 0 or p is None or p >= options.alpha:
         return "unchanged", p
-    c = float(cand.median())  # type: ignore[arg-type]
-    mid = float(pl.Series(history_ns).median())  # type: ignore[arg-type]
-    if c > max(history_ns) * (1 + options.threshold) and c - mid > options.min_delta_ns:
+    c = step_levels(pl.DataFrame({"rank": pl.zeros(cand.len(), pl.Int64, eager=True), "step_ns": cand}),
+                    options.low_quantile)[0]
+    low, high = min(history), max(history)
+    mid = float(pl.Series(history).median())  # type: ignore[arg-type]
+    if low <= 0:
+        return "unchanged", p
+    if c > high * (high / low) * (1 + options.threshold) and c - mid > options.min_delta_ns:
         return "regression", p
-    if c < min(history_ns) * (1 - options.threshold) and mid - c > options.min_delta_ns:
+    if c < low * (low / high) * (1 - options.threshold) and mid - c > options.min_delta_ns:
         return "improvement", p
     return "unchanged", p
 
@@ -119,9 +135,11 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
     step_b = float(pl.Series(per_run).median()) if per_run else None  # type: ignore[arg-type]
     step_c = float(c.units["step_ns"].median()) if n_c else None  # type: ignore[arg-type]
     timing = compare_timing(pooled, c.samples, names, options, n_base=n_b, n_cand=n_c, step_ns=step_b,
-                            history=run_ranges(pooled))
+                            history=run_ranges(pooled),
+                            base_levels=low_levels(pooled, options.low_quantile, pl.col("rank") // RANK_STRIDE))
     structure, divergence, calls, varies = compare_rest(b, c, names, options)
-    verdict, step_p = step_verdict(per_run, units["step_ns"], c.units["step_ns"], options)
+    levels = step_levels(units, options.low_quantile)
+    verdict, step_p = step_verdict(levels, units["step_ns"], c.units["step_ns"], options)
     counts = timing["verdict"].value_counts()
     by_verdict = dict(zip(counts["verdict"].to_list(), counts["count"].to_list(), strict=True))
     step_ratio = (step_c / step_b) if step_b and step_c is not None else None
@@ -145,5 +163,7 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "history_step_low_ns": min(per_run) if per_run else None,
         "history_step_high_ns": max(per_run) if per_run else None,
         "history_run_step_ns": per_run,
+        "history_step_level_low_ns": min(levels) if levels else None,
+        "history_step_level_high_ns": max(levels) if levels else None,
     }
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)

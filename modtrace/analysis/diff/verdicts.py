@@ -8,15 +8,21 @@ median's standard error from order statistics, McKean-Schrader, combined),
 and a two-sided Mann-Whitney U test over the per-step samples, its p-value
 Holm-adjusted over all the keys compared (``stats``).
 
-A time *changed* when its adjusted p < ``alpha`` and it moved by more than
-``threshold`` (relative) and by more than ``min_delta_ns`` per step.  A
-share changed when its adjusted p < ``alpha`` and it moved by more than
-``threshold`` relative to the typical module (``_typical``): ``vs_rest`` is
-the ratio, candidate over base, of share / (1 - share) at the medians (how
-much slower the module got compared with the rest of its step),
-``vs_typical`` is ``vs_rest`` over the median ``vs_rest`` of all the
-modules compared, and its run-to-run noise p (``noise_p_adjusted``, an
-empirical null from all the modules) is below ``alpha`` too.
+The verdict is judged on *levels* (``low_levels``), not on those medians:
+a module's level in a run is the ``low_quantile`` (10th percentile) of its
+time per step, its level share that level over the sum of every module's
+self level.  A busy machine only ever adds time: it preempts the process
+for milliseconds in whichever module runs, in most steps of a run when it
+is busy enough, so the upper part of a module's times is the machine's and
+a low quantile is the module's own.  ``compare_levels`` gives ``vs_typical``:
+the candidate's share over the base runs' median share, over the median of
+that ratio across the modules compared.  A time *changed* (``_level_changed``)
+when its level moved by more than ``min_delta_ns`` from the base runs'
+median level, its share lies beyond every base run's share by more than
+``threshold`` (relative), and ``vs_typical`` lies beyond 1 by more than
+``share_threshold``; and the runs have enough steps for a change seen in
+every step to reach p < ``alpha``.  The Mann-Whitney p, the median shares,
+``vs_rest`` and ``noise_p_adjusted`` (``_noise_p``) are reported, not judged.
 
 Why shares: when the machine gets busier or quieter between two
 recordings, every module and the step slow down or speed up alike, so
@@ -25,20 +31,20 @@ really got slower takes a larger share of the step (and every other module
 a smaller one: hence against the typical module, not against 1).  So
 ``verdict``:
 
-- ``regression``: self time got slower (absolute criteria) *and* its share
-  of the step grew (share criteria);
+- ``regression``: self time got slower by those criteria;
 - ``improvement``: the same, faster and smaller;
 - ``inherited``: self time did not change, inclusive time did by the same
-  two criteria, or by the absolute ones above a descendant that is a
+  criteria, or by the absolute ones above a descendant that is a
   regression or improvement: the change belongs to a descendant (context,
   not blame);
 - ``unchanged``.
 
-With ``absolute=True`` only the absolute criteria count (runs recorded on
-an equally quiet machine, or a change that slows every module alike and
-should be blamed on each).  ``impact_ns`` is the change of median self time
-per step: what the module itself adds to (or saves from) every step.  Rows
-are sorted regressions first (largest impact first), then improvements,
+With ``absolute=True`` only absolute criteria count (runs recorded on an
+equally quiet machine, or a change that slows every module alike and should
+be blamed on each): the level moved by more than ``threshold`` and
+``min_delta_ns`` and the Mann-Whitney p after Holm is below ``alpha``.
+``impact_ns`` is the change of median self time per step: what the module
+itself adds to (or saves from) every step.  Rows are sorted regressions first (largest impact first), then improvements,
 inherited, unchanged.
 """
 
@@ -61,6 +67,7 @@ from modtrace.analysis.diff.stats import (
     holm,
     laplace_null,
     laplace_p,
+    min_p_value,
     normal_quantile,
     two_sample_stats,
 )
@@ -73,6 +80,7 @@ SLOWER, FASTER = 1, -1
 def compare_timing(
     base: pl.DataFrame, cand: pl.DataFrame, names: pl.DataFrame, options: DiffOptions,
     *, n_base: int, n_cand: int, step_ns: float | None = None, history: pl.DataFrame | None = None,
+    base_levels: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Filled samples of two runs (``fill_steps``; ``n_base`` / ``n_cand`` compared steps) -> timing
     frame (``TIMING_COLUMNS``).
@@ -80,7 +88,8 @@ def compare_timing(
     Only keys present in both runs are compared; the others are structure
     findings.  ``step_ns`` (the base run's median step time) gives ``impact_pct``.  With
     ``history`` (``history.run_ranges``: per key the lowest and highest of the base runs'
-    medians; ``base`` then pools those runs' steps) the verdict follows ``_changed_history``.
+    medians, reported; ``base`` then pools those runs' steps) ``base_levels`` holds each base
+    run's ``low_levels``, which the verdict judges the candidate against.
     """
     keys = (
         base.select("key").unique().join(cand.select("key").unique(), on="key")
@@ -126,29 +135,29 @@ def compare_timing(
         _vs_rest("incl_share").alias("incl_vs_rest"),
         pl.col("self_delta_ns").alias("impact_ns"),
     )
-    frame = frame.with_columns(*_typical(frame, "self"), *_typical(frame, "incl"))
+    frame = frame.with_columns(_noise_p(frame, "self"), _noise_p(frame, "incl"))
     if history is None:
-        frame = frame.with_columns(
-            *(pl.lit(None, dtype=pl.Float64).alias(c) for c in _HISTORY_COLUMNS),
-            _changed("self", options, SLOWER).alias("_sreg"),
-            _changed("self", options, FASTER).alias("_simp"),
-            (_changed("incl", options, SLOWER) | _changed("incl", options, FASTER)).alias("_inh"),
-            (_changed("incl", options, SLOWER, shares=False) | _changed("incl", options, FASTER, shares=False))
-            .alias("_inh_abs"),
-        )
+        frame = frame.with_columns(*(pl.lit(None, dtype=pl.Float64).alias(c) for c in _HISTORY_COLUMNS))
     else:
         frame = frame.join(history, on="key", how="left").with_columns(
             *(pl.col(f"{m}_{b}").cast(pl.Float64).alias(f"{m}_history_{b}_ns") for m in ("self", "incl")
               for b in ("low", "high")),
             *((pl.col(f"self_share_{b}") / PPB).alias(f"self_share_history_{b}") for b in ("low", "high")),
         )
-        frame = frame.with_columns(
-            _changed_history("self", options, SLOWER).alias("_sreg"),
-            _changed_history("self", options, FASTER).alias("_simp"),
-            (_changed_history("incl", options, SLOWER) | _changed_history("incl", options, FASTER)).alias("_inh"),
-            (_changed_history("incl", options, SLOWER, shares=False)
-             | _changed_history("incl", options, FASTER, shares=False)).alias("_inh_abs"),
-        )
+    quantile = options.low_quantile
+    levels = compare_levels(low_levels(base, quantile) if base_levels is None else base_levels,
+                            low_levels(cand, quantile))
+    # with too few steps no change can be told from noise (the warning of ``min_p_value``)
+    enough = min_p_value(n_base, n_cand) < options.alpha
+    frame = frame.join(levels, on="key", how="left").with_columns(
+        (_level_changed("self", options, SLOWER) & enough).alias("_sreg"),
+        (_level_changed("self", options, FASTER) & enough).alias("_simp"),
+        ((_level_changed("incl", options, SLOWER) | _level_changed("incl", options, FASTER)) & enough).alias("_inh"),
+        ((_level_changed("incl", options, SLOWER, shares=False)
+          | _level_changed("incl", options, FASTER, shares=False)) & enough).alias("_inh_abs"),
+        # the rule's ratio to the typical module (``compare_levels``) is the one shown
+        *(pl.col(f"_{m}_vt").alias(f"{m}_vs_typical") for m in ("self", "incl")),
+    )
     frame = frame.with_columns(
         (pl.col("_inh") | (pl.col("_inh_abs") & _above_blamed(frame))).alias("_inh")
     ).with_columns(
@@ -177,38 +186,70 @@ def compare_timing(
 _HISTORY_COLUMNS = tuple(c for c in TIMING_COLUMNS if "_history_" in c)
 
 
-def _beyond(value: pl.Expr, low: pl.Expr, high: pl.Expr, threshold: float, direction: int) -> pl.Expr:
-    """Whether ``value`` lies beyond the history's range [low, high] by more than ``threshold``
-    (relative): above high * (1 + threshold) (slower), or below low * (1 - threshold) (faster)."""
-    if direction > 0:
-        return value > high * (1 + threshold)
-    return value < low * (1 - threshold)
+def low_levels(samples: pl.DataFrame, quantile: float, run: pl.Expr | None = None) -> pl.DataFrame:
+    """Filled samples -> per (``_run``, key) the ``quantile`` of the self and inclusive time per
+    step (``self_level``, ``incl_level``) and their shares of the run's level step (the sum of
+    every key's self level): ``self_level_share``, ``incl_level_share``.
 
-
-def _changed_history(metric: str, options: DiffOptions, direction: int, *, shares: bool = True) -> pl.Expr:
-    """Slower (+1) or faster (-1) than a history of base runs (``analysis.diff.history``): the
-    candidate's median per step lies beyond every base run's median by more than ``threshold``
-    (``_beyond``), by more than ``min_delta_ns`` from the history's median, and the Mann-Whitney
-    test of its steps against the pooled steps of the history is significant (Holm).
-
-    Unless ``options.absolute`` (or not ``shares``), its share of the step must also lie beyond
-    the base runs' range of shares by more than ``threshold``: a machine busier than in any base
-    run slows every module, a slower module more than the rest.  No test of the share's
-    significance: the absolute test stands for it, and a share's steps are noisier than its
-    times (the step time it divides by varies with load more than most modules do).
+    Load only ever adds time to a step: a busy neighbour preempts the process in whichever
+    module runs, so the upper part of a module's per-step times is the machine's and a low
+    quantile is the module's own.  ``run`` numbers the runs pooled in ``samples`` (a history);
+    None: one run.
     """
-    delta = pl.col(f"{metric}_delta_ns") * direction
-    absolute = (
-        (pl.col(f"{metric}_p_adjusted") < options.alpha).fill_null(False)
-        & (delta > options.min_delta_ns)
-        & _beyond(pl.col(f"{metric}_cand_ns"), pl.col(f"{metric}_low"), pl.col(f"{metric}_high"),
-                  options.threshold, direction).fill_null(False)
+    levels = samples.group_by((pl.lit(0) if run is None else run).alias("_run"), "key").agg(
+        pl.col("self_ns").cast(pl.Float64).quantile(quantile, "linear").alias("self_level"),
+        pl.col("incl_ns").cast(pl.Float64).quantile(quantile, "linear").alias("incl_level"),
     )
+    total = pl.col("self_level").sum().over("_run")
+    return levels.with_columns(
+        *(pl.when(total > 0).then(pl.col(f"{m}_level") / total).alias(f"{m}_level_share") for m in ("self", "incl"))
+    )
+
+
+def compare_levels(base: pl.DataFrame, cand: pl.DataFrame) -> pl.DataFrame:
+    """``low_levels`` of the base run(s) and of the candidate -> per key, for m in self and incl:
+    the base runs' median level (``_{m}_ref``), their lowest and highest level share
+    (``_{m}_share_lo``, ``_{m}_share_hi``), the candidate's level and share, and ``_{m}_vt``:
+    the candidate's share over the base runs' median share, over the median of that ratio
+    across every key compared (how much more of the step the module takes than the typical
+    module does: machine load moves the typical module too)."""
+    refs = base.group_by("key").agg(
+        *(pl.col(f"{m}_level").median().alias(f"_{m}_ref") for m in ("self", "incl")),
+        *(agg(f"{m}_level_share").alias(f"_{m}_share_{n}") for m in ("self", "incl")
+          for n, agg in (("lo", pl.min), ("mid", pl.median), ("hi", pl.max))),
+    )
+    out = refs.join(cand.select("key", *(pl.col(f"{m}_level").alias(f"_{m}_cand") for m in ("self", "incl")),
+                                *(pl.col(f"{m}_level_share").alias(f"_{m}_share_cand") for m in ("self", "incl"))),
+                    on="key")
+    ratios = [pl.when(pl.col(f"_{m}_share_mid") > 0).then(pl.col(f"_{m}_share_cand") / pl.col(f"_{m}_share_mid"))
+              for m in ("self", "incl")]
+    out = out.with_columns(*(r.alias(f"_{m}_rel") for r, m in zip(ratios, ("self", "incl"), strict=True)))
+    return out.with_columns(
+        *((pl.col(f"_{m}_rel") / pl.col(f"_{m}_rel").median()).alias(f"_{m}_vt") for m in ("self", "incl"))
+    )
+
+
+def _level_changed(metric: str, options: DiffOptions, direction: int, *, shares: bool = True) -> pl.Expr:
+    """Slower (+1) or faster (-1) than the base run(s), on the levels of ``compare_levels``: the
+    candidate's level differs from the base runs' median level by more than ``min_delta_ns``
+    the same way, and, unless ``options.absolute`` (or not ``shares``), its level share lies
+    beyond every base run's by more than ``threshold`` and it grew (shrank) against the
+    typical module by more than ``share_threshold``.  With ``absolute`` the share is not
+    judged: the level must differ by more than ``threshold`` too, and the Mann-Whitney test of
+    the steps be significant (Holm)."""
+    m = metric
+    delta = (pl.col(f"_{m}_cand") - pl.col(f"_{m}_ref")) * direction
+    moved = (delta > options.min_delta_ns).fill_null(False)
+    if direction > 0:
+        share = pl.col(f"_{m}_share_cand") > pl.col(f"_{m}_share_hi") * (1 + options.threshold)
+        typical = pl.col(f"_{m}_vt") > 1 + options.share_threshold
+    else:
+        share = pl.col(f"_{m}_share_cand") < pl.col(f"_{m}_share_lo") * (1 - options.threshold)
+        typical = pl.col(f"_{m}_vt") < 1 / (1 + options.share_threshold)
     if options.absolute or not shares:
-        return absolute
-    share = f"{metric}_share"
-    return absolute & _beyond(pl.col(f"{share}_cand") * PPB, pl.col(f"{share}_low"), pl.col(f"{share}_high"),
-                              options.threshold, direction).fill_null(False)
+        significant = (pl.col(f"{m}_p_adjusted") < options.alpha).fill_null(False)
+        return moved & significant & (delta > pl.col(f"_{m}_ref") * options.threshold).fill_null(False)
+    return moved & share.fill_null(False) & typical.fill_null(False)
 
 
 def _empty_timing() -> pl.DataFrame:
@@ -244,9 +285,9 @@ def _above_blamed(frame: pl.DataFrame) -> pl.Series:
     return pl.Series(out, dtype=pl.Boolean)
 
 
-def _typical(frame: pl.DataFrame, metric: str) -> list[pl.Series]:
-    """``{metric}_vs_typical`` and ``{metric}_noise_p_adjusted``: each module's ``vs_rest`` against
-    the typical module's, and how unlikely that is as run-to-run noise.
+def _noise_p(frame: pl.DataFrame, metric: str) -> pl.Series:
+    """``{metric}_noise_p_adjusted``, reported, not judged: how unlikely each module's
+    ``vs_rest`` is as run-to-run noise around the typical module's.
 
     x = log(vs_rest) of every compared module; the typical module is their
     median m.  Two recordings of the same code on a shared machine differ
@@ -255,40 +296,11 @@ def _typical(frame: pl.DataFrame, metric: str) -> list[pl.Series]:
     a normal law: x - m is taken as Laplace noise whose scale b comes from
     the median absolute deviation (b = MAD / ln 2), an empirical null
     estimated from all the modules of this pair of runs.  The p-value of a
-    module, exp(-|x - m| / b), is Holm-adjusted over the modules.  A
-    regression of one module does not move the median; a change of most
-    modules at once does (``absolute`` judges those).
+    module, exp(-|x - m| / b), is Holm-adjusted over the modules.  It is
+    taken on medians, which a preempted process moves, so the rule judges
+    ``vs_typical`` on levels instead (``compare_levels``).
     """
     vs_rest = frame[f"{metric}_vs_rest"]
     logs = [None if v is None or v <= 0 else math.log(v) for v in vs_rest.to_list()]
     m, scale = laplace_null(pl.Series([x for x in logs if x is not None], dtype=pl.Float64))
-    return [
-        (vs_rest / math.exp(m)).alias(f"{metric}_vs_typical"),
-        holm(laplace_p(logs, m, scale)).alias(f"{metric}_noise_p_adjusted"),
-    ]
-
-
-def _changed(metric: str, options: DiffOptions, direction: int, *, shares: bool = True) -> pl.Expr:
-    """Slower (+1) or faster (-1) by the absolute criteria -- significant, larger than
-    ``min_delta_ns`` and than ``threshold`` relative to the base -- and, unless
-    ``options.absolute`` (or not ``shares``), by the share criteria: its share of the step
-    moved the same way, significantly, by more than ``threshold`` relative to the rest of
-    the step."""
-    base = pl.col(f"{metric}_base_ns")
-    delta = pl.col(f"{metric}_delta_ns") * direction
-    relative = pl.when(base > 0).then(delta / base).otherwise(pl.lit(math.inf) if direction > 0 else pl.lit(0.0))
-    absolute = (
-        (pl.col(f"{metric}_p_adjusted") < options.alpha).fill_null(False)
-        & (delta > options.min_delta_ns)
-        & (relative > options.threshold)
-    )
-    if options.absolute or not shares:
-        return absolute
-    share = f"{metric}_share"
-    # a module whose base share is 0 has no vs_rest: its share grew (or not), and the absolute
-    # criteria judge it
-    moved = ((pl.col(f"{metric}_vs_typical") - 1) * direction > options.threshold).fill_null(
-        pl.col(f"{share}_delta") * direction > 0
-    )
-    beyond_noise = (pl.col(f"{metric}_noise_p_adjusted") < options.alpha).fill_null(True)
-    return absolute & (pl.col(f"{share}_p_adjusted") < options.alpha).fill_null(False) & moved & beyond_noise
+    return holm(laplace_p(logs, m, scale)).alias(f"{metric}_noise_p_adjusted")
