@@ -536,7 +536,17 @@
     { key: "inclusive_median_ns", label: "incl/step", num: true, fmt: fmtNs, title: GLOSSARY.inclStep },
     { key: "self_total_ns", label: "self total", num: true, fmt: fmtNs, title: GLOSSARY.selfTotal },
     { key: "inclusive_total_ns", label: "incl total", num: true, fmt: fmtNs, title: GLOSSARY.inclTotal },
-  ].concat(modWork), mods));
+  ], mods));
+  // The work columns get a table of their own, same rows in the same order: beside the
+  // eight time columns they would not fit a laptop's window.
+  if (modWork.length) {
+    var workBox = document.getElementById("modules-work");
+    workBox.appendChild(el("h3", { text: "Work per step of the same modules (counted steps)" }));
+    workBox.appendChild(table([
+      { key: "fqn", label: "module", name: true },
+      { key: "phase", label: "phase" },
+    ].concat(modWork), mods));
+  }
   var modRows = document.querySelectorAll("#modules-table tbody tr");
   mods.forEach(function (r, i) {
     var cell = modRows[i].children[0].firstChild;
