@@ -24,6 +24,7 @@ from sqlalchemy import update
 
 from modtrace.core.codes import Kind, Phase, Status
 from modtrace.core.contracts import Batch
+from modtrace.store.counters import write_counters
 from modtrace.store.engine import open_store, read_revision
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.schema import HEAD, run_ranks, runs
@@ -63,9 +64,12 @@ def _events(steps: int) -> list[tuple[object, ...]]:
         # forward: Net(encoder(0, 1), head)
         ev(Kind.ENTER, 0, Phase.FORWARD, calls[0], step)
         ev(Kind.ENTER, 1, Phase.FORWARD, calls[1], step)
+        # the compiled encoder's inner calls (revision 0016): measured by hooks in step 0,
+        # attributed from its kernels in step 1
+        inner = Status.ATTRIBUTED if step == 1 else Status.OK
         for m in (2, 3):
-            ev(Kind.ENTER, m, Phase.FORWARD, calls[m], step)
-            ev(Kind.EXIT, m, Phase.FORWARD, calls[m], step)
+            ev(Kind.ENTER, m, Phase.FORWARD, calls[m], step, status=inner)
+            ev(Kind.EXIT, m, Phase.FORWARD, calls[m], step, status=inner)
         ev(Kind.EXIT, 1, Phase.FORWARD, calls[1], step)
         ev(Kind.ENTER, 4, Phase.FORWARD, calls[4], step)
         ev(Kind.EXIT, 4, Phase.FORWARD, calls[4], step)
@@ -110,6 +114,19 @@ def _device_rows(events: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
     return [(e[seq], 5_000 + 1_500 * i, 4096 * (i % 7)) for i, e in enumerate(events[:-2])]
 
 
+def _counters(events: list[tuple[object, ...]]) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """Work counters (revision 0015) of the first step, as the recorder writes them: a row per
+    call and phase that ran ops (``store.counters.CALL_COUNTER_COLUMNS`` without run_id and
+    rank), and the step's counted range with the ops run outside any module."""
+    seq, kind, module, phase, call, step, task = (EVENT_COLUMNS.index(c) for c in (
+        "seq", "kind", "module_id", "phase", "call_id", "step", "graph_task"))
+    first = [e for e in events if e[step] == 0]
+    calls = sorted({(e[call], e[phase], e[task]) for e in first if e[kind] == Kind.EXIT and e[module] in (2, 4)},
+                   key=lambda c: (c[0], c[1], -1 if c[2] is None else c[2]))
+    rows = [(c, p, g, 2048 * (i + 1), 512 * (i + 1), i + 1, i % 2) for i, (c, p, g) in enumerate(calls)]
+    return rows, [(first[0][seq], first[-1][seq], 64, 256, 3, 1)]
+
+
 def _meta(command: str) -> dict[str, object]:
     return {
         "command": command, "cwd": "/frozen", "hostname": "frozen-host", "pid": 1,
@@ -125,7 +142,8 @@ def make(path: Path) -> None:
         # completed, two ranks
         # recorded under a schedule (revision 0007): steps 0 and 1 of the first three
         run_a, _ = create_run(store, "frozen-ddp", {**_meta("torchrun train.py"), "world_size": 2,
-                                                    "schedule": "skip_first=0,wait=0,warmup=0,active=2,repeat=1"})
+                                                    "schedule": "skip_first=0,wait=0,warmup=0,active=2,repeat=1",
+                                                    "counters": "first"})
         for rank in (0, 1):
             add_rank(store, run_a, rank, wall_anchor_ns=1_767_225_600_000_000_000 + rank)
             writer = RankWriter(store, run_a, rank)
@@ -135,6 +153,10 @@ def make(path: Path) -> None:
             writer.write(Batch(events, MODULES, [(0, 1000 + rank, "MainThread")], devices,
                          progress=(len(events), 2), roots=_roots(events),
                          device_rows=_device_rows(events) if rank == 1 else ()))
+            # the first step counted (revision 0015's call_counters and counted_ranges)
+            calls, ranges = _counters(events)
+            write_counters(store, run_a, rank, [(run_a, rank, *c) for c in calls],
+                           [(run_a, rank, *r) for r in ranges])
             finish_rank(store, run_a, rank, "completed", faults={"recorded_steps": "0-1", "step_count": 3})
         # spans and nesting issues of the completed run (revision 0002's tables)
         from modtrace.results.materialize import materialize

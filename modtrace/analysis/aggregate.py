@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from modtrace.analysis.step_time import total_step_time
-from modtrace.core.contracts import TREE_NODE_FRAME
+from modtrace.core.contracts import TREE_NODE_FRAME, is_attributed, source_of
 from modtrace.core.tree_rows import shown_nodes
 
 SAMPLE_COLUMNS: tuple[str, ...] = ("rank", "step", "fqn", "module_type", "phase", "calls", "inclusive_ns", "self_ns")
@@ -19,7 +19,7 @@ SAMPLE_COLUMNS: tuple[str, ...] = ("rank", "step", "fqn", "module_type", "phase"
 # caller may fetch only these.  The others of a spans frame may be null.
 TREE_SPAN_COLUMNS: tuple[str, ...] = (
     "rank", "span_id", "parent_span_id", "depth", "module_id", "phase", "step", "thread_id",
-    "start_ns", "end_ns", "duration_ns", "self_ns",
+    "start_ns", "end_ns", "duration_ns", "self_ns", "status",
 )
 
 NODE_COLUMNS: tuple[str, ...] = TREE_NODE_FRAME.names
@@ -93,7 +93,9 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
     inclusive and self time, the per-step medians of both (over the steps
     the node ran in), and percent: total inclusive time as a percentage of
     the summed step time (``analysis.step_time``: time in root spans) of the
-    steps present in ``spans``.
+    steps present in ``spans``; source: kernels when every span of the node
+    has status attributed (its time attributed from compiled kernels), mixed
+    when some have, else hooks.
     ``level`` is the depth in the tree, ``parent_node_id`` null at a root.
     Children follow their parent in order of first appearance.
     """
@@ -102,7 +104,9 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
     nodes = assign_nodes(spans).select("node_id", "parent_node_id")
     # names stay categorical until there is one row per node
     tagged = pl.concat(
-        [spans.select("rank", "span_id", "step", "duration_ns", "self_ns", "fqn", "module_type", "phase"), nodes],
+        [spans.select("rank", "span_id", "step", "duration_ns", "self_ns", "fqn", "module_type", "phase",
+                      is_attributed().alias("_attributed")),
+         nodes],
         how="horizontal",
     )
     per_step = tagged.group_by("node_id", "rank", "step").agg(
@@ -126,12 +130,14 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
             pl.col("self_ns").sum().alias("self_total_ns"),
             pl.col("rank").min().alias("_rank"),
             pl.col("span_id").filter(pl.col("rank") == pl.col("rank").min()).min().alias("_first"),
+            pl.col("_attributed").sum().alias("_attributed"),
         )
         .with_columns(pl.col("fqn", "module_type").cast(pl.String))
         .join(medians, on="node_id")
         .with_columns(
             (pl.col("inclusive_total_ns") * 100.0 / step_total if step_total else pl.lit(None, dtype=pl.Float64))
-            .alias("percent")
+            .alias("percent"),
+            source_of(pl.col("_attributed"), pl.col("calls")).alias("source"),
         )
         .sort("_rank", "_first")
     )

@@ -28,7 +28,9 @@ Kinds (``modtrace.core.contracts.ISSUE_KINDS``, with their severity):
   have a call id of their own;
 - ``compiled`` info: a forward of a module that ran compiled (torch.compile,
   ``modules.compiled``) and has submodules: the calls inside it are not
-  recorded (``modtrace record --eager`` records them).
+  recorded (``modtrace record --eager`` records them).  Not reported for a
+  forward with child spans of status ``attributed``: the recorder gave its
+  inner calls their time from the compiled kernels.
 
 Rows analysis cannot use (``invalid_row``, ``time_reversed``, ``seq_gap``)
 are found before this step, by ``modtrace.analysis.validate``.
@@ -142,7 +144,7 @@ def collect_issues(
             )
         )
 
-    parts += _row_issues(events, modules, names)
+    parts += _row_issues(events, modules, names, pairing.pairs)
     if not parts:
         return empty_issues()
     issues = pl.concat(parts, how="vertical_relaxed").with_columns(
@@ -152,10 +154,13 @@ def collect_issues(
     return issues.select(ISSUE_FRAME_COLUMNS).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind")  # type: ignore[arg-type]
 
 
-def _row_issues(events: pl.DataFrame, modules: pl.DataFrame, names: pl.DataFrame) -> list[pl.DataFrame]:
+def _row_issues(
+    events: pl.DataFrame, modules: pl.DataFrame, names: pl.DataFrame, pairs: pl.DataFrame
+) -> list[pl.DataFrame]:
     """Issues one event row tells by itself: an exit's unusual status, an
     unlinked recompute's enter, a forward enter of a compiled module that
-    hides its inner calls."""
+    hides its inner calls (one whose inner calls were attributed from its
+    kernels, spans of status attributed in ``pairs``, hides nothing)."""
     mods = conform(modules, MODULE_SCHEMA)
     owners = mods.select("rank", pl.col("parent_module_id").alias("module_id")).drop_nulls().unique()
     hiding = mods.filter(pl.col("compiled") == 1).join(owners, on=["rank", "module_id"], how="semi")
@@ -165,8 +170,10 @@ def _row_issues(events: pl.DataFrame, modules: pl.DataFrame, names: pl.DataFrame
         | (is_enter & (pl.col("status") == Status.UNLINKED))
     )
     if hiding.height:
+        detailed = pairs.filter(pl.col("status") == Status.ATTRIBUTED).select(
+            "rank", pl.col("parent_span_id").alias("seq")).drop_nulls().unique()
         compiled = events.join(hiding.select("rank", "module_id"), on=["rank", "module_id"], how="semi").filter(
-            is_enter & (pl.col("phase") == 0))
+            is_enter & (pl.col("phase") == 0)).join(detailed, on=["rank", "seq"], how="anti")
         flagged = pl.concat([flagged, compiled.with_columns(pl.lit(-1, dtype=flagged.schema["status"]).alias("status"))])
     if not flagged.height:
         return []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -168,19 +169,36 @@ def record(
         check_run_name(run_name)
     check_target(target)
     command = shlex.join(["modtrace", "record", *ctx.meta.get("modtrace.record.args", [])])
-    if eager:
-        disable_compilation()
-    return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
-                   quiet=quiet, analyze=not no_analyze, step_on=step_on, schedule=schedule,
-                   device_time=False if no_device_time else None, counters=counters)
+    restore = disable_compilation() if eager else None
+    try:
+        return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
+                       quiet=quiet, analyze=not no_analyze, step_on=step_on, schedule=schedule,
+                       device_time=False if no_device_time else None, counters=counters)
+    finally:
+        if restore is not None:  # a caller in this process (an embedding, a test) compiles again
+            restore()
 
 
-def disable_compilation() -> None:
-    """torch.compile runs the original code, for this process and its children."""
+def disable_compilation() -> Callable[[], None]:
+    """torch.compile runs the original code, for this process and its children,
+    until the returned function is called."""
+    before = os.environ.get("TORCH_COMPILE_DISABLE")
     os.environ["TORCH_COMPILE_DISABLE"] = "1"
     dynamo = sys.modules.get("torch._dynamo")
+    was = dynamo.config.disable if dynamo is not None else None
     if dynamo is not None:  # read at import: set the live config too
         dynamo.config.disable = True
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop("TORCH_COMPILE_DISABLE", None)
+        else:
+            os.environ["TORCH_COMPILE_DISABLE"] = before
+        live = sys.modules.get("torch._dynamo")
+        if live is not None:
+            live.config.disable = bool(was) if was is not None else False
+
+    return restore
 
 
 def _record(

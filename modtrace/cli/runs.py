@@ -165,6 +165,7 @@ def show(run: str, db: str | None, fmt: str) -> None:
     import modtrace.api
     from modtrace.api._cli import details
     from modtrace.renderers import Table, get_renderer
+    from modtrace.renderers.notes import compiled_note
 
     with modtrace.api.open(db) as database:
         info = details(database, run)
@@ -176,6 +177,6 @@ def show(run: str, db: str | None, fmt: str) -> None:
         info["analysis"] = f"{state} ({_ANALYSIS_HINT.get(state, 'not stored')}; `modtrace analyze` stores it)"
     rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in info.items()]
     click.echo(get_renderer("rows", "table", terminal=stdout_terminal()).render(Table(["field", "value"], rows)), nl=False)
-    if info.get("compiled_modules"):
-        click.echo(f"note: {', '.join(info['compiled_modules'])} ran compiled (torch.compile): the module calls inside"
-                   " are not recorded; `modtrace record --eager` records them")
+    note = compiled_note(info)
+    if note:
+        click.echo(f"note: {note}")

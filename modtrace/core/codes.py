@@ -38,6 +38,9 @@ class Status(IntEnum):
     CLOSED_AT_END_OF_BACKWARD = 3  # no hook signalled the exit; closed when the graph task ended
     NO_ENTER = 4  # an exit whose enter was never seen
     UNLINKED = 5  # a recompute's enter: no forward call of its module to link to, so a call id of its own
+    # Both rows of a call inside torch.compile'd code, written after the fact: no hook saw it, and
+    # its time is the sum of the kernels inductor generated from the module's code.
+    ATTRIBUTED = 6
 
 
 # What a reader puts in place of a kind, phase, status or tie code too big for

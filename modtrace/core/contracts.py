@@ -244,6 +244,28 @@ ISSUE_SUMMARY_FRAME = Contract("issue summary frame", (
     ("phase", "Phase"), ("fqn", "String"), ("count", "UInt32"), ("message", "String"),
 ))
 
+# Where a tree node's time comes from (tree_nodes.source): measured by module hooks, attributed
+# from compiled kernels (its spans have status attributed), or some spans of each (a module that
+# ran inside compiled code on some calls and eagerly on others).
+HOOKS, KERNELS, MIXED = "hooks", "kernels", "mixed"
+SOURCES: tuple[str, ...] = (HOOKS, KERNELS, MIXED)
+
+
+def is_attributed() -> pl.Expr:
+    """Whether a span of a spans frame was attributed from compiled kernels (status attributed)."""
+    import polars as pl
+
+    return (pl.col("status") == STATUSES[Status.ATTRIBUTED]).fill_null(False)
+
+
+def source_of(attributed: pl.Expr, calls: pl.Expr) -> pl.Expr:
+    """Where the time of a group of ``calls`` spans, ``attributed`` of them attributed from compiled
+    kernels, comes from: kernels (all), mixed (some) or hooks (none)."""
+    import polars as pl
+
+    return (pl.when(attributed >= calls).then(pl.lit(KERNELS)).when(attributed > 0).then(pl.lit(MIXED))
+            .otherwise(pl.lit(HOOKS)))
+
 # One node of the module call tree (``modtrace tree``; analysis.aggregate.module_tree): a call
 # path of (phase, fqn) from a root span down, node_id its hash, with the timings of its spans.
 # Stored in table tree_nodes with node_id and parent_node_id as signed Int64, phase as its name.
@@ -251,7 +273,7 @@ TREE_NODE_FRAME = Contract("tree node frame", (
     ("node_id", "UInt64"), ("parent_node_id", "UInt64"), ("level", "Int32"), ("fqn", "String"),
     ("module_type", "String"), ("phase", "Phase"), ("calls", "UInt32"), ("steps", "UInt32"),
     ("inclusive_total_ns", "Int64"), ("self_total_ns", "Int64"), ("inclusive_median_ns", "Float64"),
-    ("self_median_ns", "Float64"), ("percent", "Float64"),
+    ("self_median_ns", "Float64"), ("percent", "Float64"), ("source", "String"),
 ))
 # The tree as ``tree`` and ``Database.tree`` give it: each node with its work per counted step
 # and what derives from it (``core.work``; null where the node ran in no counted step).

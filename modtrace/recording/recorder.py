@@ -80,6 +80,12 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
     which.  The end-of-recording analysis (``analyze``) is done by the writer
     process after the context exits when batches went through it:
     ``wait_analyzed()`` waits for it.
+
+    ``counters`` chooses the steps whose work (FLOPs, bytes, ops) is counted
+    (``modtrace.tracking.counters``).  ``compiled_detail`` (on by default)
+    times the kernels of code compiled by ``torch.compile`` (inductor, CPU)
+    and records the inner modules' calls from them, status ``attributed``
+    (``modtrace.tracking.compiled``).
     """
 
     def __init__(
@@ -105,11 +111,14 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         device_time: bool | None = None,
         device_clock: DeviceClock | None = None,
         counters: str = "first",
+        compiled_detail: bool = True,
     ) -> None:
         if counters not in COUNTER_POLICIES:
             raise ValueError(f"counters must be one of {', '.join(COUNTER_POLICIES)}, not {counters!r}")
         # Work counters (modtrace.tracking.counters): which steps count FLOPs, bytes and ops.
         self.counters = counters
+        # Time per inner module of torch.compile'd code, attributed from its kernels (modtrace.tracking.compiled).
+        self.compiled_detail = compiled_detail
         self._counting: Counting | None = None
         if step_on not in STEP_RULES:
             raise ValueError(f"step_on must be one of {', '.join(STEP_RULES)}, not {step_on!r}")
@@ -274,7 +283,8 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             self.run_id, _created = create_run(store, self.run_name, meta, join=self.join)
             tracker = Tracker(self._buf.append, clock=self._clock,
                               on_optimizer_step=None if self.step_on == "manual" else self.step,
-                              device_time=self.device_time is not False, device_clock=self._device_clock)
+                              device_time=self.device_time is not False, device_clock=self._device_clock,
+                              compiled_detail=self.compiled_detail)
             if self.counters != "off":
                 self._counting = Counting(
                     tracker, self.counters,

@@ -17,12 +17,16 @@ from typing import Any
 
 import polars as pl
 
-from modtrace.core.contracts import PHASES
+from modtrace.core import contracts
+from modtrace.core.contracts import PHASES, is_attributed, source_of
 from modtrace.core.errors import UsageError
 from modtrace.renderers.base import Progress, Renderer
 from modtrace.renderers.diff import headline
+from modtrace.renderers.notes import compiled_note
+from modtrace.renderers.tree import SOURCE_MARKS
 
-STATUSES: tuple[str, ...] = ("ok", "error", "early_stop", "closed_at_end_of_backward", "no_enter", "unclosed")
+# The flame chart's span statuses: the stored ones, and a span never exited.
+STATUSES: tuple[str, ...] = (*contracts.STATUSES, "unclosed")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 # Caps that keep a report of a huge run small enough for a browser.
@@ -119,7 +123,8 @@ def flame_steps(spans: pl.DataFrame, rank: int, first: int, budget: int = FLAME_
 
 
 def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES, peak_tflops: float | None = None) -> list[dict[str, Any]]:
-    """(fqn, phase) of ``rank`` by total self time, with ``modtrace tree``'s numbers under its JSON keys.
+    """(fqn, phase) of ``rank`` by total self time, with ``modtrace tree``'s numbers under its JSON keys
+    (source too: hooks, kernels or mixed).
 
     calls and the totals sum every step; ``self_median_ns`` / ``inclusive_median_ns`` (the report's
     and the tree's "self/step" and "incl/step") are the median, over the steps the module ran in, of
@@ -139,6 +144,7 @@ def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES, peak_t
         pl.len().alias("calls"),
         pl.col("self_ns").sum().alias("_self"),
         pl.col("duration_ns").sum().alias("_incl"),
+        is_attributed().sum().alias("_attributed"),
         *work,
     )
     work_out = [
@@ -154,6 +160,7 @@ def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES, peak_t
             pl.col("_incl").median().alias("inclusive_median_ns"),
             pl.col("_self").sum().alias("self_total_ns"),
             pl.col("_incl").sum().alias("inclusive_total_ns"),
+            source_of(pl.col("_attributed").sum(), pl.col("calls").sum()).alias("source"),
             *work_out,
         )
         .sort("self_total_ns", "fqn", "phase", descending=[True, False, False])
@@ -262,7 +269,7 @@ def report_data(
         progress(spans.height - spans.height // 2)
     return {
         "modtrace_version": __version__,
-        "run": {k: _clean(info.get(k)) for k in _INFO_KEYS},
+        "run": {**{k: _clean(info.get(k)) for k in _INFO_KEYS}, "compiled_note": compiled_note(info)},
         "ranks": ranks,
         "rank": rank,
         "span_count": spans.height,
@@ -271,6 +278,7 @@ def report_data(
         "flame": flame,
         "phases": list(PHASES),
         "statuses": list(STATUSES),
+        "source_marks": {source: list(mark) for source, mark in SOURCE_MARKS.items()},
         "top_modules": top_modules(spans, rank, peak_tflops=peak_tflops) if spans.height else [],
         "peak_tflops": peak_tflops,
         "issues": issue_data(issues),

@@ -25,9 +25,18 @@ from typing import Any
 
 import polars as pl
 
+from modtrace.core.codes import Status
+from modtrace.core.contracts import KERNELS, STATUSES
+
 # Combination of what the constant parts of a line show; the track (tid) fixes rank, thread and phase.
 _KEYS = ("tid", "_fqn_code", "_type_code", "_device_code", "stream", "_status_code")
 _UNCLOSED = -1  # _status_code of a span never exited
+# A span attributed from compiled kernels is told from one measured by hooks by its slice's
+# categories (its phase and "attributed", which trace viewers filter on), a colour of its own
+# (cname: Chrome's trace viewer reads it; Perfetto colours a slice by its name) and its args' source.
+ATTRIBUTED = STATUSES[Status.ATTRIBUTED]
+ATTRIBUTED_COLOR = "olive"
+_SOURCE = f'"source": "{KERNELS}", '
 
 # A table is used for a small integer column (step, graph task) when its values span fewer than
 # this many per row of the chunk (a table of that many texts is cheaper than a piece more).
@@ -131,14 +140,16 @@ def line_parts(trace: pl.DataFrame) -> LineParts:
     for rank, thread, phase, tid, fqn, mtype, device, stream, status, unclosed in shown.iter_rows():
         fqn_text = _json(fqn)
         ok = phase is not None and rank is not None and tid is not None
-        heads.append(f'{{"ph": "X", "cat": "{phase}", "name": {fqn_text}, "pid": {rank + 1}, "tid": {tid}, "ts": '
+        attributed = status == ATTRIBUTED and not unclosed
+        cat = f'"{phase},{ATTRIBUTED}", "cname": "{ATTRIBUTED_COLOR}"' if attributed else f'"{phase}"'
+        heads.append(f'{{"ph": "X", "cat": {cat}, "name": {fqn_text}, "pid": {rank + 1}, "tid": {tid}, "ts": '
                      if ok else None)
         args.append(f', "args": {{"fqn": {fqn_text}, "module_type": {_json(mtype)}, "phase": "{phase}", "call_id": '
                     if phase is not None else None)
         status_text = "unclosed" if unclosed else status
         wheres.append(
             f', "rank": {_text(rank)}, "thread_id": {_text(thread)}, "device": {_json(device)}, '
-            f'"stream": {_text(stream)}, "status": "{status_text}", "graph_task": '
+            f'"stream": {_text(stream)}, "status": "{status_text}", {_SOURCE if attributed else ""}"graph_task": '
             if status_text is not None else None
         )
     table = first.drop("_row").with_columns(

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from modtrace.core.contracts import HOOKS, KERNELS, MIXED
 from modtrace.core.work import WORK_KEYS
 from modtrace.renderers.base import Renderer
 
@@ -43,8 +44,16 @@ class TreeRenderer(Renderer[TreeView]):
 
 _JSON_KEYS = (
     "fqn", "module_type", "phase", "calls", "steps", "inclusive_total_ns", "self_total_ns",
-    "inclusive_median_ns", "self_median_ns", "percent", *WORK_KEYS,
+    "inclusive_median_ns", "self_median_ns", "percent", "source", *WORK_KEYS,
 )
+
+# The table marks a node whose time was not (or not all) measured by hooks before its name (a
+# name cut to the terminal's width keeps it), and says what the mark means under the table.
+SOURCE_MARKS: dict[str, tuple[str, str]] = {
+    KERNELS: ("≈", "attributed from compiled kernels (status attributed): the sum of the kernels inductor"
+                   " generated from the module's code, not measured by hooks"),
+    MIXED: ("+≈", "some calls measured by hooks, some attributed from compiled kernels"),
+}
 
 
 def format_ns(ns: float | int | None) -> str:
@@ -98,6 +107,10 @@ class TreeTextRenderer(TreeRenderer):
                 shown += ("% peak",)
             columns += shown
         names = [str(n["fqn"]) for n in model.nodes] if model.full_names else leaf_names(model.nodes)
+        sources = {str(node["source"]) for node in model.nodes}
+        marked = [s for s in SOURCE_MARKS if s in sources]
+        names = [f"{SOURCE_MARKS[str(node['source'])][0]} {name}" if node["source"] != HOOKS else name
+                 for node, name in zip(model.nodes, names, strict=True)]
         cells = [self._cells(node, name) for node, name in zip(model.nodes, names, strict=True)]
         rows = [tuple(columns), *(tuple(c[col] for col in columns) for c in cells)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
@@ -119,6 +132,7 @@ class TreeTextRenderer(TreeRenderer):
         ]
         if model.title:
             lines.insert(0, model.title.center(sum(widths) + 2 * (len(widths) - 1)).rstrip())
+        lines.extend(f"{SOURCE_MARKS[source][0]} {SOURCE_MARKS[source][1]}" for source in marked)
         return "\n".join(lines) + "\n"
 
     @staticmethod

@@ -35,7 +35,7 @@ SELECT
     d.name AS device,
     e.stream,
     CASE e.status WHEN 0 THEN 'ok' WHEN 1 THEN 'error' WHEN 2 THEN 'early_stop'
-        WHEN 3 THEN 'closed_at_end_of_backward' WHEN 4 THEN 'no_enter' WHEN 5 THEN 'unlinked' END AS status,
+        WHEN 3 THEN 'closed_at_end_of_backward' WHEN 4 THEN 'no_enter' WHEN 5 THEN 'unlinked' WHEN 6 THEN 'attributed' END AS status,
     e.graph_task,
     e.tie,
     e.module_id,
@@ -74,7 +74,7 @@ SELECT
     s.stream,
     CASE WHEN s.status IS NULL THEN 'unclosed' WHEN s.status = 0 THEN 'ok' WHEN s.status = 1 THEN 'error'
         WHEN s.status = 2 THEN 'early_stop' WHEN s.status = 3 THEN 'closed_at_end_of_backward'
-        WHEN s.status = 4 THEN 'no_enter' END AS status,
+        WHEN s.status = 4 THEN 'no_enter' WHEN s.status = 6 THEN 'attributed' END AS status,
     s.graph_task,
     {_STORED_AS["exit_seq"]} AS exit_seq,
     s.module_id,

@@ -346,7 +346,8 @@ def _takes(which: RunFilter, row: Mapping[str, Any]) -> bool:
 
 def run_details(store: Store, run_id: int) -> dict[str, Any]:
     """One run's metadata with status and counts (events, steps, ranks, modules, duration)."""
-    from modtrace.store.schema import modules
+    from modtrace.core.codes import Status
+    from modtrace.store.schema import events, modules
 
     with store.engine.connect() as conn:
         row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
@@ -373,6 +374,10 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
                 child.c.parent_module_id == modules.c.module_id).exists())
             .order_by(modules.c.fqn)
         ).scalars().all()
+        # The recorder writes attributed calls in every compiled step, so the first is found early.
+        attributed = bool(compiled) and conn.execute(
+            select(events.c.seq).where(events.c.run_id == run_id, events.c.status == int(Status.ATTRIBUTED)).limit(1)
+        ).first() is not None
     info["status"] = display_status(info["status"], [(r[1], r[2], r[3]) for r in rank_rows])
     info["tags"] = json.loads(info["tags"] or "{}")
     start, end = parse_iso(info["started_at"]), parse_iso(info["ended_at"])
@@ -383,6 +388,8 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
     info["modules"] = int(n_modules)
     # Modules that ran compiled (torch.compile) and have submodules: the calls inside them are not recorded.
     info["compiled_modules"] = list(compiled)
+    # Whether the calls inside them were attributed from the compiled kernels (events of status attributed).
+    info["compiled_attributed"] = attributed
     # Faults the recording got past, and what it could not record.
     info["reconnects"] = sum(int(r[6]) for r in rank_rows)
     info["dropped_events"] = sum(int(r[7]) for r in rank_rows)

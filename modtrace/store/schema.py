@@ -35,7 +35,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -171,7 +171,7 @@ events = Table(
     Column("thread_id", Integer, nullable=False, comment="threads.thread_id of the thread the hook ran on."),
     Column("device_id", Integer, nullable=True, comment="devices.device_id where the call computes; NULL when it has no tensor input, parameter or buffer."),
     Column("stream", BigInteger, nullable=True, comment="Current CUDA/accelerator stream handle on that device; NULL on CPU."),
-    Column("status", SmallInteger, nullable=False, server_default="0", comment="0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter, 5 unlinked (modtrace.core.codes.Status)."),
+    Column("status", SmallInteger, nullable=False, server_default="0", comment="0 ok, 1 error, 2 early_stop, 3 closed_at_end_of_backward, 4 no_enter, 5 unlinked, 6 attributed (a call inside compiled code, its time attributed from the kernels inductor generated for it; modtrace.core.codes.Status)."),
     Column("graph_task", BigInteger, nullable=True, comment="Autograd graph task id for backward, recompute and backward_call events; NULL in forward."),
     Column("tie", SmallInteger, nullable=False, server_default="0", comment="1 when produced by the same autograd hook dispatch as the previous event of this thread (a tie to normalise), else 0."),
     PrimaryKeyConstraint("run_id", "rank", "seq", name="pk_events"),
@@ -299,7 +299,7 @@ span_rows = Table(
     Column("self_ns", BigInteger, nullable=True, comment="duration_ns minus the durations of its child spans (exclusive time); NULL when never exited."),
     Column("device_id", Integer, nullable=True, comment="devices.device_id at the enter; NULL when unknown."),
     Column("stream", BigInteger, nullable=True, comment="Accelerator stream at the enter; NULL on CPU."),
-    Column("status", SmallInteger, nullable=True, comment="Status of the exit event (modtrace.core.codes.Status); NULL when the span was never exited (shown as unclosed in the spans view)."),
+    Column("status", SmallInteger, nullable=True, comment="Status of the exit event (modtrace.core.codes.Status); NULL when the span was never exited (shown as unclosed in the spans view). 6 attributed: a call inside compiled code, timed by the kernels inductor generated for it, not by hooks."),
     Column("parent_gap", BigInteger, nullable=True, comment="span_id minus the span_id of the enclosing span on the same stack (the spans view's parent_span_id); NULL at a root. A recompute or backward_call span's parent is the backward span open on its thread when it ran."),
     Column("exit_gap", BigInteger, nullable=True, comment="seq of the exit event minus span_id (the spans view's exit_seq); NULL when never exited."),
     PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_rows"),
@@ -351,6 +351,7 @@ tree_nodes = Table(
     Column("self_median_ns", Double, nullable=False, comment="Median over the node's (rank, step) pairs of its summed self_ns in that step, in nanoseconds."),
     Column("percent", Double, nullable=True, comment="inclusive_total_ns as a percentage of the run's summed step time (modtrace.analysis.step_time); NULL when that is 0."),
     Column("step_rule", String(16), nullable=False, comment="optimizer | manual | root: the step rule the steps followed (the run's own, resolved from runs.step_on)."),
+    Column("source", String(8), nullable=False, server_default="hooks", comment="hooks | kernels | mixed: whether the node's spans were measured by module hooks, attributed from compiled kernels (status attributed), or some of each."),
     PrimaryKeyConstraint("run_id", "clock", "node", name="pk_tree_nodes"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_tree_nodes_run"),
     CheckConstraint("clock IN ('host', 'device')", name="ck_tree_nodes_clock"),

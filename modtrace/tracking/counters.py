@@ -24,9 +24,12 @@ Code compiled by ``torch.compile`` runs compiled on a counted step too (the
 mode says it ignores compile internals, so dynamo neither falls back to eager
 nor traces the mode): the ops its compiled code dispatches at run time (the
 graph's aten ops under the eager backend, inductor's extern kernels such as
-matrix products) are counted and charged to the compiled module, whose inner
-modules make no calls; work fused into generated kernels dispatches no op and
-is not seen.
+matrix products) are counted; with the compiled-module detail
+(``modtrace.tracking.compiled``) an extern kernel's ops go to the inner module
+the kernel is attributed to, else to the compiled module.  Work fused into
+generated C++ kernels dispatches no op and is not seen: a compiled module's
+FLOPs are its matrix products' and attention's, its bytes those of its extern
+kernels.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from modtrace.tracking.calls import _BACKWARD, _FORWARD, _SILENT
+from modtrace.tracking.compiled import counting_key
 
 if TYPE_CHECKING:
     from modtrace.tracking.tracker import Tracker
@@ -156,8 +160,17 @@ class CounterMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return True
 
     def _key(self) -> tuple[int, int, int]:
-        tr = self.tracker
         task = _graph_task_id()
+        inside = counting_key(self, task)  # an op of a compiled graph's kernel: charged once the graph returns
+        if inside is not None:
+            return inside
+        return self.default_key(task)
+
+    def default_key(self, task: int | None = None) -> tuple[int, int, int]:
+        """The innermost module call open here, as the hooks know it."""
+        tr = self.tracker
+        if task is None:
+            task = _graph_task_id()
         st = getattr(tr._local, "st", None)
         if st is not None and st.stack:
             top = st.stack[-1]

@@ -53,6 +53,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from modtrace.tracking.backward import BackwardHooks, _leaf_node
 from modtrace.tracking.calls import (
+    _BACKWARD,
     _BACKWARD_CALL,
     _DYNAMO,
     _ENTER,
@@ -70,6 +71,7 @@ from modtrace.tracking.calls import (
     _sys_modules,
     joined,
 )
+from modtrace.tracking.compiled import _ATTRIBUTED, CompiledDetail, frame_module
 from modtrace.tracking.devices import DeviceLookup
 from modtrace.tracking.module_names import ModuleInfo, ModuleNames, as_list, grad_tensors
 from modtrace.tracking.recompute import RecomputeLinks, recomputing
@@ -99,7 +101,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
     """
 
     def __init__(self, append: Append, clock: Callable[[], int] | None = None, on_optimizer_step: Callable[[], None] | None = None,
-                 roots: bool = True, device_time: bool | None = None, device_clock: DeviceClock | None = None) -> None:
+                 roots: bool = True, device_time: bool | None = None, device_clock: DeviceClock | None = None,
+                 compiled_detail: bool = False) -> None:
         self._append = append
         self._clock = clock or time.perf_counter_ns
         self._on_optimizer_step = on_optimizer_step
@@ -143,6 +146,11 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         # counters' step starts (modtrace.tracking.counters.Counting.on_root).
         self.on_root: Callable[[int, str | None], None] | None = None
         self._init_devices(device_time, device_clock)
+        # Time per module inside torch.compile'd code (modtrace.tracking.compiled), when asked.
+        self._compiled_detail = compiled_detail
+        self._detail: CompiledDetail | None = None
+        # Why compiled modules are recorded whole (a torch the detail was not tested on), shown once one runs.
+        self.compiled_note: str | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -158,10 +166,18 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         if self._on_optimizer_step is not None:
             callback = self._on_optimizer_step
             self._handles.append(register_optimizer_step_post_hook(lambda opt, args, kwargs: callback()))
+        if self._compiled_detail:
+            detail = CompiledDetail(self, self._clock)
+            self.compiled_note = detail.install()
+            if self.compiled_note is None:
+                self._detail = detail
 
     def stop(self) -> None:
         """Remove every hook; node hooks still attached to live graphs become inert."""
         self._active = False
+        if self._detail is not None:
+            self._detail.uninstall()
+            self._detail = None
         for handle in self._handles:
             if handle is None:  # paused
                 continue
@@ -179,6 +195,96 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
     @property
     def active(self) -> bool:
         return self._active
+
+    @property
+    def emitting(self) -> bool:
+        """Whether module calls are being recorded now (started, not paused by a schedule)."""
+        return self._active and bool(self._handles) and self._handles[0] is not None
+
+    # -- compiled code's inner modules (modtrace.tracking.compiled) -------------
+
+    def module_id_of(self, fqn: str) -> int | None:
+        info = self._names._by_fqn.get(fqn)
+        return info.module_id if info is not None else None
+
+    def compiled_root(self, backward: bool, graph_id: Any, roots: dict[Any, list[tuple[int, bool]]] | None
+                      ) -> tuple[int, bool, int | None] | None:
+        """The module whose compiled graph just ran on this thread: (module id,
+        synthetic, graph task).  Synthetic: no hook saw the call (the module was
+        compiled in place, ``module.compile()``), so the caller writes it too.
+        A backward graph's module is that of the latest forward call of its
+        graph whose backward has not run (``roots``, by graph id: one graph may
+        serve several modules, e.g. each block compiled in place)."""
+        try:
+            st: ThreadState = self._local.st
+        except AttributeError:
+            st = self._thread()
+        if not backward:
+            mod = frame_module(2)
+            top = st.stack[-1] if st.stack else None
+            if mod is None:
+                if top is None:
+                    return None
+                found = (top.module_id, False)
+            else:
+                info = self._known(id(mod)) or self._info(mod, st)
+                found = (info.module_id, top is None or top.module_id != info.module_id)
+            if roots is None:  # an inference graph: no backward to pair with
+                return (*found, None)
+            # (grad mode is off here, inside the compiled autograd function's forward)
+            waiting = roots.setdefault(graph_id, [])
+            waiting.append(found)
+            if len(waiting) > 256:  # forwards whose backward never ran (inference)
+                del waiting[:128]
+            return (*found, None)
+        task = _graph_task_id()
+        open_calls = self._bw.get(task) or []
+        pending = roots.get(graph_id) if roots is not None else None
+        known = pending.pop() if pending else None
+        if known is None:
+            if not open_calls:
+                return None
+            return open_calls[-1].module_id, False, task
+        module_id = known[0]
+        return module_id, not any(c.module_id == module_id for c in open_calls), task
+
+    def append_attributed(self, root_id: int, rows: list[tuple[int, int, int, int]], t0: int, t1: int,
+                          synthetic: bool, task: int | None) -> tuple[list[int], tuple[int, int, int] | None]:
+        """Append the rows of a compiled graph's inner module calls ((time, kind,
+        module id, phase), nested, in time order; status attributed), and, when
+        ``synthetic``, the compiled module's own call around them (t0 to t1).
+        Returns the call ids given, in the order of the enter rows, and the
+        synthetic call's (call id, phase, task) key, if one was written."""
+        st: ThreadState = self._local.st
+        tid, step, base = st.tid, self.step, self.t0
+        task_col = task
+        phase = _FORWARD if task is None else _BACKWARD
+        root_call = 0
+        if synthetic:
+            root_call = next(self._call_ids)
+            seq = next(self._seq)
+            if task is None and not st.stack and self._note_roots:
+                self.new_roots.append((seq, root_call, None))
+                with self._lock:
+                    self.roots += 1
+            self._names.mark_compiled(root_id)
+            self._append((seq, t0 - base, _ENTER, root_id, phase, root_call, step, tid, None, None, _OK, task_col, 0))
+        open_ids: list[int] = []
+        given: list[int] = []
+        for ts, kind, module_id, ph in rows:
+            if kind == _ENTER:
+                call_id = next(self._call_ids)
+                open_ids.append(call_id)
+                given.append(call_id)
+            else:
+                call_id = open_ids.pop()
+            self._append((next(self._seq), ts - base, kind, module_id, ph, call_id, step, tid, None, None,
+                          _ATTRIBUTED, None if ph == _FORWARD else task_col, 0))
+        if synthetic:
+            self._append((next(self._seq), t1 - base, _EXIT, root_id, phase, root_call, step, tid, None, None, _OK,
+                          task_col, 0))
+            return given, (root_call, phase, -1 if task is None else task)
+        return given, None
 
     # -- a recording schedule's off steps (modtrace.recording.schedule) -------
 
@@ -369,6 +475,9 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         if self._wrappers and id(mod) in self._wrappers and not hasattr(frame, "ran_eager"):
             # torch.compile's wrapper ran its module compiled: no hook saw the calls inside
             self._names.mark_compiled(frame.module_id)
+            if self.compiled_note is not None:
+                print(f"modtrace: {self.compiled_note}", file=sys.stderr)
+                self.compiled_note = None
         exit_nodes = frame.exit_nodes
         frame.exit_nodes = None
         if not _grad_enabled():

@@ -179,7 +179,7 @@ def test_the_report_shows_the_trees_work_per_module(db_path: Path, run_cli) -> N
 def test_a_narrow_terminal_drops_intensity_before_the_totals() -> None:
     node = {"node_id": 1, "parent_node_id": None, "level": 0, "fqn": "Net.with.a.rather.long.name", "module_type": "Net",
             "phase": "forward", "calls": 3, "steps": 3, "inclusive_total_ns": 3_000_000, "self_total_ns": 1_000_000,
-            "inclusive_median_ns": 1_000_000.0, "self_median_ns": 333_000.0, "percent": 100.0,
+            "inclusive_median_ns": 1_000_000.0, "self_median_ns": 333_000.0, "percent": 100.0, "source": "hooks",
             "counted_steps": 1, "flops_per_step": 2.5e9, "bytes_per_step": 1e8, "unknown_ops_per_step": 0.0,
             "gflop_per_s": 2500.0, "flop_per_byte": 25.0, "peak_percent": None}
     wide = get_renderer("tree", "table", terminal=Terminal(width=300)).render(TreeView([node]))

@@ -6,6 +6,7 @@
   var DATA = JSON.parse(document.getElementById("modtrace-data").textContent);
   var PHASES = DATA.phases;
   var STATUSES = DATA.statuses;
+  var SOURCE_MARKS = DATA.source_marks;  // source -> [mark, what it means], as modtrace tree shows them
   var COLORS = { forward: "#3b7dd8", backward: "#e0803a", recompute: "#3aa66b", backward_call: "#9b59b6" };
   var ROW_H = 18;
   var LANE_HEAD = 18;
@@ -203,6 +204,7 @@
     gflops: "GFLOP/s: achieved throughput, FLOPs/step over incl/step (as in modtrace tree)",
     intensity: "FLOP/B: arithmetic intensity, FLOPs per byte of its ops' tensor inputs and outputs",
     peak: "% peak: GFLOP/s as a percentage of the peak given (--peak-tflops)",
+    source: "where the time comes from: blank when measured by module hooks; marked when attributed from compiled kernels (see the note under the table)",
     pHolm: "p (Holm): two-sided Mann-Whitney p over the compared steps, Holm-adjusted over every module and phase compared; the verdict uses this one (the JSON also has the unadjusted p_value)",
   };
 
@@ -247,11 +249,10 @@
     if (c[3]) card.title = c[3];
     summary.appendChild(card);
   });
-  if (run.compiled_modules && run.compiled_modules.length) {
-    // compiled modules hide their inner calls: say so above everything they would be missing from
-    summary.parentNode.insertBefore(el("p", { cls: "note", text: run.compiled_modules.join(", ") +
-      " ran compiled (torch.compile): the module calls inside are not recorded; `modtrace record --eager` records them" }),
-      summary.nextSibling);
+  if (run.compiled_note) {
+    // compiled modules hide their inner calls, or had them attributed from kernels: say so above
+    // everything that shows them
+    summary.parentNode.insertBefore(el("p", { cls: "note", text: run.compiled_note }), summary.nextSibling);
   }
   if (PREFIX) {
     summary.parentNode.insertBefore(el("p", { cls: "note", id: "prefix-note", text: "Module names below leave out the prefix " +
@@ -272,6 +273,12 @@
     legend.appendChild(el("span", { cls: "sw", style: "background:" + COLORS[p] }));
     legend.appendChild(document.createTextNode(p));
   });
+  // Spans attributed from compiled kernels (not measured by hooks) are outlined dashed.
+  var ATTRIBUTED = STATUSES.indexOf("attributed");
+  if (flame.steps.some(function (s) { return s.spans.some(function (sp) { return sp[7] === ATTRIBUTED; }); })) {
+    legend.appendChild(el("span", { cls: "sw attributed" }));
+    legend.appendChild(document.createTextNode("attributed from compiled kernels"));
+  }
 
   var stepRow = {};
   mySteps.forEach(function (s) { stepRow[s.step] = s; });
@@ -363,6 +370,10 @@
         ctx.strokeStyle = "#c8312f"; ctx.lineWidth = 2;
         ctx.strokeRect(x + 1, y + 1, Math.max(w - 2, 1), ROW_H - 4);
         ctx.lineWidth = 1;
+      } else if (status === "attributed") {
+        ctx.strokeStyle = "#1d2430"; ctx.setLineDash([3, 2]);
+        ctx.strokeRect(x + 0.5, y + 0.5, Math.max(w - 1.5, 0.5), ROW_H - 3);
+        ctx.setLineDash([]);
       }
       if (w > 28) {
         var parts = name.split(".");
@@ -536,7 +547,13 @@
     { key: "inclusive_median_ns", label: "incl/step", num: true, fmt: fmtNs, title: GLOSSARY.inclStep },
     { key: "self_total_ns", label: "self total", num: true, fmt: fmtNs, title: GLOSSARY.selfTotal },
     { key: "inclusive_total_ns", label: "incl total", num: true, fmt: fmtNs, title: GLOSSARY.inclTotal },
+    { key: "source", label: "", fmt: function (v) { return SOURCE_MARKS[v] ? SOURCE_MARKS[v][0] : ""; }, title: GLOSSARY.source },
   ], mods));
+  var sources = {};
+  mods.forEach(function (r) { sources[r.source] = true; });
+  Object.keys(SOURCE_MARKS).forEach(function (s) {
+    if (sources[s]) document.getElementById("modules-table").appendChild(el("p", { cls: "note", text: SOURCE_MARKS[s].join(" ") }));
+  });
   // The work columns get a table of their own, same rows in the same order: beside the
   // eight time columns they would not fit a laptop's window.
   if (modWork.length) {
