@@ -24,9 +24,13 @@ forward node's).  While a recorder runs this module:
 What it reads of inductor is private and changes between releases, so it is
 pinned to the torch versions it was tested on (``SUPPORTED``); on another,
 one line says so and compiled modules are recorded as a whole, as before.
-The CUDA path (Triton kernels timed on the device) is not built: on CUDA the
-kernel launches would be timed, not the kernels, so the wrappers are not
-installed for graphs that run on a GPU.
+Kernels that run on a device (Triton's and the extern ones on CUDA) run
+after the host launches them: there each kernel launch gets a timing event
+either side on the current stream (``DeviceTimer.take``), handed to the
+device timer with the rows they time once the graph call returns
+(``queue_recorded``), so the attributed calls get device times like hooked
+ones.  Graphs on a device whose time is not recorded, and CUDA graphs
+(replayed without the wrapper), stay whole.
 """
 
 from __future__ import annotations
@@ -189,10 +193,12 @@ class GraphSites(NamedTuple):
     graph_id: Any
     by_callee: dict[str, list[tuple[tuple[str, ...], int]]]
     inference: bool = False  # a forward graph with no backward (compiled under no_grad)
+    device_type: str = "cpu"  # where its kernels run ("cpu", "cuda")
+    launched: tuple[str, ...] = ()  # kernels called as ``name.run(...)`` (Triton's launchers)
 
 
 def graph_sites(source: str, kernel_nodes: dict[str, list[str]], gm: Any, backward: bool, graph_id: Any,
-                inference: bool = False) -> GraphSites | None:
+                inference: bool = False, device_type: str = "cpu") -> GraphSites | None:
     """Read a compiled graph's call sites from its wrapper source, inductor's
     kernel call site -> post-grad nodes map (``name:handle`` keys, as the
     wrapper's provenance comments give them) and the post-grad graph's node
@@ -231,7 +237,8 @@ def graph_sites(source: str, kernel_nodes: dict[str, list[str]], gm: Any, backwa
         by_callee.setdefault(name, []).append((_common(chains) if chains else (), phase))
     if not by_callee:
         return None
-    return GraphSites(backward, graph_id, by_callee, inference)
+    launched = tuple(name for name in by_callee if re.search(rf"\b{re.escape(name)}\.run\(", source))
+    return GraphSites(backward, graph_id, by_callee, inference, device_type, launched)
 
 
 class _Proxy:
@@ -254,12 +261,26 @@ def _timed(fn: Callable[..., Any], name: str, clock: Callable[[], int]) -> Calla
             return fn(*args, **kwargs)
         # Which kernel runs: work counters charge its ops to it (``counting_key``).
         _active.kernel = len(buf)
+        dev = _active.dev
+        if dev is None:  # kernels that run as the host calls them: the host clock times them
+            t = clock()
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                _active.kernel = None
+            buf.append((name, t, clock()))
+            return out
+        # Kernels launched on a device: a timing event either side, on the stream
+        # they are launched to (DeviceTimer.take), resolved later like the hooks' events.
+        take, index, stream, handle = dev
         t = clock()
+        e0 = take(index, stream, handle)
         try:
             out = fn(*args, **kwargs)
         finally:
             _active.kernel = None
-        buf.append((name, t, clock()))
+        e1 = take(index, stream, handle)
+        buf.append((name, t, clock(), e0, e1))
         return out
 
     run.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -350,9 +371,14 @@ class CompiledDetail:
             sites = cg.__dict__.get("_modtrace_live")
             if sites is None or not detail._tracker.emitting:  # not recording, or a schedule's off step
                 return call(cg, inputs)
+            where = detail._where(sites, inputs)
+            if where is None:  # kernels launched to a device whose time is not recorded
+                return call(cg, inputs)
             prev = getattr(_active, "buf", None)
-            buf: list[tuple[str, int, int]] = []
+            prev_dev = getattr(_active, "dev", None)
+            buf: list[tuple[Any, ...]] = []
             _active.buf = buf
+            _active.dev = where[1]
             t0 = detail._clock()
             try:
                 return call(cg, inputs)
@@ -362,7 +388,8 @@ class CompiledDetail:
                     del _active.buf
                 else:
                     _active.buf = prev
-                detail._emit(sites, buf, t0, t1)
+                _active.dev = prev_dev
+                detail._emit(sites, buf, t0, t1, where)
 
         def patched_lookup(*args: Any, **kwargs: Any) -> Any:
             graph, info = lookup(*args, **kwargs)
@@ -422,16 +449,18 @@ class CompiledDetail:
             # (kernel name:handle) may come again in a later graph: emptied after
             # each graph read (and at install), it holds this graph's entries only.
             kernel_nodes = inductor_debug._inductor_triton_kernel_to_post_grad_node_info
+            types = set(getattr(cg, "device_types", ())) - {"meta"}
             try:
                 sites = graph_sites(getattr(cg, "source_code", ""), kernel_nodes,
                                     gm, bool(fx_kwargs.get("is_backward")), fx_kwargs.get("graph_id"),
-                                    bool(fx_kwargs.get("is_inference")))
+                                    bool(fx_kwargs.get("is_inference")),
+                                    next(iter(types)) if len(types) == 1 else "mixed")
             finally:
                 kernel_nodes.clear()
         except Exception:  # provenance is a debugging aid of inductor's: never fail a compile over it
             log.debug("could not read a compiled graph's kernel call sites", exc_info=True)
             sites = None
-        if sites is not None and set(getattr(cg, "device_types", ())) <= {"cpu"}:
+        if sites is not None and sites.device_type != "mixed":
             # Kept on the compiled graph (as a plain tuple), so a graph loaded
             # from inductor's cache brings them along.
             cg._modtrace_sites = (SITES_FORMAT, tuple(sites))
@@ -466,6 +495,8 @@ class CompiledDetail:
             parts = name.split(".")
             if parts[0] not in module_dict:
                 continue
+            if name in sites.launched:  # a Triton kernel: its launcher's run() is what the wrapper calls
+                parts = [*parts, "run"]
             node = tree
             for part in parts[:-1]:
                 node = node.setdefault(part, {})
@@ -489,10 +520,33 @@ class CompiledDetail:
 
     # -- run time ----------------------------------------------------------------
 
-    def _emit(self, sites: GraphSites, buf: list[tuple[str, int, int]], t0: int, t1: int) -> None:
+    def _where(self, sites: GraphSites, inputs: Any) -> tuple[int | None, Any] | None:
+        """How a graph call's kernels are timed: (device id of its rows, None) on the
+        host clock (CPU kernels run as they are called); (device id, (take, index,
+        stream, handle)) by timing events on the device's current stream (the
+        tracker's device timer: CUDA, or the clock injected in its place); None: not
+        at all (kernels on a device with no device time: their launch is not their
+        run, so the compiled call stays whole)."""
+        tracker = self._tracker
+        timed_type = tracker.timed_device_type
+        if sites.device_type != timed_type:
+            return (None, None) if sites.device_type == "cpu" else None
+        dev = next((t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == timed_type), None)
+        if dev is None:
+            return None
+        device_id, timed = tracker.device_of(dev)
+        timer = tracker.device_timer
+        if not timed or timer is None:
+            return (None, None) if sites.device_type == "cpu" else None
+        index = dev.index or 0
+        stream, handle = timer.clock.current_stream(index)
+        return device_id, (timer.take, index, stream, handle)
+
+    def _emit(self, sites: GraphSites, buf: list[tuple[Any, ...]], t0: int, t1: int,
+              where: tuple[int | None, Any]) -> None:
         try:
             if buf and self._tracker.emitting:
-                self._emit_rows(sites, buf, t0, t1)
+                self._emit_rows(sites, buf, t0, t1, where)
         except Exception:  # a detail that cannot be placed is dropped; the compiled call stays whole
             log.debug("could not place a compiled graph call's kernels", exc_info=True)
         finally:
@@ -500,11 +554,18 @@ class CompiledDetail:
             if modes:  # counted kernels not attributed: the compiled module's
                 self._recount(modes, {}, [], None)
 
-    def _emit_rows(self, sites: GraphSites, buf: list[tuple[str, int, int]], t0: int, t1: int) -> None:
+    def _emit_rows(self, sites: GraphSites, buf: list[tuple[Any, ...]], t0: int, t1: int,
+                   where: tuple[int | None, Any]) -> None:
         tracker = self._tracker
+        device_id, dev = where
+        if dev is not None and any(item[3] is None or item[4] is None for item in buf):
+            dev = None  # a kernel the device could not time (a CUDA graph being captured): no detail
+            device_id = None
+            buf = []
         seen: dict[str, int] = {}
         kernels: list[tuple[int, tuple[str, ...], int, int, int]] = []  # (index in buf, chain, phase, start, end)
-        for index, (name, a, b) in enumerate(buf):
+        for index, item in enumerate(buf):
+            name = item[0]
             k = seen.get(name, 0)
             seen[name] = k + 1
             listed = sites.by_callee.get(name)
@@ -512,20 +573,22 @@ class CompiledDetail:
                 continue
             chain, phase = listed[k]
             if chain:
-                kernels.append((index, chain, phase, a, b))
+                kernels.append((index, chain, phase, item[1], item[2]))
         modes = _active.__dict__.pop("modes", None)
         # Every training forward graph call is paired, kernels attributed or not.
         root = tracker.compiled_root(sites.backward, None, None if sites.inference else self._roots)
         if root is None or not kernels:
             self._recount(modes, {}, [], None)
+            self._queue_events(dev, buf, [], [], None)
             return
         root_id, synthetic, task = root
         root_fqn = tracker.fqn(root_id)
         rows: list[tuple[int, int, int, int]] = []  # (ts, kind, module_id, phase)
+        row_events: list[tuple[int, int]] = []  # per row: (kernel index in buf, 0 its start / 1 its end)
         open_: list[tuple[int, int, int]] = []  # (module_id, phase, index of its enter among the enters)
         enters = 0
         span_of: dict[int, tuple[int, int]] = {}  # kernel index -> (enter index of its innermost call, phase)
-        last = t0
+        last, last_index = t0, -1
         for index, chain, phase, a, b in kernels:
             ids = [i for i in (self._module_id(root_fqn, path) for path in chain) if i is not None]
             keep = 0
@@ -534,18 +597,46 @@ class CompiledDetail:
             while len(open_) > keep:
                 mid, ph, _ = open_.pop()
                 rows.append((last, _EXIT, mid, ph))
+                row_events.append((last_index, 1))
             for mid in ids[keep:]:
                 open_.append((mid, phase, enters))
                 enters += 1
                 rows.append((a, _ENTER, mid, phase))
+                row_events.append((index, 0))
             if open_:
                 span_of[index] = (open_[-1][2], phase)
-            last = b
+            last, last_index = b, index
         while open_:
             mid, ph, _ = open_.pop()
             rows.append((last, _EXIT, mid, ph))
-        call_ids, root_call = tracker.append_attributed(root_id, rows, t0, t1, synthetic, task)
-        self._recount(modes, span_of, call_ids, root_call)
+            row_events.append((last_index, 1))
+        stream = dev[3] if dev is not None else None
+        written = tracker.append_attributed(root_id, rows, t0, t1, synthetic, task, device_id, stream)
+        self._recount(modes, span_of, written.call_ids, written.root_call)
+        self._queue_events(dev, buf, row_events, written.seqs, written.root_seqs)
+
+    @staticmethod
+    def _queue_events(dev: Any, buf: list[tuple[Any, ...]], row_events: list[tuple[int, int]], seqs: list[int],
+                      root_seqs: tuple[int, int] | None) -> None:
+        """Hand a device-timed graph call's kernel events to the device timer, each
+        with the seqs of the rows it times (an enter: its first kernel's start; an
+        exit: its last kernel's end; a synthetic compiled call: the first start and
+        the last end), every event in the order it was recorded."""
+        if dev is None or not buf:
+            return
+        take = dev[0]
+        timer = take.__self__
+        rows_at: dict[tuple[int, int], list[int]] = {}
+        for where, seq in zip(row_events, seqs, strict=True):
+            rows_at.setdefault(where, []).append(seq)
+        if root_seqs is not None:
+            rows_at.setdefault((0, 0), []).insert(0, root_seqs[0])
+            rows_at.setdefault((len(buf) - 1, 1), []).append(root_seqs[1])
+        entries = []
+        for i, item in enumerate(buf):
+            entries.append((tuple(rows_at.get((i, 0), ())), item[3]))
+            entries.append((tuple(rows_at.get((i, 1), ())), item[4]))
+        timer.queue_recorded(dev[1], dev[3], entries)
 
     def _recount(self, modes: set[Any] | None, span_of: dict[int, tuple[int, int]], call_ids: list[int],
                  root_call: tuple[int, int, int] | None) -> None:

@@ -159,8 +159,8 @@ class DeviceTimer:
         self._pools: dict[int, list[Any]] = {}  # device -> free events
         self._anchors: dict[int, _Anchor] = {}  # device -> its anchor
         # (device, stream handle) -> deque of (seq, event, mem), oldest first
-        self._queues: dict[tuple[int, int], deque[tuple[int, Any, int | None]]] = {}
-        self._queue_list: list[tuple[int, deque[tuple[int, Any, int | None]]]] = []  # (device, queue)
+        self._queues: dict[tuple[int, int], deque[tuple[Any, Any, int | None]]] = {}
+        self._queue_list: list[tuple[int, deque[tuple[Any, Any, int | None]]]] = []  # (device, queue)
         self._lock = threading.Lock()  # new devices and streams (rare)
         self._resolve_lock = threading.Lock()
         self.events_allocated = 0
@@ -185,7 +185,33 @@ class DeviceTimer:
         else:
             self._pools[device].append(ev)
 
-    def _slow_mark(self, device: int, stream: Any, handle: int) -> tuple[deque[tuple[int, Any, int | None]], Any] | None:
+    def take(self, device: int, stream: Any, handle: int) -> Any | None:
+        """An event recorded on ``stream`` now, not yet queued: its rows are
+        known later (``queue_recorded``).  For the kernels of compiled code, whose
+        module rows are written after the graph call returns.  None when the
+        stream cannot take a timing event now."""
+        try:
+            self._queues[(device, handle)]
+            ev = self._pools[device].pop()
+        except (KeyError, IndexError):
+            got = self._slow_mark(device, stream, handle)
+            if got is None:
+                return None
+            ev = got[1]
+        if self._record(ev, stream):
+            return ev
+        self._pools[device].append(ev)
+        return None
+
+    def queue_recorded(self, device: int, handle: int, entries: list[tuple[tuple[int, ...], Any]]) -> None:
+        """Queue events from ``take`` with the seqs of the rows they time (none,
+        one or several), in the order they were recorded.  No ``mark`` on that
+        stream may fall between their recording and this call: a stream's queue
+        is in the stream's order (true of one compiled graph call: no module hook
+        runs inside it)."""
+        self._queues[(device, handle)].extend((seqs, ev, None) for seqs, ev in entries)
+
+    def _slow_mark(self, device: int, stream: Any, handle: int) -> tuple[deque[tuple[Any, Any, int | None]], Any] | None:
         """A new stream or device, or an empty pool; None when the device is
         new and its stream cannot take the reference now."""
         with self._lock:
@@ -259,10 +285,14 @@ class DeviceTimer:
                 try:
                     ts = anchor_ns + round(elapsed(anchor, ev) * 1e6)
                 except RuntimeError:  # the device could not time it
-                    rows.append((seq, None, mem))
+                    ts = None
+                if type(seq) is tuple:  # an event of compiled code: the rows it times (queue_recorded)
+                    rows.extend((s, ts, mem) for s in seq)
+                else:
+                    rows.append((seq, ts, mem))
+                if ts is None:
                     pool.append(ev)
                     continue
-                rows.append((seq, ts, mem))
                 if i == n - 1:  # the newest resolved event becomes the anchor
                     pool.append(ref.event)
                     ref.event, ref.ns = ev, ts
@@ -271,7 +301,7 @@ class DeviceTimer:
         return rows
 
 
-def _completed(q: deque[tuple[int, Any, int | None]], n: int, query: Callable[[Any], bool]) -> int:
+def _completed(q: deque[tuple[Any, Any, int | None]], n: int, query: Callable[[Any], bool]) -> int:
     """How many of the first ``n`` events of a stream's queue completed.  A
     stream reaches its events in order, so completion is a prefix: found by
     bisection, about log2(n) queries."""

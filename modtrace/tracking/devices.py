@@ -43,6 +43,11 @@ class DeviceLookup:
         self._device_clock = device_clock
         self._timed_type = device_clock.device_type if device_clock is not None and self._device_time else "cuda"
 
+    @property
+    def timed_device_type(self) -> str:
+        """The torch device type whose calls get device time ("cuda", or the injected clock's)."""
+        return self._timed_type
+
     def _device(self, dev: torch.device) -> int:
         device_id = self._devices.get(dev)
         if device_id is None:

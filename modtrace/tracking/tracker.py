@@ -41,7 +41,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.modules.module as _module_hooks
@@ -88,6 +88,17 @@ _grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
 _RAISED = object()  # marks the post-hook call torch makes when a forward raised
 _new_call = object.__new__
+
+
+class Attributed(NamedTuple):
+    """What ``Tracker.append_attributed`` wrote: the call ids given (in the order of
+    the enter rows), the synthetic compiled call's (call id, phase, task) key, the
+    seq of each row (in row order) and the synthetic call's (enter, exit) seqs."""
+
+    call_ids: list[int]
+    root_call: tuple[int, int, int] | None
+    seqs: list[int]
+    root_seqs: tuple[int, int] | None
 
 
 class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
@@ -249,17 +260,19 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         return module_id, not any(c.module_id == module_id for c in open_calls), task
 
     def append_attributed(self, root_id: int, rows: list[tuple[int, int, int, int]], t0: int, t1: int,
-                          synthetic: bool, task: int | None) -> tuple[list[int], tuple[int, int, int] | None]:
+                          synthetic: bool, task: int | None, device_id: int | None = None,
+                          stream: int | None = None) -> Attributed:
         """Append the rows of a compiled graph's inner module calls ((time, kind,
         module id, phase), nested, in time order; status attributed), and, when
         ``synthetic``, the compiled module's own call around them (t0 to t1).
-        Returns the call ids given, in the order of the enter rows, and the
-        synthetic call's (call id, phase, task) key, if one was written."""
+        ``device_id``/``stream``: the device and stream the graph's kernels ran on,
+        when they are timed there (their events are queued by the caller)."""
         st: ThreadState = self._local.st
         tid, step, base = st.tid, self.step, self.t0
         task_col = task
         phase = _FORWARD if task is None else _BACKWARD
         root_call = 0
+        root_seqs: tuple[int, int] | None = None
         if synthetic:
             root_call = next(self._call_ids)
             seq = next(self._seq)
@@ -268,9 +281,12 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
                 with self._lock:
                     self.roots += 1
             self._names.mark_compiled(root_id)
-            self._append((seq, t0 - base, _ENTER, root_id, phase, root_call, step, tid, None, None, _OK, task_col, 0))
+            self._append((seq, t0 - base, _ENTER, root_id, phase, root_call, step, tid, device_id, stream, _OK,
+                          task_col, 0))
+            root_seqs = (seq, 0)
         open_ids: list[int] = []
         given: list[int] = []
+        seqs: list[int] = []
         for ts, kind, module_id, ph in rows:
             if kind == _ENTER:
                 call_id = next(self._call_ids)
@@ -278,13 +294,22 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
                 given.append(call_id)
             else:
                 call_id = open_ids.pop()
-            self._append((next(self._seq), ts - base, kind, module_id, ph, call_id, step, tid, None, None,
+            seq = next(self._seq)
+            seqs.append(seq)
+            self._append((seq, ts - base, kind, module_id, ph, call_id, step, tid, device_id, stream,
                           _ATTRIBUTED, None if ph == _FORWARD else task_col, 0))
-        if synthetic:
-            self._append((next(self._seq), t1 - base, _EXIT, root_id, phase, root_call, step, tid, None, None, _OK,
+        if root_seqs is not None:
+            seq = next(self._seq)
+            root_seqs = (root_seqs[0], seq)
+            self._append((seq, t1 - base, _EXIT, root_id, phase, root_call, step, tid, device_id, stream, _OK,
                           task_col, 0))
-            return given, (root_call, phase, -1 if task is None else task)
-        return given, None
+            return Attributed(given, (root_call, phase, -1 if task is None else task), seqs, root_seqs)
+        return Attributed(given, None, seqs, None)
+
+    def device_of(self, dev: torch.device) -> tuple[int, bool]:
+        """(the run's id of device ``dev``, whether its calls are timed on the device now)."""
+        device_id = self._device(dev)
+        return device_id, (device_id in self._cuda_devices and self.device_timer is not None and self.device_marks)
 
     # -- a recording schedule's off steps (modtrace.recording.schedule) -------
 

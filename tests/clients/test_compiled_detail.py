@@ -7,6 +7,10 @@ inside a compiled graph."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ from torch import nn
 
 import modtrace
 from tests.helpers.clients import query
+from tests.helpers.device_clock import FakeDeviceClock, FakeEvent, FakeStream
 
 pytestmark = pytest.mark.slow  # real inductor compiles
 
@@ -295,3 +300,93 @@ def test_work_counters_of_a_compiled_model_go_to_its_inner_modules(tmp_path: Pat
             assert want > 0 and have == want, (i, name, have, want, sorted(got.items()))
             checked += 1
     assert checked == 8
+
+
+class HostMirrorClock(FakeDeviceClock):
+    """A device that runs each kernel as the host calls it: an event completes when
+    it is recorded, at the host's time (``time.perf_counter_ns``, the recorder's
+    clock).  The one boundary faked: it stands in for CUDA events on the CPU."""
+
+    def record(self, event: FakeEvent, stream: FakeStream) -> bool:
+        if not super().record(event, stream):
+            return False
+        event.ts_ns = self.now_ns = time.perf_counter_ns()
+        return True
+
+
+def test_device_time_of_the_inner_modules_comes_from_events_around_their_kernels(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """The CUDA path on the CPU: with a device clock injected for "cpu" devices, a compiled
+    graph's kernels are timed by events recorded either side of each kernel on the current
+    stream, and each attributed row gets its device time from its kernels' events."""
+    torch.manual_seed(0)
+    model = Net()
+    db = tmp_path / "runs.db"
+    device = HostMirrorClock()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(BATCH, SEQ, D, generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(model)
+    with modtrace.Recorder(db=str(db), run="device", handle_sigterm=False, counters="off", device_clock=device) as rec:
+        for _ in range(4):
+            compiled(x).backward()
+            opt.step()
+            opt.zero_grad()
+    rec.wait_analyzed()
+    rows = query(str(db), "SELECT s.span_id, s.parent_span_id, s.fqn, s.phase, s.status, s.step, s.start_ns, s.end_ns, "
+                 "s.device_start_ns, s.device_end_ns FROM spans s ORDER BY s.span_id")
+    inner = [r for r in rows if r[4] == "attributed"]
+    assert inner_modules("Net.") <= {(r[2], r[3]) for r in inner}
+    by_id = {r[0]: r for r in rows}
+    for span_id, parent, fqn, phase, _status, _step, start, end, d_start, d_end in inner:
+        assert d_start is not None and d_end is not None, (fqn, phase)
+        # The events are recorded inside the host interval of the kernels they time
+        # (the host clock is read before the first and after the last).
+        assert d_end - d_start <= end - start + 2_000, (fqn, phase, d_end - d_start, end - start)
+        assert d_end >= d_start
+        p = by_id[parent]
+        if p[4] == "attributed":  # nested on the device as on the host
+            assert p[8] <= d_start and d_end <= p[9], (fqn, p[2])
+    # The events were all resolved and given back: the pool holds what was made.
+    assert len(device.events) < 20 * len(inner)
+    tree = json.loads(run_cli("tree", "device", "--db", str(db), "--clock", "device", "--format", "json").out)
+    todo, seen = list(tree) if isinstance(tree, list) else [tree], set()
+    while todo:
+        node = todo.pop()
+        todo.extend(node["children"])
+        seen.add((node["fqn"], node["phase"]))
+    assert inner_modules("Net.") <= seen
+
+
+SCRIPT = """
+import sys
+import torch
+from torch import nn
+
+assert "torch._inductor.compile_fx" not in sys.modules  # inductor is imported by the first compile, under the recorder
+torch.manual_seed(0)
+model = torch.compile(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+"""
+
+
+def test_modtrace_record_of_a_script_that_compiles_attributes_its_inner_modules(tmp_path: Path) -> None:
+    """The usual way in: ``modtrace record`` starts recording before the script imports
+    inductor (the detail installs itself when inductor's compiler is imported)."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    db = tmp_path / "runs.db"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCH_COMPILE_DISABLE", None)
+    out = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", str(db), "-q", str(script)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = query(str(db), "SELECT fqn, phase, status, count(*) FROM spans GROUP BY fqn, phase, status ORDER BY 1, 2, 3")
+    # (its input needs no grad: no hook marks the end of its backward, closed with the graph task, as eager)
+    assert ("Sequential", "forward", "ok", 3) in got and ("Sequential", "backward", "closed_at_end_of_backward", 3) in got
+    inner = {(fqn, phase) for fqn, phase, status, _n in got if status == "attributed"}
+    # the Linears' matmuls are their own kernels; ReLU fuses into a neighbour's kernel or the root's
+    assert {("Sequential.0", "forward"), ("Sequential.2", "forward"),
+            ("Sequential.0", "backward"), ("Sequential.2", "backward")} <= inner, got

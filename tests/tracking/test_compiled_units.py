@@ -51,6 +51,7 @@ def test_other_torch_versions_record_compiled_modules_whole(capsys: pytest.Captu
 
 
 def test_uninstall_restores_inductor() -> None:
+    import torch._inductor.compile_fx  # noqa: F401  (imported: the detail installs at start, not on import)
     import torch._inductor.config as inductor_config
     from torch._inductor.codecache import FxGraphCache
     from torch._inductor.output_code import CompiledFxGraph

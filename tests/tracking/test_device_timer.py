@@ -38,6 +38,44 @@ def test_rows_get_the_device_times_of_their_stream() -> None:
     assert t.pending == 0 and clock.waits == 0
 
 
+def test_events_taken_for_compiled_kernels_time_the_rows_queued_later() -> None:
+    """A compiled graph's kernels: events recorded either side of each kernel as it is
+    launched (take), queued once the graph call returns with the seqs of the rows each
+    one times (none, one or several), in recording order among the hooks' marks."""
+    clock = FakeDeviceClock(memory={0: 64})
+    t = timer(clock, host_ns=0)
+    mark(t, 0, A)  # the compiled module's enter (a hook): device time 0
+    taken = []
+    for ns in (2_000, 3_000):  # two kernels
+        taken.append(t.take(A.device, A, A.handle))
+        clock.launch(A, ns)
+        taken.append(t.take(A.device, A, A.handle))
+    assert None not in taken and t.pending == 1  # taken events are not pending until queued
+    # rows 1 (enter of an inner module and its child, both at the first kernel's start),
+    # 2 (exit of the child: first kernel's end), nothing at the second kernel's start, 3 (exit)
+    t.queue_recorded(A.device, A.handle, [((1, 2), taken[0]), ((3,), taken[1]), ((), taken[2]), ((4,), taken[3])])
+    mark(t, 5, A)  # the compiled module's exit
+    clock.advance(10_000)
+    assert t.poll() == [(0, 0, 64), (1, 0, None), (2, 0, None), (3, 2_000, None), (4, 5_000, None), (5, 5_000, 64)]
+    assert t.pending == 0
+    # every event went back to the pool: more kernels take no new one
+    made = t.events_allocated
+    for _ in range(2):
+        got = [t.take(A.device, A, A.handle), t.take(A.device, A, A.handle)]
+        t.queue_recorded(A.device, A.handle, [((), ev) for ev in got])
+        clock.advance(1)
+        t.poll()
+    assert t.events_allocated == made
+
+
+def test_a_stream_being_captured_takes_no_event() -> None:
+    clock = FakeDeviceClock()
+    t = timer(clock)
+    mark(t, 0, A)
+    clock.capturing = True
+    assert t.take(A.device, A, A.handle) is None
+
+
 def test_pending_events_resolve_later_and_polling_never_waits() -> None:
     clock = FakeDeviceClock()
     t = timer(clock, host_ns=0)
