@@ -336,7 +336,7 @@ def test_device_time_of_the_inner_modules_comes_from_events_around_their_kernels
     inner = [r for r in rows if r[4] == "attributed"]
     assert inner_modules("Net.") <= {(r[2], r[3]) for r in inner}
     by_id = {r[0]: r for r in rows}
-    for span_id, parent, fqn, phase, _status, _step, start, end, d_start, d_end in inner:
+    for _span_id, parent, fqn, phase, _status, _step, start, end, d_start, d_end in inner:
         assert d_start is not None and d_end is not None, (fqn, phase)
         # The events are recorded inside the host interval of the kernels they time
         # (the host clock is read before the first and after the last).
