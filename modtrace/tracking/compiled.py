@@ -190,14 +190,13 @@ class GraphSites(NamedTuple):
     without modtrace may read."""
 
     backward: bool
-    graph_id: Any
     by_callee: dict[str, list[tuple[tuple[str, ...], int]]]
     inference: bool = False  # a forward graph with no backward (compiled under no_grad)
     device_type: str = "cpu"  # where its kernels run ("cpu", "cuda")
     launched: tuple[str, ...] = ()  # kernels called as ``name.run(...)`` (Triton's launchers)
 
 
-def graph_sites(source: str, kernel_nodes: dict[str, list[str]], gm: Any, backward: bool, graph_id: Any,
+def graph_sites(source: str, kernel_nodes: dict[str, list[str]], gm: Any, backward: bool,
                 inference: bool = False, device_type: str = "cpu") -> GraphSites | None:
     """Read a compiled graph's call sites from its wrapper source, inductor's
     kernel call site -> post-grad nodes map (``name:handle`` keys, as the
@@ -238,7 +237,7 @@ def graph_sites(source: str, kernel_nodes: dict[str, list[str]], gm: Any, backwa
     if not by_callee:
         return None
     launched = tuple(name for name in by_callee if re.search(rf"\b{re.escape(name)}\.run\(", source))
-    return GraphSites(backward, graph_id, by_callee, inference, device_type, launched)
+    return GraphSites(backward, by_callee, inference, device_type, launched)
 
 
 class _Proxy:
@@ -313,13 +312,12 @@ class CompiledDetail:
         self._saved: list[tuple[Any, str, Any]] = []  # (object, attribute, original value)
         self._globals: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # id -> (module dict, originals)
         # The (root module id, synthetic) of the forward graph calls whose backward
-        # has not run yet, latest last: backward runs them in reverse.  (Not keyed by
-        # graph id: a graph loaded from inductor's cache keeps the ids of the process
-        # that compiled it, where forward and backward graphs may have had others.)
-        self._roots: dict[Any, list[tuple[int, bool]]] = {}
+        # has not run yet, latest last: backward runs them in reverse.  (One list, not
+        # one per graph id: a graph loaded from inductor's cache keeps the ids of the
+        # process that compiled it, where forward and backward graphs may have had others.)
+        self._roots: list[tuple[int, bool]] = []
         self._ids: dict[str, int | None] = {}
         self._waiting: _AfterImport | None = None
-        self.installed = False
 
     # -- install / uninstall -------------------------------------------------
 
@@ -407,7 +405,6 @@ class CompiledDetail:
         self._save(CompiledFxGraph, "__init__", patched_init)
         self._save(CompiledFxGraph, "post_compile", patched_post_compile)
         self._save(CompiledFxGraph, "__call__", patched_call)
-        self.installed = True
         _INSTALLED = self
         _GRAPHS[:] = [ref for ref in _GRAPHS if ref() is not None]
         for ref in list(_GRAPHS):
@@ -435,7 +432,6 @@ class CompiledDetail:
         for module_dict, originals in self._globals.values():
             module_dict.update(originals)
         self._globals.clear()
-        self.installed = False
 
     # -- compile time -----------------------------------------------------------
 
@@ -452,7 +448,7 @@ class CompiledDetail:
             types = set(getattr(cg, "device_types", ())) - {"meta"}
             try:
                 sites = graph_sites(getattr(cg, "source_code", ""), kernel_nodes,
-                                    gm, bool(fx_kwargs.get("is_backward")), fx_kwargs.get("graph_id"),
+                                    gm, bool(fx_kwargs.get("is_backward")),
                                     bool(fx_kwargs.get("is_inference")),
                                     next(iter(types)) if len(types) == 1 else "mixed")
             finally:
@@ -576,7 +572,7 @@ class CompiledDetail:
                 kernels.append((index, chain, phase, item[1], item[2]))
         modes = _active.__dict__.pop("modes", None)
         # Every training forward graph call is paired, kernels attributed or not.
-        root = tracker.compiled_root(sites.backward, None, None if sites.inference else self._roots)
+        root = tracker.compiled_root(sites.backward, None if sites.inference else self._roots)
         if root is None or not kernels:
             self._recount(modes, {}, [], None)
             self._queue_events(dev, buf, [], [], None)
@@ -615,17 +611,15 @@ class CompiledDetail:
         self._recount(modes, span_of, written.call_ids, written.root_call)
         self._queue_events(dev, buf, row_events, written.seqs, written.root_seqs)
 
-    @staticmethod
-    def _queue_events(dev: Any, buf: list[tuple[Any, ...]], row_events: list[tuple[int, int]], seqs: list[int],
+    def _queue_events(self, dev: Any, buf: list[tuple[Any, ...]], row_events: list[tuple[int, int]], seqs: list[int],
                       root_seqs: tuple[int, int] | None) -> None:
         """Hand a device-timed graph call's kernel events to the device timer, each
         with the seqs of the rows it times (an enter: its first kernel's start; an
         exit: its last kernel's end; a synthetic compiled call: the first start and
         the last end), every event in the order it was recorded."""
-        if dev is None or not buf:
+        timer = self._tracker.device_timer
+        if dev is None or not buf or timer is None:
             return
-        take = dev[0]
-        timer = take.__self__
         rows_at: dict[tuple[int, int], list[int]] = {}
         for where, seq in zip(row_events, seqs, strict=True):
             rows_at.setdefault(where, []).append(seq)

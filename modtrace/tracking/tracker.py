@@ -218,14 +218,15 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         info = self._names._by_fqn.get(fqn)
         return info.module_id if info is not None else None
 
-    def compiled_root(self, backward: bool, graph_id: Any, roots: dict[Any, list[tuple[int, bool]]] | None
+    def compiled_root(self, backward: bool, roots: list[tuple[int, bool]] | None
                       ) -> tuple[int, bool, int | None] | None:
         """The module whose compiled graph just ran on this thread: (module id,
         synthetic, graph task).  Synthetic: no hook saw the call (the module was
         compiled in place, ``module.compile()``), so the caller writes it too.
-        A backward graph's module is that of the latest forward call of its
-        graph whose backward has not run (``roots``, by graph id: one graph may
-        serve several modules, e.g. each block compiled in place)."""
+        A forward graph's module is pushed on ``roots`` (None: an inference graph,
+        with no backward); a backward graph's is the latest one pushed whose
+        backward has not run (one graph may serve several modules, e.g. each
+        block compiled in place, and backward runs them in reverse)."""
         try:
             st: ThreadState = self._local.st
         except AttributeError:
@@ -243,15 +244,13 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             if roots is None:  # an inference graph: no backward to pair with
                 return (*found, None)
             # (grad mode is off here, inside the compiled autograd function's forward)
-            waiting = roots.setdefault(graph_id, [])
-            waiting.append(found)
-            if len(waiting) > 256:  # forwards whose backward never ran (inference)
-                del waiting[:128]
+            roots.append(found)
+            if len(roots) > 256:  # forwards whose backward never ran (inference)
+                del roots[:128]
             return (*found, None)
         task = _graph_task_id()
         open_calls = self._bw.get(task) or []
-        pending = roots.get(graph_id) if roots is not None else None
-        known = pending.pop() if pending else None
+        known = roots.pop() if roots else None
         if known is None:
             if not open_calls:
                 return None
@@ -271,8 +270,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         tid, step, base = st.tid, self.step, self.t0
         task_col = task
         phase = _FORWARD if task is None else _BACKWARD
-        root_call = 0
-        root_seqs: tuple[int, int] | None = None
+        root_call = enter_seq = 0
         if synthetic:
             root_call = next(self._call_ids)
             seq = next(self._seq)
@@ -283,7 +281,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             self._names.mark_compiled(root_id)
             self._append((seq, t0 - base, _ENTER, root_id, phase, root_call, step, tid, device_id, stream, _OK,
                           task_col, 0))
-            root_seqs = (seq, 0)
+            enter_seq = seq
         open_ids: list[int] = []
         given: list[int] = []
         seqs: list[int] = []
@@ -298,12 +296,11 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             seqs.append(seq)
             self._append((seq, ts - base, kind, module_id, ph, call_id, step, tid, device_id, stream,
                           _ATTRIBUTED, None if ph == _FORWARD else task_col, 0))
-        if root_seqs is not None:
+        if synthetic:
             seq = next(self._seq)
-            root_seqs = (root_seqs[0], seq)
             self._append((seq, t1 - base, _EXIT, root_id, phase, root_call, step, tid, device_id, stream, _OK,
                           task_col, 0))
-            return Attributed(given, (root_call, phase, -1 if task is None else task), seqs, root_seqs)
+            return Attributed(given, (root_call, phase, -1 if task is None else task), seqs, (enter_seq, seq))
         return Attributed(given, None, seqs, None)
 
     def device_of(self, dev: torch.device) -> tuple[int, bool]:
