@@ -84,7 +84,7 @@ def record(db: str, name: str, variant: str, args: argparse.Namespace, tags: dic
     net = build(slowdown, where, args.blocks, args.width)
     opt = torch.optim.SGD(net.parameters(), lr=1e-4)
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(1))
-    with modtrace.Recorder(db=db, run=name, tags=tags, handle_sigterm=False) as rec:
+    with modtrace.Recorder(db=db, run=name, tags=tags, handle_sigterm=False, speed_probe=args.speed_probe) as rec:
         for _ in range(args.steps + 1):  # the first step is skipped by diff as warm-up
             net(x).sum().backward()
             opt.step()
@@ -107,6 +107,9 @@ def main() -> None:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--speed-probe", action="store_true",
+                   help="record every run with the speed probe (Recorder(speed_probe=True)): the history gate "
+                        "judges step times adjusted for the machine's speed")
     p.add_argument("--db", default=None, help="database (default: a temporary file)")
     p.add_argument("--rejudge", action="store_true",
                    help="record nothing: judge the runs an earlier run of this script left in --db (a new rule on "
@@ -157,7 +160,8 @@ def main() -> None:
                 s.kill()
                 s.wait()
     print(f"steps {args.steps}, history {args.history}, pairs per load {args.pairs}, blocks {args.blocks}, "
-          f"width {args.width}, batch {args.batch}, threads {args.threads}; load average before {load_before}, "
+          f"width {args.width}, batch {args.batch}, threads {args.threads}, speed probe {args.speed_probe}; "
+          f"load average before {load_before}, "
           f"after {load_average()}; {time.time() - t0:.0f} s")
     print(f"{'busy procs':>10}  {'candidate':<11} {'gate':<22} {'rate':>6}  caught/judged  (A/A: false alarms)")
     for (load, variant, gate), (hit, n) in sorted(counts.items(), key=lambda kv: (kv[0][0], variants.index(kv[0][1]), kv[0][2])):

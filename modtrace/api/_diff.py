@@ -62,7 +62,14 @@ def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
     if clock == "device":
         calls = _device_calls(db, run, rank)
     else:
+        from dataclasses import replace
+
+        from modtrace.store.speeds import read_speeds
+
         calls = load_calls(store, run.id, rank)
+        speeds = read_speeds(store, run.id, rank)  # the speed probe times the host: host clock only
+        if speeds.height:
+            calls = replace(calls, speeds=speeds)
     stepped = restep(store, run.id, run.name, calls.calls, step_on, None if rank is None else [rank])
     if calls.calls.height == 0:
         raise UsageError(f"run {run.name!r} has no module calls to compare")

@@ -321,14 +321,15 @@ def _export(run: str, db: str | None, fmt: str, output: str, what: str | None, c
             click.echo(f"modtrace: wrote {n:,} {kind} of run {data.info['name']!r} to {path}", err=True)
 
 
-def _diff_document(database: Database, base: str, cand: str, step_on: str | None, clock: str) -> dict[str, Any]:
-    """What ``modtrace diff BASE CAND --step-on STEP_ON --clock CLOCK --format json`` prints: the
-    report's diff is that command's, read the same way, so both show the same numbers."""
+def _diff_document(database: Database, base: str, cand: str, step_on: str | None, clock: str,
+                   window: int = 10) -> dict[str, Any]:
+    """What ``modtrace diff BASE CAND --step-on STEP_ON --clock CLOCK --window WINDOW --format json``
+    prints: the report's diff is that command's, read the same way, so both show the same numbers."""
     from modtrace.api import DiffOptions
     from modtrace.renderers.diff_document import document
 
     options = DiffOptions()
-    result = database.diff(base, cand, options, step_on=step_on, clock=clock)
+    result = database.diff(base, cand, options, step_on=step_on, clock=clock, window=window)
     assert result.sides is not None
     return document(result, result.sides[0], result.sides[1], options, "regression")
 
@@ -336,7 +337,11 @@ def _diff_document(database: Database, base: str, cand: str, step_on: str | None
 @click.command()
 @click.argument("run")
 @db_option
-@click.option("--vs", "base", metavar="BASE", default=None, help="Compare with run BASE: the diff, regressions highlighted.")
+@click.option("--vs", "base", metavar="BASE", default=None,
+              help="Compare with run BASE, or with a history of runs ('tag:KEY=VALUE', as modtrace diff takes it): "
+                   "the diff, regressions highlighted, and each blamed module's time across the runs.")
+@click.option("--window", type=int, default=10, show_default=True,
+              help="With --vs tag:KEY=VALUE: how many of the newest matching runs make the history.")
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="HTML file to write (- for stdout).")
 @click.option("--step", type=int, default=None, help="Step whose flame chart opens first (default: the step of median wall time).")
 @rank_option("Rank shown in the flame chart (default: the lowest).")
@@ -344,7 +349,7 @@ def _diff_document(database: Database, base: str, cand: str, step_on: str | None
 @clock_option
 @peak_option
 @quiet_option()
-def report(run: str, db: str | None, base: str | None, output: str, step: int | None, rank: int | None,
+def report(run: str, db: str | None, base: str | None, window: int, output: str, step: int | None, rank: int | None,
            step_on: str | None, clock: str | None, peak_tflops: float | None, quiet: bool) -> None:
     """Write one self-contained HTML file about RUN: a flame chart of a step
     (forward, backward, recompute), per-step times, the modules by self time
@@ -362,17 +367,23 @@ def report(run: str, db: str | None, base: str | None, output: str, step: int | 
     _check_output_file(output, db)
     with modtrace.api.open(db) as database:
         # --vs compares on one clock (as diff does); the run's own times are on it too.
-        chosen = _cli.clock(database, run, clock) if base is None else _cli.diff_clock(database, base, run, clock)
+        from modtrace.api._diff import parse_selector
+
+        history = base is not None and parse_selector([base]) is not None
+        # against a history, the run's own clock (diff then reads every base run on it)
+        chosen = _cli.clock(database, run, clock) if base is None or history else _cli.diff_clock(database, base, run, clock)
         data = load_run(database, run, quiet=quiet)
         data = replace(data, spans=database.spans(data.info["id"], clock=chosen), info={**data.info, "clock": chosen})
         stepped = _cli.restep(database, data.info["id"], data.spans, step_on)
         data = replace(data, spans=stepped.frame)
         diff = None
         if base is not None:
-            base_run = database.run(base)
-            if base_run.id == data.info["id"]:
-                raise UsageError(f"--vs {base}: is the same run as {run}")
-            diff = _diff_document(database, base_run.name, data.info["name"], step_on, chosen)
+            if not history:
+                base_run = database.run(base)
+                if base_run.id == data.info["id"]:
+                    raise UsageError(f"--vs {base}: is the same run as {run}")
+                base = base_run.name
+            diff = _diff_document(database, base, data.info["name"], step_on, chosen, window)
     if rank is not None and data.spans.height and rank not in set(data.spans["rank"].unique().to_list()):
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:

@@ -114,6 +114,10 @@ def check_run_name(name: str) -> str:
               help="Count FLOPs, bytes and aten ops per module call (spans.flops, bytes, ops) on the first "
                    "recorded step of each step kind (first), on every recorded step, or never. Counting "
                    "routes every op of a counted step through Python; other steps cost nothing more.")
+@click.option("--speed-probe", is_flag=True,
+              help="Time a fixed piece of CPU work (about 0.5 ms) before each step, so that diff against a history "
+                   "of runs recorded the same way judges step times at one machine speed: record the baseline "
+                   "runs and the candidate of a CI gate with it on shared or loaded runners.")
 @click.argument("target_args", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 @click.pass_context
 def record(
@@ -129,6 +133,7 @@ def record(
     eager: bool,
     no_device_time: bool,
     counters: str,
+    speed_probe: bool,
     target_args: tuple[str, ...],
 ) -> int:
     """Run SCRIPT (or -m MODULE) as python would, recording its module calls.
@@ -173,7 +178,8 @@ def record(
     try:
         return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
                        quiet=quiet, analyze=not no_analyze, step_on=step_on, schedule=schedule,
-                       device_time=False if no_device_time else None, counters=counters)
+                       device_time=False if no_device_time else None, counters=counters,
+                       speed_probe=speed_probe)
     finally:
         if restore is not None:  # a caller in this process (an embedding, a test) compiles again
             restore()
@@ -214,6 +220,7 @@ def _record(
     device_time: bool | None = None,
     schedule: Any = None,
     counters: str = "first",
+    speed_probe: bool = False,
 ) -> int:
     from datetime import datetime
 
@@ -235,7 +242,7 @@ def _record(
     try:
         return _record_under(target, run_name, auto, db=db, tags=tags, command=command, meta=meta,
                              quiet=quiet, analyze=analyze, step_on=step_on, device_time=device_time, schedule=schedule,
-                             counters=counters)
+                             counters=counters, speed_probe=speed_probe)
     except Terminated:
         # SIGTERM before the target started or after it ended; a started
         # recorder finishes from its atexit hook.
@@ -245,7 +252,7 @@ def _record(
 def _record_under(
     target: Any, run_name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
     meta: dict[str, Any], quiet: bool, analyze: bool, step_on: str = "auto", device_time: bool | None = None,
-    schedule: Any = None, counters: str = "first",
+    schedule: Any = None, counters: str = "first", speed_probe: bool = False,
 ) -> int:
     from modtrace.core.errors import Terminated
     from modtrace.recording import status_line as progress_mod
@@ -254,7 +261,7 @@ def _record_under(
     with SigtermGuard() as guard:
         rec = _start_recorder(run_name, auto, db=db, tags=tags, command=command, meta=meta, analyze=analyze,
                               step_on=step_on, device_time=device_time, schedule=schedule,
-                              counters=counters)
+                              counters=counters, speed_probe=speed_probe)
         line = None
         if progress_mod.wanted(sys.stderr, quiet):
             line = progress_mod.ProgressLine(
@@ -284,7 +291,7 @@ def _record_under(
 def _start_recorder(
     name: str, auto: bool, *, db: str | None, tags: dict[str, str], command: str,
     meta: dict[str, Any], analyze: bool, step_on: str = "auto", device_time: bool | None = None,
-    schedule: Any = None, counters: str = "first",
+    schedule: Any = None, counters: str = "first", speed_probe: bool = False,
 ) -> Any:
     """Open the recorder, suffixing a default name that a run already took (-2, -3, ...)."""
     from modtrace.core.errors import RunNameTaken
@@ -294,7 +301,8 @@ def _start_recorder(
     while True:
         candidate = name if attempt == 1 else f"{name}-{attempt}"
         rec = Recorder(db, candidate, tags, command=command, meta=meta, analyze=analyze, step_on=step_on,
-                       device_time=device_time, schedule=schedule, counters=counters)
+                       device_time=device_time, schedule=schedule, counters=counters,
+                       speed_probe=speed_probe)
         try:
             rec.__enter__()  # Recorder.start
         except RunNameTaken:

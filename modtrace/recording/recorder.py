@@ -42,12 +42,14 @@ from modtrace.recording.flusher import Flushing
 from modtrace.recording.reserve import DiskReserve
 from modtrace.recording.safety import SafetyNets
 from modtrace.recording.schedule import Schedule, StepAction, parse_schedule
+from modtrace.recording.speed_probe import SpeedProbe
 from modtrace.recording.step_boundary import Scheduling
 from modtrace.recording.writer_process import WriterProcess
 from modtrace.store.counters import write_counters
 from modtrace.store.engine import Store, open_store
 from modtrace.store.retry import ResumingWriter, call_retrying, retry_seconds
 from modtrace.store.runs import add_rank, create_run, finish_rank
+from modtrace.store.speeds import write_speeds
 from modtrace.tracking.counters import COUNTER_POLICIES, Counting
 from modtrace.tracking.device_timer import DeviceClock, drain_rows
 from modtrace.tracking.tracker import Tracker
@@ -85,7 +87,12 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
     (``modtrace.tracking.counters``).  ``compiled_detail`` (on by default)
     times the kernels of code compiled by ``torch.compile`` (inductor, CPU)
     and records the inner modules' calls from them, status ``attributed``
-    (``modtrace.tracking.compiled``).
+    (``modtrace.tracking.compiled``).  ``speed_probe`` times a fixed piece of
+    CPU work before each recorded step (about 0.5 ms), so that a history gate
+    can tell a slower step from a slower machine
+    (``modtrace.recording.speed_probe``); it needs step boundaries
+    (optimizer steps or ``rec.step()``), and with ``writer="auto"`` it writes
+    from this process at step boundaries (``inline``), not beside the steps.
     """
 
     def __init__(
@@ -112,6 +119,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         device_clock: DeviceClock | None = None,
         counters: str = "first",
         compiled_detail: bool = True,
+        speed_probe: bool = False,
     ) -> None:
         if counters not in COUNTER_POLICIES:
             raise ValueError(f"counters must be one of {', '.join(COUNTER_POLICIES)}, not {counters!r}")
@@ -120,6 +128,8 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         # Time per inner module of torch.compile'd code, attributed from its kernels (modtrace.tracking.compiled).
         self.compiled_detail = compiled_detail
         self._counting: Counting | None = None
+        self.speed_probe = speed_probe
+        self._probe: SpeedProbe | None = None
         if step_on not in STEP_RULES:
             raise ValueError(f"step_on must be one of {', '.join(STEP_RULES)}, not {step_on!r}")
         if writer is None:
@@ -130,6 +140,12 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
         if writer == "auto" and usable_cpus() < 2:
             writer = "inline"  # a writer process could only take turns with the program
+        elif writer == "auto" and speed_probe:
+            # A gate run, timed to be compared: write at step boundaries, outside the steps.  A
+            # writer process working beside the steps slowed some of them by ~4 ms on a 2-core
+            # machine (a step of 2 ms became 6), which no probe before the step can see
+            # (docs/performance.md, "speed probe").
+            writer = "inline"
         env_rank, env_world = dist_rank_world()
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
@@ -229,6 +245,13 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             self._counting.end_step()
         tracker.step += 1
         self._begin_step(tracker, tracker.step)
+        self._hand_step_over(tracker)
+        if self._probe is not None and self._action is StepAction.RECORD:
+            # last, just before the next step starts: the speed it will run at
+            self._probe.take(tracker.step, tracker.next_seq)
+
+    def _hand_step_over(self, tracker: Tracker) -> None:
+        """The step's events towards the store, between steps (``step``)."""
         if self._taken - self._written + len(self._buf) > self.max_buffered:
             self._shed_step()
         if self.writer_mode == "inline" and self._flush_error is None and self._writer is not None:
@@ -294,6 +317,10 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             wall = time.time_ns()
             tracker.start()
             self._begin_step(tracker, 0)
+            if self.speed_probe:
+                self._probe = SpeedProbe(tracker.now)
+                if self._action is StepAction.RECORD:
+                    self._probe.take(0, tracker.next_seq)
             try:
                 add_rank(store, self.run_id, self.rank, wall)
             except BaseException:
@@ -387,6 +414,10 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         try:
             if self._counting is not None and self._flush_error is None:
                 self._write_counters(store)
+            # the probe taken after the last step went before no event: it is no step's
+            probes = [] if self._probe is None else [r for r in self._probe.rows if r[1] < tracker.next_seq]
+            if probes and self._flush_error is None:
+                call_retrying(lambda: write_speeds(store, self.run_id, self.rank, probes), self.retry_s)
             call_retrying(lambda: finish_rank(store, self.run_id, self.rank, status, error, faults),
                           0.0 if self._flush_error is not None else self.retry_s)
             analyze = self.analyze and self._flush_error is None

@@ -110,7 +110,22 @@ def headline(doc: dict[str, Any]) -> list[str]:
         lines.append(f"{_count(s.get('counter_changes', 0), 'work counter change')} (FLOPs, bytes, ops per module "
                      "and phase on the first counted step of each kind, exact)")
     verdict = s.get("step_verdict")
-    if verdict in ("regression", "improvement"):
+    if s.get("step_adjusted"):
+        lines.append(
+            f"step times judged at the history's machine speed (the speed probe before each step): the candidate's "
+            f"probe time {fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
+            f"{fmt_ratio(s['adjusted_step_ratio'])}")
+        ratio = s["adjusted_step_ratio"]
+    elif s.get("speed_note"):
+        lines.append(f"note: {s['speed_note']}")
+    if verdict in ("regression", "improvement") and s.get("step_adjusted"):
+        lines.append(
+            f"step time at the history's speed {fmt_ratio(ratio)}: its median {'above' if verdict == 'regression' else 'below'} "
+            f"the history's range by more than the range's own width and {o['threshold_pct']:g}%: "
+            f"a step-wide {verdict}"
+            + ("" if s["regressions"] or s["improvements"] else " (every module's share of the step alike)")
+        )
+    elif verdict in ("regression", "improvement"):
         lines.append(
             f"step time {fmt_ratio(ratio)}: its {_ordinal(o['level_pct'])} percentile {'above' if verdict == 'regression' else 'below'} "
             f"the history's range by the range's own width and more than {o['threshold_pct']:g}%: "
@@ -292,6 +307,10 @@ def verdict_line(doc: dict[str, Any]) -> str:
     mark = "❌" if s["failed"] else "✅"
     counts = [_count(s["regressions"], "regression") if s["regressions"] else "no regression",
               _count(s["structure_changes"], "structure change") if s["structure_changes"] else "no structure change"]
+    if s.get("step_verdict") == "regression":  # judged against a history: the whole step is blamed
+        ratio = s.get("adjusted_step_ratio") if s.get("step_adjusted") else s.get("step_ratio")
+        step = f"step-wide regression (step time {fmt_ratio(ratio)})"
+        counts[0] = step if not s["regressions"] else f"{step}, {counts[0]}"
     worst = [r for r in doc["timing"] if r["verdict"] == "regression"][:1]
     blamed = ""
     if worst:
@@ -302,20 +321,24 @@ def verdict_line(doc: dict[str, Any]) -> str:
     return f"## {mark} modtrace diff: {counts[0]}{blamed}, {counts[1]}: {doc['cand']['run']} against {baseline_name(doc)}"
 
 
-def baseline_name(doc: dict[str, Any]) -> str:
-    """What the candidate was judged against, in a few words.
+def _history(doc: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The base runs of a history (two or more, newest first); None for one base run."""
+    history = doc["base"].get("history")
+    return history if history and len(history) > 1 else None
 
-    The hook for a history of baseline runs: a document with ``history`` (a list of runs,
-    newest first) names it here and in ``baseline_lines``; today's documents have one base run."""
-    history = doc.get("history")
+
+def baseline_name(doc: dict[str, Any]) -> str:
+    """What the candidate was judged against, in a few words: the base run, or a history of runs."""
+    history = _history(doc)
     if history:
-        return f"a history of {_count(len(history), 'run')}"
+        chosen = f" ({doc['base']['selector']})" if doc["base"].get("selector") else ""
+        return f"a history of {_count(len(history), 'run')}{chosen}"
     return f"the base run {doc['base']['run']}"
 
 
 def baseline_lines(doc: dict[str, Any]) -> list[str]:
-    """The baseline the verdict used: the base run, or (with ``history``) each run of the history."""
-    history = doc.get("history")
+    """The baseline the verdict used: the base run, or each run of the history."""
+    history = _history(doc)
     if history:
         return [f"baseline: {baseline_name(doc)}, newest first: "
                 + ", ".join(f"{h['run']!r} (run {h['run_id']})" for h in history)]

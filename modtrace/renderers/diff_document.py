@@ -34,6 +34,17 @@ existing ones are not renamed or removed without bumping ``format``.
                   the base runs' median step times, shown),
                   history_step_level_low_us, history_step_level_high_us
                   (the range of their level step times, judged),
+                  step_adjusted (true: every run took the speed probe
+                  before each step, and the step verdict judged step
+                  times at the history's machine speed: step time *
+                  speed_reference_us / the probe before it),
+                  adjusted_step_ratio (cand/base median adjusted step
+                  time; null when not adjusted), cand_speed_ratio (the
+                  candidate's median probe / speed_reference_us: above 1,
+                  its machine was slower), speed_reference_us (the
+                  history's median probe), speed_note (why step times
+                  were not adjusted though some run took probes, or
+                  null),
                   order_varies (a run's call order varies
                   from step to step: order not compared), failed (bool, per
                   fail_on: ``DiffResult.failed``), exit_code}
@@ -103,14 +114,13 @@ existing ones are not renamed or removed without bumping ``format``.
                   "+" candidate only, "~" differs), base_pos, cand_pos,
                   base, cand}]}
 
-    history       (not written yet; the hook for a history of baseline runs)
-                  [{run, run_id}], newest first, when CAND was judged against
-                  several baseline runs; each timing row's ``self`` then
-                  also has ``history_us`` (its median self time per step in
-                  each of them, in that order).  The markdown names the
-                  baseline from it (``renderers.diff.baseline_lines``) and the
-                  report draws a point per run
-                  (``renderers.html_report.trend_data``).
+    base.history  [{run, run_id, step_us}], newest first, when CAND was
+                  judged against several baseline runs (null for one);
+                  each timing row's ``self.history_us`` then holds its
+                  median self time per step in each of them, in that
+                  order.  The markdown names the baseline from it
+                  (``renderers.diff.baseline_lines``) and the report draws
+                  a point per run (``renderers.html_report.trend_data``).
 
 The table, markdown and csv renderers read only this document.
 """
@@ -146,6 +156,8 @@ def _stats(row: dict[str, Any], metric: str) -> dict[str, Any]:
         "p_adjusted": _round(row[f"{metric}_p_adjusted"]),
         "history_low_us": _us(row[f"{metric}_history_low_ns"]),
         "history_high_us": _us(row[f"{metric}_history_high_ns"]),
+        **({"history_us": None if row["self_history_ns"] is None else [_us(v) for v in row["self_history_ns"]]}
+           if metric == "self" else {}),
     }
 
 
@@ -203,6 +215,11 @@ def document(
         "history_step_level_low_us": _us(s.get("history_step_level_low_ns")),  # type: ignore[arg-type]
         "history_step_level_high_us": _us(s.get("history_step_level_high_ns")),  # type: ignore[arg-type]
         "order_varies": bool(s.get("order_varies", False)),
+        "step_adjusted": bool(s.get("step_adjusted", False)),
+        "adjusted_step_ratio": _round(s.get("adjusted_step_ratio"), 6),  # type: ignore[arg-type]
+        "cand_speed_ratio": _round(s.get("cand_speed_ratio"), 6),  # type: ignore[arg-type]
+        "speed_reference_us": _us(s.get("speed_reference_ns")),  # type: ignore[arg-type]
+        "speed_note": s.get("speed_note"),
     }
     summary["failed"] = result.failed(fail_on)
     summary["exit_code"] = result.exit_code(fail_on)

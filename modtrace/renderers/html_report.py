@@ -200,25 +200,34 @@ def diff_data(doc: Mapping[str, Any], limit: int = TIMING_ROWS) -> dict[str, Any
 
 
 TREND_MODULES = 12  # blamed modules charted, by impact
+# A step-wide regression's chart: the median step time of each run, where a module's would be.
+STEP_SERIES = {"fqn": "step time", "phase": "whole step"}
 
 
 def trend_data(doc: Mapping[str, Any], limit: int = TREND_MODULES) -> dict[str, Any] | None:
     """Each blamed module's self time per step across the baseline runs and the candidate: the
     report's trend charts, one point per run, the baseline's oldest first and the candidate last.
 
-    With one base run that is two points.  A document with a ``history`` (its runs newest
-    first, as ``renderers.diff.baseline_lines`` reads it) gives N + 1: each regression row then
-    carries ``self.history_us``, the module's median self time per step in each history run,
-    in the order of ``history``.  Returns None when there is no regression to chart.
+    With one base run that is two points.  Against a history (``base.history``: its runs
+    newest first, as ``renderers.diff.baseline_lines`` reads it) N + 1: each row then carries
+    ``self.history_us``, the module's median self time per step in each history run, in the
+    order of ``history``.  A step-wide regression (``summary.step_verdict``) is charted first,
+    as the median step time of each run (``STEP_SERIES``).  Returns None when nothing was blamed.
     """
     blamed = [r for r in doc["timing"] if r["verdict"] == "regression"][:limit]
-    if not blamed:
+    history = doc["base"].get("history") or []
+    history = list(history) if len(history) > 1 else []
+    step_wide = doc.get("summary", {}).get("step_verdict") == "regression" and bool(history)
+    if not blamed and not step_wide:
         return None
-    history = list(doc.get("history") or [])
     baseline = list(reversed(history)) if history else [doc["base"]]
     runs = [{"run": b["run"], "run_id": b["run_id"], "role": "base"} for b in baseline]
     runs.append({"run": doc["cand"]["run"], "run_id": doc["cand"]["run_id"], "role": "cand"})
     series = []
+    if step_wide:
+        step_us = doc["cand"]["step_us"] - doc["base"]["step_us"] if doc["base"].get("step_us") is not None else None
+        series.append({**STEP_SERIES, "impact_us": _clean(step_us),
+                       "self_us": [_clean(v) for v in [*(b.get("step_us") for b in baseline), doc["cand"]["step_us"]]]})
     for r in blamed:
         before = list(reversed(r["self"]["history_us"])) if history else [r["self"]["base_us"]]
         series.append({"fqn": r["fqn"], "phase": r["phase"], "impact_us": r["impact_us"],

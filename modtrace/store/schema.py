@@ -35,7 +35,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016", "0017")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -259,6 +259,21 @@ counted_ranges = Table(
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_counted_ranges_run"),
     sqlite_with_rowid=False,
     comment="The event ranges (one per counted step or root call) during which the recorder counted work, written by the recorder at the end of the recording.",
+)
+
+step_speeds = Table(
+    "step_speeds",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that took the probe."),
+    Column("ts_ns", BigInteger, nullable=False, comment="When the probe started, on the events' clock (as events.ts_ns)."),
+    Column("step", Integer, nullable=False, comment="The recorder's step number the probe was taken before (events.step of the step that followed)."),
+    Column("seq", BigInteger, nullable=False, comment="events.seq the rank's next event took: the probe ran between event seq - 1 and event seq."),
+    Column("probe_ns", BigInteger, nullable=False, comment="How long the probe's fixed work took (modtrace.recording.speed_probe): the machine's speed just before the step; larger is slower."),
+    PrimaryKeyConstraint("run_id", "rank", "step", name="pk_step_speeds"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_step_speeds_run"),
+    sqlite_with_rowid=False,
+    comment="The speed probe timed before each recorded step (Recorder(speed_probe=True), modtrace record --speed-probe), written by the recorder at the end of the recording; a history gate divides step times by it.",
 )
 
 span_counter_rows = Table(

@@ -207,6 +207,10 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
     def active(self) -> bool:
         return self._active
 
+    def now(self) -> int:
+        """Nanoseconds since ``start`` on the events' clock (their ``ts_ns``)."""
+        return self._clock() - self.t0
+
     @property
     def emitting(self) -> bool:
         """Whether module calls are being recorded now (started, not paused by a schedule)."""

@@ -9,10 +9,11 @@ STEPS = 10
 
 def record(db: str, name: str, costs: dict[int, int] | None = None, *, steps: int = STEPS, rank: int = 0,
            world_size: int = 1, blocks: int = 3, analyze: bool = True, scale: float = 1.0, jitter: float = 0.0,
-           seed: int = 0, tags: dict[str, str] | None = None) -> None:
+           seed: int = 0, tags: dict[str, str] | None = None, speed_probe: bool = False) -> None:
     """``scale`` stretches every duration alike (a busier machine, or slower code everywhere);
     ``jitter`` multiplies each module's cost by a random factor in [1 - jitter, 1 + jitter]
-    (seeded by ``seed``): step-to-step noise."""
+    (seeded by ``seed``): step-to-step noise.  With ``speed_probe`` the recorder's probe reads the
+    clock twice, so it takes one tick: ``scale`` slows it as it slows the steps (a slower machine)."""
     import torch
 
     from modtrace import Recorder
@@ -22,7 +23,7 @@ def record(db: str, name: str, costs: dict[int, int] | None = None, *, steps: in
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
     with Recorder(db=db, run=name, clock=clock, rank=rank, world_size=world_size, join=world_size > 1,
-                  handle_sigterm=False, analyze=analyze, tags=tags) as _rec:
+                  handle_sigterm=False, analyze=analyze, tags=tags, speed_probe=speed_probe) as _rec:
         for _ in range(steps):
             net(x).sum().backward()
             opt.step()

@@ -131,9 +131,9 @@ def test_trend_of_a_history_has_a_point_per_run_oldest_first_then_the_candidate(
         return {"fqn": fqn, "phase": "forward", "verdict": verdict, "impact_us": cand - history[0],
                 "self": {"base_us": history[0], "cand_us": cand, "history_us": history}}
 
+    history = [{"run": "main-3", "run_id": 3}, {"run": "main-2", "run_id": 2}, {"run": "main-1", "run_id": 1}]
     doc = {
-        "base": {"run": "main-3", "run_id": 3}, "cand": {"run": "pr", "run_id": 9},
-        "history": [{"run": "main-3", "run_id": 3}, {"run": "main-2", "run_id": 2}, {"run": "main-1", "run_id": 1}],
+        "base": {"run": "main-3", "run_id": 3, "history": history}, "cand": {"run": "pr", "run_id": 9},
         "timing": [row("M.slow", "regression", [10.0, 11.0, 12.0], 30.0), row("M.ok", "unchanged", [5.0, 5.0, 5.0], 5.0)],
     }
     trend = trend_data(doc)
@@ -141,7 +141,7 @@ def test_trend_of_a_history_has_a_point_per_run_oldest_first_then_the_candidate(
     assert [(r["run"], r["role"]) for r in trend["runs"]] == [
         ("main-1", "base"), ("main-2", "base"), ("main-3", "base"), ("pr", "cand")]
     assert trend["series"] == [{"fqn": "M.slow", "phase": "forward", "impact_us": 20.0, "self_us": [12.0, 11.0, 10.0, 30.0]}]
-    one = {**doc, "history": None}
+    one = {**doc, "base": {"run": "main-3", "run_id": 3, "history": None}}
     assert trend_data(one) == {"runs": [{"run": "main-3", "run_id": 3, "role": "base"}, {"run": "pr", "run_id": 9, "role": "cand"}],
                                "series": [{"fqn": "M.slow", "phase": "forward", "impact_us": 20.0, "self_us": [10.0, 30.0]}]}
 

@@ -401,26 +401,26 @@ def test_trend_chart_draws_each_blamed_module_across_the_runs(browser: WebDriver
     assert cand["cx"] > base["cx"] and cand["cy"] < base["cy"]  # later, and higher: slower
     assert chart["line"] == 2 and cand["title"].startswith("slow (candidate): ")
 
-    # A history of three baseline runs (the document the history gate gives): four points, oldest
-    # first, the candidate last and drawn in its own colour.
-    html = page.read_text()
-    data = embedded(html)
-    trend = data["trend"]
+    # Against a history of three baseline runs (report --vs tag:...): four points, oldest first,
+    # the candidate last and drawn in its own colour, each run's time the diff's.
     hostile = 'm"><b>1</b>'  # a run name is text, never markup
-    trend["runs"] = [{"run": n, "run_id": 10 + i, "role": "base"} for i, n in enumerate((hostile, "main-2"))] + trend["runs"]
-    series = trend["series"][0]
-    series["self_us"] = [series["self_us"][0] + 3, series["self_us"][0] - 2] + series["self_us"]
-    from modtrace.renderers.html_report import embed_json
-
-    start = html.index('id="modtrace-data">') + len('id="modtrace-data">')
+    record_toy(db, hostile, steps=8, tags={"branch": "main"})
+    record_toy(db, "main-2", steps=8, tags={"branch": "main"})
+    record_toy(db, "main-3", steps=8, tags={"branch": "main"})
     history_page = tmp_path / "history.html"
-    history_page.write_text(html[:start] + embed_json(data) + html[html.index("</script>", start):])
+    res = run_cli("report", "slow", "--vs", "tag:branch=main", "--db", db, "-o", str(history_page))
+    assert res.code == 0, res.err
     browser.navigate(history_page.as_uri())
-    dots = browser.execute(TREND_JS)["charts"][0]["dots"]
-    assert [d["run"] for d in dots] == [hostile, "main-2", "base", "slow"]
+    got = browser.execute(TREND_JS)
+    assert [(c["fqn"], c["phase"]) for c in got["charts"]] == [("Toy.body.2", "forward")]
+    dots = got["charts"][0]["dots"]
+    assert [d["run"] for d in dots] == [hostile, "main-2", "main-3", "slow"]
     assert browser.execute("return document.querySelectorAll('#diff-trend b').length;") == 0
     assert [d["role"] for d in dots] == ["trend-base"] * 3 + ["trend-cand"]
     assert [d["cx"] for d in dots] == sorted(d["cx"] for d in dots)
     assert min(dots, key=lambda d: d["cy"])["run"] == "slow"
+    diff = json.loads(run_cli("diff", "tag:branch=main", "slow", "--db", db, "--format", "json").out)
+    row = next(r for r in diff["timing"] if r["fqn"] == "Toy.body.2" and r["phase"] == "forward")
+    assert [d["us"] for d in dots] == [*reversed(row["self"]["history_us"]), row["self"]["cand_us"]]
     errors = [e for e in browser.browser_log() if e.get("level") in ("SEVERE", "ERROR")]
     assert errors == [], errors

@@ -70,6 +70,8 @@ TIMING_COLUMNS: tuple[str, ...] = (
     # medians; null in a diff of two runs
     *(f"{m}_history_{b}_ns" for m in METRICS for b in ("low", "high")),
     *(f"self_share_history_{b}" for b in ("low", "high")),
+    # each base run's median self time per step, in the history's order (newest first): a list
+    "self_history_ns",
 )
 
 # Calls per step of the modules whose count varies from step to step in a run (data-dependent:
@@ -159,6 +161,9 @@ class RunCalls:
     calls: pl.DataFrame
     modules: pl.DataFrame  # rank, module_id, fqn (events.MODULE_SCHEMA; other columns ignored)
     devices: pl.DataFrame  # rank, device_id, name (events.DEVICE_SCHEMA)
+    # The speed probe's rows (rank, step, ts_ns, probe_ns: store.speeds.SPEED_COLUMNS) on the
+    # calls' clock; None when the run took none or the calls are on another clock.
+    speeds: pl.DataFrame | None = None
 
 
 @dataclass(frozen=True)

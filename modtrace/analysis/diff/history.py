@@ -18,7 +18,9 @@ with the few runs a CI keeps; no normal law assumed):
   when its level lies beyond the history's range by the range's own width
   and by ``threshold``, significantly; it fails ``--fail-on regression``
   even when no module's share moved (everything slowed alike beyond the
-  history's spread).
+  history's spread).  When every run took the speed probe, the step times
+  are first put at the history's machine speed (``speed``), and the level is
+  their median, beyond the range by its width or ``threshold``, the larger.
 
 Structure is compared against the pooled steps of the history (a module is
 removed when some base run called it and the candidate did not; calls per
@@ -44,10 +46,14 @@ from modtrace.analysis.diff.samples import (
     step_units,
     with_mkey,
 )
+from modtrace.analysis.diff.speed import adjusted, probed_units, reference_probe, unprobed
 from modtrace.analysis.diff.stats import min_p_value, two_sample_p
 from modtrace.analysis.diff.structure import placement
 from modtrace.analysis.diff.verdicts import compare_timing, low_levels
 
+# The level of step times adjusted for machine speed: their median (a probe hit by an interrupt
+# makes its step look fast, so their low quantiles are the probe's noise, not the step's).
+ADJUSTED_QUANTILE = 0.5
 # Base run i's ranks become i * RANK_STRIDE + rank in the pooled samples: every (run, rank, step) one sample.
 RANK_STRIDE = 1 << 16
 _METRICS = ("self", "incl", "self_share", "incl_share")
@@ -56,12 +62,14 @@ _COLUMNS = {"self": "self_ns", "incl": "incl_ns", "self_share": "self_share", "i
 
 def run_ranges(pooled: pl.DataFrame) -> pl.DataFrame:
     """Pooled filled samples -> per key the lowest and highest of the base runs' medians per step of
-    each metric: key, {metric}_low, {metric}_high."""
+    each metric: key, {metric}_low, {metric}_high; and ``self_runs``, each run's median self time
+    per step in run order (the report's trend chart)."""
     run = (pl.col("rank") // RANK_STRIDE).alias("_run")
     medians = pooled.group_by("key", run).agg(pl.col(_COLUMNS[m]).median().alias(m) for m in _METRICS)
     return medians.group_by("key").agg(
         *(pl.col(m).min().alias(f"{m}_low") for m in _METRICS),
         *(pl.col(m).max().alias(f"{m}_high") for m in _METRICS),
+        pl.col("self").cast(pl.Float64).sort_by("_run").alias("self_runs"),
     )
 
 
@@ -73,8 +81,8 @@ def step_levels(units: pl.DataFrame, quantile: float) -> list[float]:
     return [float(v) for v in levels["step_ns"].to_list() if v is not None]
 
 
-def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, options: DiffOptions
-                 ) -> tuple[str, float | None]:
+def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, options: DiffOptions,
+                 adjusted: bool = False) -> tuple[str, float | None]:
     """(verdict of the candidate's step time against the base runs', its p).
 
     ``history`` holds each base run's level (``step_levels``).  The candidate's level changed
@@ -84,21 +92,61 @@ def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, o
     Mann-Whitney test of its steps against the pooled steps gives p < ``alpha``.  A history
     recorded on a quiet machine (a narrow range) so catches a small step-wide change, and one
     whose runs differ as much as load makes them does not cry wolf.
+
+    ``adjusted``: the step times are at the history's machine speed (``speed``), the levels
+    their medians (``ADJUSTED_QUANTILE``).  Those hold far stiller from run to run than raw
+    times, and the margin beyond the range is the larger of ``threshold`` and the range's width
+    relative to its median, not both: above high * (1 + max(threshold, (high - low) / median))
+    (the rule's choice, measured on recordings, is in docs/performance.md).
     """
     p = two_sample_p(pooled, cand)
     if not history or cand.len() == 0 or p is None or p >= options.alpha:
         return "unchanged", p
-    c = step_levels(pl.DataFrame({"rank": pl.zeros(cand.len(), pl.Int64, eager=True), "step_ns": cand}),
-                    options.low_quantile)[0]
+    quantile = ADJUSTED_QUANTILE if adjusted else options.low_quantile
+    c = step_levels(pl.DataFrame({"rank": pl.zeros(cand.len(), pl.Int64, eager=True), "step_ns": cand}), quantile)[0]
     low, high = min(history), max(history)
     mid = float(pl.Series(history).median())  # type: ignore[arg-type]
     if low <= 0:
         return "unchanged", p
-    if c > high * (high / low) * (1 + options.threshold) and c - mid > options.min_delta_ns:
+    if adjusted:
+        margin = max(options.threshold, (high - low) / mid)
+        above, below = high * (1 + margin), low * (1 - margin)
+    else:
+        above = high * (high / low) * (1 + options.threshold)
+        below = low * (low / high) * (1 - options.threshold)
+    if c > above and c - mid > options.min_delta_ns:
         return "regression", p
-    if c < low * (low / high) * (1 - options.threshold) and mid - c > options.min_delta_ns:
+    if c < below and mid - c > options.min_delta_ns:
         return "improvement", p
     return "unchanged", p
+
+
+def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame | None) -> dict[str, object] | None:
+    """The history's and the candidate's step units at the history's median probe speed, when
+    every compared step of every run has its own probe; else None."""
+    if cand is None or unprobed([*history, cand]):
+        return None
+    ref = reference_probe(history)
+    base = adjusted(pl.concat(history), ref).drop("probe_ns")
+    cand_adj = adjusted(cand, ref).drop("probe_ns")
+    per_run = base.group_by(pl.col("rank") // RANK_STRIDE).agg(pl.col("step_ns").median())["step_ns"]
+    mid, c = per_run.median(), cand_adj["step_ns"].median()
+    return {
+        "base": base, "cand": cand_adj, "reference": ref,
+        "cand_speed": float(cand["probe_ns"].median()) / ref,  # type: ignore[arg-type]
+        "ratio": float(c) / float(mid) if mid else None,  # type: ignore[arg-type]
+    }
+
+
+def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame | None) -> str | None:
+    """Why the step times were not adjusted though some run took speed probes; None when no run took any."""
+    sides = [*history, cand if cand is not None else pl.DataFrame({"probe_ns": []}, schema={"probe_ns": pl.Int64})]
+    if all(s["probe_ns"].null_count() == s.height for s in sides):
+        return None
+    missing = unprobed(sides)
+    return (f"step time not adjusted for machine speed: {missing} of {len(sides)} runs have compared steps without "
+            "a speed probe of their own (record every run with --speed-probe, stepping by optimizer steps or "
+            "rec.step())")
 
 
 def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
@@ -115,13 +163,16 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
     names = module_keys(*lookups, lookup_c)
     units_all: list[pl.DataFrame] = []
     raw_all: list[pl.DataFrame] = []
+    probed_all: list[pl.DataFrame] = []
     newest: pl.DataFrame | None = None
     for i, (run, lookup) in enumerate(zip(bases, lookups, strict=True)):
         compared = with_mkey(compared_calls(run.calls, options.skip_steps), lookup, names)
         if i == 0:
             newest = compared
         offset = pl.col("rank") + i * RANK_STRIDE
-        units_all.append(step_units(compared).with_columns(offset.cast(pl.Int32)))
+        run_units = step_units(compared)
+        probed_all.append(probed_units(compared, run_units, run.speeds).with_columns(offset.cast(pl.Int32)))
+        units_all.append(run_units.with_columns(offset.cast(pl.Int32)))
         raw_all.append(compared_samples(compared, options.phases).with_columns(offset.cast(pl.Int32)))
     assert newest is not None
     units = pl.concat(units_all)
@@ -138,8 +189,11 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
                             history=run_ranges(pooled),
                             base_levels=low_levels(pooled, options.low_quantile, pl.col("rank") // RANK_STRIDE))
     structure, divergence, calls, varies = compare_rest(b, c, names, options)
-    levels = step_levels(units, options.low_quantile)
-    verdict, step_p = step_verdict(levels, units["step_ns"], c.units["step_ns"], options)
+    speed = _speed_adjusted(probed_all, c.probed)
+    step_b_units, step_c_units = (units, c.units) if speed is None else (speed["base"], speed["cand"])
+    levels = step_levels(step_b_units, options.low_quantile if speed is None else ADJUSTED_QUANTILE)
+    verdict, step_p = step_verdict(levels, step_b_units["step_ns"], step_c_units["step_ns"], options,
+                                   adjusted=speed is not None)
     counts = timing["verdict"].value_counts()
     by_verdict = dict(zip(counts["verdict"].to_list(), counts["count"].to_list(), strict=True))
     step_ratio = (step_c / step_b) if step_b and step_c is not None else None
@@ -165,5 +219,11 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "history_run_step_ns": per_run,
         "history_step_level_low_ns": min(levels) if levels else None,
         "history_step_level_high_ns": max(levels) if levels else None,
+        # the speed probe (modtrace.analysis.diff.speed): whether the step verdict judged adjusted step times
+        "step_adjusted": speed is not None,
+        "speed_reference_ns": None if speed is None else speed["reference"],
+        "cand_speed_ratio": None if speed is None else speed["cand_speed"],
+        "adjusted_step_ratio": None if speed is None else speed["ratio"],
+        "speed_note": _speed_note(probed_all, c.probed) if speed is None else None,
     }
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)

@@ -35,6 +35,7 @@ from modtrace.analysis.diff.samples import (
     step_units,
     with_mkey,
 )
+from modtrace.analysis.diff.speed import probed_units
 from modtrace.analysis.diff.stats import min_p_value, two_sample_p
 from modtrace.analysis.diff.structure import calls_per_step, compare_structure, placement
 from modtrace.analysis.diff.verdicts import compare_timing
@@ -46,6 +47,7 @@ class _Side:
     samples: pl.DataFrame  # filled samples with shares
     placed: pl.DataFrame  # mkey, device, stream
     sequence: pl.DataFrame  # call_sequences
+    probed: pl.DataFrame | None = None  # units with probe_ns (speed.probed_units), when the run took probes
 
 
 def _prepare(run: RunCalls, lookup: pl.DataFrame, names: pl.DataFrame, options: DiffOptions) -> _Side:
@@ -57,6 +59,7 @@ def _prepare(run: RunCalls, lookup: pl.DataFrame, names: pl.DataFrame, options: 
         samples=samples,
         placed=placement(compared, run.devices, options.phases),
         sequence=call_sequences(compared, options.phases),
+        probed=None if run.speeds is None else probed_units(compared, units, run.speeds),
     )
 
 

@@ -137,12 +137,14 @@ def compare_timing(
     )
     frame = frame.with_columns(_noise_p(frame, "self"), _noise_p(frame, "incl"))
     if history is None:
-        frame = frame.with_columns(*(pl.lit(None, dtype=pl.Float64).alias(c) for c in _HISTORY_COLUMNS))
+        frame = frame.with_columns(*(pl.lit(None, dtype=pl.Float64).alias(c) for c in _HISTORY_COLUMNS),
+                                   pl.lit(None, dtype=pl.List(pl.Float64)).alias("self_history_ns"))
     else:
         frame = frame.join(history, on="key", how="left").with_columns(
             *(pl.col(f"{m}_{b}").cast(pl.Float64).alias(f"{m}_history_{b}_ns") for m in ("self", "incl")
               for b in ("low", "high")),
             *((pl.col(f"self_share_{b}") / PPB).alias(f"self_share_history_{b}") for b in ("low", "high")),
+            pl.col("self_runs").alias("self_history_ns"),
         )
     quantile = options.low_quantile
     levels = compare_levels(low_levels(base, quantile) if base_levels is None else base_levels,
@@ -183,7 +185,7 @@ def compare_timing(
     )
 
 
-_HISTORY_COLUMNS = tuple(c for c in TIMING_COLUMNS if "_history_" in c)
+_HISTORY_COLUMNS = tuple(c for c in TIMING_COLUMNS if "_history_" in c and c != "self_history_ns")
 
 
 def low_levels(samples: pl.DataFrame, quantile: float, run: pl.Expr | None = None) -> pl.DataFrame:

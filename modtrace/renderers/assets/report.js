@@ -616,9 +616,10 @@
   // One small inline SVG per blamed module: a point per run (the baseline's runs, oldest first,
   // then the candidate), so one base run draws two points and a history of N runs N + 1.
   function drawTrends(trend, box) {
-    box.appendChild(el("h3", { text: "Blamed modules across the runs" }));
-    box.appendChild(el("p", { cls: "note", text: "Self time per step (median over the compared steps) in each baseline run, " +
-      "oldest first, then the candidate (red); hover a point for its run and value." }));
+    box.appendChild(el("h3", { text: "What was blamed, across the runs" }));
+    box.appendChild(el("p", { cls: "note", text: "Self time per step (median over the compared steps; for a step-wide " +
+      "regression, the step time) in each baseline run, oldest first, then the candidate (red); hover a point for its " +
+      "run and value." }));
     var grid = el("div", { cls: "trends" });
     var W = 240, H = 96, L = 8, R = 8, T = 18, B = 20;
     trend.series.forEach(function (s) {

@@ -1,0 +1,56 @@
+"""Step times on a common machine speed: each step divided by the speed probe taken before it.
+
+A run recorded with the speed probe (``modtrace.recording.speed_probe``) timed
+the same fixed work just before each recorded step.  On a shared runner the
+machine's speed changes from minute to minute, and the step and the probe
+before it slow down together; the ratio of the two does not.  So a history
+gate compares *adjusted* step times: step_ns * reference / probe_ns, where
+the reference is the history's median probe, so the numbers stay in
+nanoseconds (the step time "at the history's usual speed").
+
+A step is adjusted by the probe taken in the gap before it: the latest probe
+on its rank taken before the step's first call (by event seq: the probe notes
+the seq the next event took), and not already
+taken by the step before (a step with no probe of its own, as when steps are
+re-cut into root calls, has none).  The step verdict uses adjusted times only
+when every compared step of every run has one; otherwise it says why not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+
+def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFrame | None) -> pl.DataFrame:
+    """Step units (rank, step, step_ns) with ``probe_ns``: the probe taken in the gap before each
+    step (null where none was), from the compared calls' first seq (span_id) per step and ``speeds``."""
+    if speeds is None or speeds.height == 0 or units.height == 0:
+        return units.with_columns(pl.lit(None, pl.Int64).alias("probe_ns"))
+    starts = compared.group_by("rank", "step").agg(pl.col("span_id").min().cast(pl.Int64).alias("_start")).with_columns(
+        pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32))
+    probes = speeds.select(pl.col("rank").cast(pl.Int32), pl.col("seq").alias("_probe_seq"), "probe_ns").sort("_probe_seq")
+    timed = units.join(starts, on=["rank", "step"], how="left").sort("_start")
+    matched = timed.join_asof(probes, left_on="_start", right_on="_probe_seq", by="rank", strategy="backward",
+                              check_sortedness=False)  # both sorted on the key; by rank within it
+    # a probe matched by the step before too is that step's, not this one's
+    taken = pl.col("_probe_seq").shift(1).over("rank", order_by="_start")
+    own = pl.col("_probe_seq").is_not_null() & (taken.is_null() | (taken != pl.col("_probe_seq")))
+    return (matched.with_columns(pl.when(own).then(pl.col("probe_ns")).otherwise(None).alias("probe_ns"))
+            .drop("_start", "_probe_seq").sort("rank", "step"))
+
+
+def unprobed(sides: Sequence[pl.DataFrame]) -> int:
+    """How many runs (``probed_units`` frames) have a compared step without its own probe."""
+    return sum(1 for units in sides if units.height == 0 or units["probe_ns"].null_count() > 0)
+
+
+def reference_probe(history: Sequence[pl.DataFrame]) -> float:
+    """The history's median probe: the speed adjusted step times are expressed at."""
+    return float(pl.concat([u.select("probe_ns") for u in history])["probe_ns"].median())  # type: ignore[arg-type]
+
+
+def adjusted(units: pl.DataFrame, reference: float) -> pl.DataFrame:
+    """``probed_units`` with ``step_ns`` replaced by step_ns * reference / probe_ns."""
+    return units.with_columns((pl.col("step_ns") * reference / pl.col("probe_ns")).round(0).cast(pl.Int64).alias("step_ns"))

@@ -1,0 +1,65 @@
+"""A speed probe between steps: the machine's speed, measured with the steps it ran.
+
+On a shared runner the same code runs at different speeds from one minute to
+the next (a neighbour's load, the CPU's clock): whole runs of unchanged code
+were measured 1.8x apart, more than the step-wide change a CI gate must find
+(docs/performance.md, "Regression gate").  Calibrating once per run does not
+remove it, since the speed changes within a run.  So, when asked
+(``Recorder(speed_probe=True)``, ``modtrace record --speed-probe``), the
+recorder times a fixed piece of work before each recorded step: the same
+small matmuls on the same tensors every time, in the program's own process
+and threads, outside every module call (it is not in any step's time).  A
+history gate divides each step's time by the probe taken just before it
+(``modtrace.analysis.diff.speed``), so a step that is slower only because the
+machine was is not a regression.
+
+The work is about what a small model's step is made of (dispatching small
+CPU ops); it costs about 0.5 ms per step on the machines measured.  Its rows
+are (step, seq, ts_ns, probe_ns): the step it precedes, the seq the next event
+will take (so the probe lies between events seq - 1 and seq), when it started on
+the events' clock, and how long it took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+PROBE_BATCH = 32  # rows of the probe's input
+PROBE_WIDTH = 128  # its features, and the square weight's size
+PROBE_PARTS = 5  # timed parts of a probe
+PART_REPS = 4  # matmul + tanh pairs per part
+
+ProbeRow = tuple[int, int, int, int]  # (step, seq, ts_ns, probe_ns)
+
+
+class SpeedProbe:
+    """Times ``PROBE_PARTS`` parts of ``PART_REPS`` matmuls of a (``PROBE_BATCH``,
+    ``PROBE_WIDTH``) input by a square weight, each followed by tanh, on ``now`` (the events'
+    clock, nanoseconds).  A probe's time is ``PROBE_PARTS`` times the median part's: an
+    interrupt (the scheduler giving another process a few milliseconds) lands in one part and
+    is left out, as a step's median leaves out the steps it lands in."""
+
+    def __init__(self, now: Callable[[], int]) -> None:
+        import torch
+
+        self._now = now
+        gen = torch.Generator().manual_seed(0)
+        self._x = torch.randn(PROBE_BATCH, PROBE_WIDTH, generator=gen)
+        # scaled so that tanh stays off its flat ends and every rep does the same work
+        self._w = torch.randn(PROBE_WIDTH, PROBE_WIDTH, generator=gen) / PROBE_WIDTH ** 0.5
+        self.rows: list[ProbeRow] = []
+
+    def take(self, step: int, seq: int) -> None:
+        """Time the probe once, before step ``step`` whose next event takes ``seq``."""
+        import torch
+
+        now = self._now
+        with torch.no_grad():
+            y, w = self._x, self._w
+            marks = [now()]
+            for _ in range(PROBE_PARTS):
+                for _ in range(PART_REPS):
+                    y = torch.tanh(y @ w)
+                marks.append(now())
+        parts = sorted(b - a for a, b in zip(marks, marks[1:], strict=False))
+        self.rows.append((step, seq, marks[0], PROBE_PARTS * parts[len(parts) // 2]))
