@@ -28,6 +28,7 @@ from modtrace.store.counters import write_counters
 from modtrace.store.engine import open_store, read_revision
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.schema import HEAD, run_ranks, runs
+from modtrace.store.speeds import write_speeds
 from modtrace.store.writer import EVENT_COLUMNS, RankWriter
 
 FROZEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "frozen"
@@ -157,6 +158,9 @@ def make(path: Path) -> None:
             calls, ranges = _counters(events)
             write_counters(store, run_a, rank, [(run_a, rank, *c) for c in calls],
                            [(run_a, rank, *r) for r in ranges])
+            # the speed probe before each step (revision 0017's step_speeds): (step, seq, ts_ns, probe_ns)
+            firsts = sorted({e[6]: e for e in reversed(events)}.values(), key=lambda e: e[0])
+            write_speeds(store, run_a, rank, [(e[6], e[0], e[1] - 500, 400 + rank) for e in firsts])
             finish_rank(store, run_a, rank, "completed", faults={"recorded_steps": "0-1", "step_count": 3})
         # spans and nesting issues of the completed run (revision 0002's tables)
         from modtrace.results.materialize import materialize

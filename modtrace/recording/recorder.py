@@ -91,8 +91,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
     CPU work before each recorded step (about 0.5 ms), so that a history gate
     can tell a slower step from a slower machine
     (``modtrace.recording.speed_probe``); it needs step boundaries
-    (optimizer steps or ``rec.step()``), and with ``writer="auto"`` it writes
-    from this process at step boundaries (``inline``), not beside the steps.
+    (optimizer steps or ``rec.step()``).
     """
 
     def __init__(
@@ -140,12 +139,6 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
         if writer == "auto" and usable_cpus() < 2:
             writer = "inline"  # a writer process could only take turns with the program
-        elif writer == "auto" and speed_probe:
-            # A gate run, timed to be compared: write at step boundaries, outside the steps.  A
-            # writer process working beside the steps slowed some of them by ~4 ms on a 2-core
-            # machine (a step of 2 ms became 6), which no probe before the step can see
-            # (docs/performance.md, "speed probe").
-            writer = "inline"
         env_rank, env_world = dist_rank_world()
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
@@ -261,6 +254,11 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
                 self._flush(take=True, retry=False, wait=False)
             except StoreError as exc:
                 self._write_failed(exc)
+            else:
+                # the step wrote its events: the flusher thread's timer starts again, so that it
+                # does not write in the middle of the next step (a stall of a few milliseconds
+                # charged to whichever module then runs)
+                self._last_handoff = time.monotonic()
             return
         proc = self._proc
         if proc is not None and proc.is_ready and self._flush_error is None and self._flush_lock.acquire(blocking=False):

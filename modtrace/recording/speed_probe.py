@@ -26,18 +26,17 @@ from collections.abc import Callable
 
 PROBE_BATCH = 32  # rows of the probe's input
 PROBE_WIDTH = 128  # its features, and the square weight's size
-PROBE_PARTS = 5  # timed parts of a probe
-PART_REPS = 4  # matmul + tanh pairs per part
+PROBE_REPS = 20  # matmul + tanh pairs per probe
 
 ProbeRow = tuple[int, int, int, int]  # (step, seq, ts_ns, probe_ns)
 
 
 class SpeedProbe:
-    """Times ``PROBE_PARTS`` parts of ``PART_REPS`` matmuls of a (``PROBE_BATCH``,
-    ``PROBE_WIDTH``) input by a square weight, each followed by tanh, on ``now`` (the events'
-    clock, nanoseconds).  A probe's time is ``PROBE_PARTS`` times the median part's: an
-    interrupt (the scheduler giving another process a few milliseconds) lands in one part and
-    is left out, as a step's median leaves out the steps it lands in."""
+    """Times ``PROBE_REPS`` matmuls of a (``PROBE_BATCH``, ``PROBE_WIDTH``) input by a square
+    weight, each followed by tanh, on ``now`` (the events' clock, nanoseconds), as one block:
+    the stalls a slow stretch of the machine brings (a neighbour's work, the hypervisor's) are
+    part of its speed, and a probe that left them out stopped following the steps
+    (docs/performance.md, "speed probe")."""
 
     def __init__(self, now: Callable[[], int]) -> None:
         import torch
@@ -53,13 +52,10 @@ class SpeedProbe:
         """Time the probe once, before step ``step`` whose next event takes ``seq``."""
         import torch
 
-        now = self._now
         with torch.no_grad():
             y, w = self._x, self._w
-            marks = [now()]
-            for _ in range(PROBE_PARTS):
-                for _ in range(PART_REPS):
-                    y = torch.tanh(y @ w)
-                marks.append(now())
-        parts = sorted(b - a for a, b in zip(marks, marks[1:], strict=False))
-        self.rows.append((step, seq, marks[0], PROBE_PARTS * parts[len(parts) // 2]))
+            t0 = self._now()
+            for _ in range(PROBE_REPS):
+                y = torch.tanh(y @ w)
+            t1 = self._now()
+        self.rows.append((step, seq, t0, t1 - t0))

@@ -347,7 +347,7 @@ def _takes(which: RunFilter, row: Mapping[str, Any]) -> bool:
 def run_details(store: Store, run_id: int) -> dict[str, Any]:
     """One run's metadata with status and counts (events, steps, ranks, modules, duration)."""
     from modtrace.core.codes import Status
-    from modtrace.store.schema import events, modules
+    from modtrace.store.schema import events, modules, step_speeds
 
     with store.engine.connect() as conn:
         row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
@@ -378,6 +378,7 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
         attributed = bool(compiled) and conn.execute(
             select(events.c.seq).where(events.c.run_id == run_id, events.c.status == int(Status.ATTRIBUTED)).limit(1)
         ).first() is not None
+        probes = conn.execute(select(step_speeds.c.probe_ns).where(step_speeds.c.run_id == run_id)).scalars().all()
     info["status"] = display_status(info["status"], [(r[1], r[2], r[3]) for r in rank_rows])
     info["tags"] = json.loads(info["tags"] or "{}")
     start, end = parse_iso(info["started_at"]), parse_iso(info["ended_at"])
@@ -390,6 +391,9 @@ def run_details(store: Store, run_id: int) -> dict[str, Any]:
     info["compiled_modules"] = list(compiled)
     # Whether the calls inside them were attributed from the compiled kernels (events of status attributed).
     info["compiled_attributed"] = attributed
+    # The speed probe (modtrace record --speed-probe): how many were taken, their median.
+    info["speed_probes"] = len(probes)
+    info["speed_probe_us"] = round(sorted(probes)[len(probes) // 2] / 1000, 3) if probes else None
     # Faults the recording got past, and what it could not record.
     info["reconnects"] = sum(int(r[6]) for r in rank_rows)
     info["dropped_events"] = sum(int(r[7]) for r in rank_rows)

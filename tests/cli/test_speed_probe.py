@@ -104,6 +104,9 @@ def test_record_speed_probe_from_the_command_line(tmp_path: Path, run_cli) -> No
     res = run_cli("record", "--db", db, "--quiet", "--speed-probe", "--run", "cli", str(script))
     assert res.code == 0, res.err
     assert [s for (s,) in _rows(db, "SELECT step FROM step_speeds ORDER BY step")] == [0, 1, 2, 3]
+    shown = json.loads(run_cli("show", "cli", "--db", db, "--format", "json").out)
+    probes = sorted(p for (p,) in _rows(db, "SELECT probe_ns FROM step_speeds"))
+    assert (shown["speed_probes"], shown["speed_probe_us"]) == (4, round(probes[2] / 1000, 3))
     assert "--speed-probe" in run_cli("record", "--help").out
 
 
@@ -201,11 +204,14 @@ def test_a_real_model_on_a_twice_slower_clock_is_not_a_regression(tmp_path: Path
     twice as fast (every duration it measures doubles, as on a machine half as fast), and a
     candidate whose blocks do three times the work runs on the real clock."""
     db = str(tmp_path / "real.db")
+    # Written at step boundaries: a writer process working beside these short steps (2 ms) stalls
+    # some of them by ~4 ms, and more than half the steps of a 12-step run at times.
+    probed: dict[str, Any] = {"speed_probe": True, "writer": "inline"}
     _train(db, "warm-up", 4)  # the process's first run is its slowest (lazy initialisation)
     for i in range(4):
-        _train(db, f"h{i}", STEPS, tags={"branch": "main"}, speed_probe=True)
-    _train(db, "aa", STEPS, tags={"branch": "pr"}, speed_probe=True, clock=lambda: 2 * time.perf_counter_ns())
-    _train(db, "slow3", STEPS, reps=18, tags={"branch": "pr"}, speed_probe=True)
+        _train(db, f"h{i}", STEPS, tags={"branch": "main"}, **probed)
+    _train(db, "aa", STEPS, tags={"branch": "pr"}, clock=lambda: 2 * time.perf_counter_ns(), **probed)
+    _train(db, "slow3", STEPS, reps=18, tags={"branch": "pr"}, **probed)
     code, doc = _diff(run_cli, db, "tag:branch=main", "aa")
     s = doc["summary"]
     assert (code, s["step_verdict"], s["step_adjusted"]) == (0, "unchanged", True), s

@@ -235,18 +235,23 @@ def _level_changed(metric: str, options: DiffOptions, direction: int, *, shares:
     """Slower (+1) or faster (-1) than the base run(s), on the levels of ``compare_levels``: the
     candidate's level differs from the base runs' median level by more than ``min_delta_ns``
     the same way, and, unless ``options.absolute`` (or not ``shares``), its level share lies
-    beyond every base run's by more than ``threshold`` and it grew (shrank) against the
-    typical module by more than ``share_threshold``.  With ``absolute`` the share is not
+    beyond every base run's by more than ``threshold`` (against a history, by more than the
+    spread of the base runs' shares, (highest - lowest) / median, when that is larger) and it
+    grew (shrank) against the typical module by more than ``share_threshold``.  With ``absolute`` the share is not
     judged: the level must differ by more than ``threshold`` too, and the Mann-Whitney test of
     the steps be significant (Holm)."""
     m = metric
     delta = (pl.col(f"_{m}_cand") - pl.col(f"_{m}_ref")) * direction
     moved = (delta > options.min_delta_ns).fill_null(False)
+    # Beyond the base runs' shares by ``threshold``, or by their own spread when that is wider:
+    # what varies from one base run to the next is noise (one base run: no spread, the threshold).
+    spread = (pl.col(f"_{m}_share_hi") - pl.col(f"_{m}_share_lo")) / pl.col(f"_{m}_share_mid")
+    margin = pl.max_horizontal(pl.lit(options.threshold), spread.fill_nan(0.0).fill_null(0.0))
     if direction > 0:
-        share = pl.col(f"_{m}_share_cand") > pl.col(f"_{m}_share_hi") * (1 + options.threshold)
+        share = pl.col(f"_{m}_share_cand") > pl.col(f"_{m}_share_hi") * (1 + margin)
         typical = pl.col(f"_{m}_vt") > 1 + options.share_threshold
     else:
-        share = pl.col(f"_{m}_share_cand") < pl.col(f"_{m}_share_lo") * (1 - options.threshold)
+        share = pl.col(f"_{m}_share_cand") < pl.col(f"_{m}_share_lo") * (1 - margin)
         typical = pl.col(f"_{m}_vt") < 1 / (1 + options.share_threshold)
     if options.absolute or not shares:
         significant = (pl.col(f"{m}_p_adjusted") < options.alpha).fill_null(False)
