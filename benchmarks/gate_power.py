@@ -1,6 +1,6 @@
 """Power and false alarms of ``modtrace diff`` as a CI regression gate, on real recordings.
 
-    .venv/bin/python benchmarks/gate_power.py [--pairs 30] [--steps 20] [--history 5] [--loads 0,1,2]
+    .venv/bin/python benchmarks/gate_power.py [--pairs 30] [--steps 20] [--history 5] [--loads 0,1,2] [--speed-probe]
 
 A small model (``--blocks`` blocks, each a Linear applied ``REPS`` times, so a
 block's cost is set in steps of 10%) is recorded in this process by
@@ -20,7 +20,9 @@ baseline runs.  A/A: any failure of ``--fail-on
 regression`` is a false alarm.  Block 1 slower: detected when block 1 is
 blamed (a regression).  Everything slower: detected when the gate fails
 (a step regression, or any module's).  Prints a table (rates, counts) and
-one JSON line; progress goes to stderr.  Sizes are arguments: on a shared
+one JSON line; progress goes to stderr.  With ``--speed-probe`` every run is
+recorded with the speed probe, and the history gate judges step times at the
+history's machine speed (``modtrace.analysis.diff.speed``).  Sizes are arguments: on a shared
 machine run a reduced version and say which.
 """
 

@@ -316,7 +316,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             tracker.start()
             self._begin_step(tracker, 0)
             if self.speed_probe:
-                self._probe = SpeedProbe(tracker.now)
+                self._probe = SpeedProbe(tracker.now, cpu=self._clock is None)
                 if self._action is StepAction.RECORD:
                     self._probe.take(0, tracker.next_seq)
             try:
@@ -412,8 +412,9 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         try:
             if self._counting is not None and self._flush_error is None:
                 self._write_counters(store)
-            # the probe taken after the last step went before no event: it is no step's
-            probes = [] if self._probe is None else [r for r in self._probe.rows if r[1] < tracker.next_seq]
+            # the last probe (after the last step boundary) precedes no step; it closes the last
+            # step's window of CPU time
+            probes = [] if self._probe is None else self._probe.rows
             if probes and self._flush_error is None:
                 call_retrying(lambda: write_speeds(store, self.run_id, self.rank, probes), self.retry_s)
             call_retrying(lambda: finish_rank(store, self.run_id, self.rank, status, error, faults),

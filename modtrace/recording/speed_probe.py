@@ -15,20 +15,27 @@ machine was is not a regression.
 
 The work is about what a small model's step is made of (dispatching small
 CPU ops); it costs about 0.5 ms per step on the machines measured.  Its rows
-are (step, seq, ts_ns, probe_ns): the step it precedes, the seq the next event
-will take (so the probe lies between events seq - 1 and seq), when it started on
-the events' clock, and how long it took.
+are (step, seq, ts_ns, probe_ns, cpu_ns, real_ns): the step it precedes, the seq
+the next event will take (so the probe lies between events seq - 1 and seq), when
+it started on the events' clock, how long it took, and this thread's CPU time and
+the host's clock at its start.  The probe is short and mostly runs whole; a step
+on a machine with more runnable processes than cores is preempted for part of its
+time, which no probe before it shows.  The thread's CPU time over the wall time
+from one probe to the next is the share of that window the program ran, and a
+step's time times that share is the time it computed (left out, None, when the
+events' clock is injected: the two clocks would not compare).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 PROBE_BATCH = 32  # rows of the probe's input
 PROBE_WIDTH = 128  # its features, and the square weight's size
 PROBE_REPS = 20  # matmul + tanh pairs per probe
 
-ProbeRow = tuple[int, int, int, int]  # (step, seq, ts_ns, probe_ns)
+ProbeRow = tuple[int, int, int, int, int | None, int | None]  # (step, seq, ts_ns, probe_ns, cpu_ns, real_ns)
 
 
 class SpeedProbe:
@@ -38,10 +45,11 @@ class SpeedProbe:
     part of its speed, and a probe that left them out stopped following the steps
     (docs/performance.md, "speed probe")."""
 
-    def __init__(self, now: Callable[[], int]) -> None:
+    def __init__(self, now: Callable[[], int], cpu: bool = True) -> None:
         import torch
 
         self._now = now
+        self._cpu = cpu
         gen = torch.Generator().manual_seed(0)
         self._x = torch.randn(PROBE_BATCH, PROBE_WIDTH, generator=gen)
         # scaled so that tanh stays off its flat ends and every rep does the same work
@@ -49,13 +57,15 @@ class SpeedProbe:
         self.rows: list[ProbeRow] = []
 
     def take(self, step: int, seq: int) -> None:
-        """Time the probe once, before step ``step`` whose next event takes ``seq``."""
+        """Time the probe once, before step ``step`` whose next event takes ``seq``; with ``cpu``,
+        note this thread's CPU time and the host's clock beside it."""
         import torch
 
+        cpu, real = (time.thread_time_ns(), time.perf_counter_ns()) if self._cpu else (None, None)
         with torch.no_grad():
             y, w = self._x, self._w
             t0 = self._now()
             for _ in range(PROBE_REPS):
                 y = torch.tanh(y @ w)
             t1 = self._now()
-        self.rows.append((step, seq, t0, t1 - t0))
+        self.rows.append((step, seq, t0, t1 - t0, cpu, real))

@@ -270,6 +270,8 @@ step_speeds = Table(
     Column("step", Integer, nullable=False, comment="The recorder's step number the probe was taken before (events.step of the step that followed)."),
     Column("seq", BigInteger, nullable=False, comment="events.seq the rank's next event took: the probe ran between event seq - 1 and event seq."),
     Column("probe_ns", BigInteger, nullable=False, comment="How long the probe's fixed work took (modtrace.recording.speed_probe): the machine's speed just before the step; larger is slower."),
+    Column("cpu_ns", BigInteger, nullable=True, comment="The recording thread's CPU time at the probe's start (time.thread_time_ns); NULL when the events' clock was injected."),
+    Column("real_ns", BigInteger, nullable=True, comment="The host's clock at the same moment (time.perf_counter_ns): from one probe to the next, the CPU time over this is the share of the time the program ran."),
     PrimaryKeyConstraint("run_id", "rank", "step", name="pk_step_speeds"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_step_speeds_run"),
     sqlite_with_rowid=False,

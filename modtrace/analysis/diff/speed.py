@@ -8,6 +8,14 @@ gate compares *adjusted* step times: step_ns * reference / probe_ns, where
 the reference is the history's median probe, so the numbers stay in
 nanoseconds (the step time "at the history's usual speed").
 
+On a machine with more runnable processes than cores the program is also
+preempted for part of each step, and the probe, short, mostly escapes that: so
+the probe is divided by the share of the CPU the program had from it to the next
+probe (its thread's CPU time over the host's time; measured: at one busy process
+beside the recorder on 2 cores, the step over the bare probe varied 7.1 to 13.3
+across unchanged runs, over the probe so divided 6.0 to 7.3, and 1.3x slower
+runs 7.7 to 9.9).
+
 A step is adjusted by the probe taken in the gap before it: the latest probe
 on its rank taken before the step's first call (by event seq: the probe notes
 the seq the next event took), and not already
@@ -23,22 +31,37 @@ from collections.abc import Sequence
 import polars as pl
 
 
+def window_shares(speeds: pl.DataFrame) -> pl.DataFrame:
+    """Probe rows -> with ``share``: from each probe to the rank's next, the recording thread's CPU
+    time over the host's time (the share of that window the program ran, at most 1); null for the
+    last probe and where the run noted no CPU time (an injected clock)."""
+    nxt = pl.col("cpu_ns").shift(-1).over("rank", order_by="seq"), pl.col("real_ns").shift(-1).over("rank", order_by="seq")
+    share = (nxt[0] - pl.col("cpu_ns")) / (nxt[1] - pl.col("real_ns"))
+    return speeds.with_columns(pl.when(share > 0).then(pl.min_horizontal(share, pl.lit(1.0))).alias("share"))
+
+
 def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFrame | None) -> pl.DataFrame:
     """Step units (rank, step, step_ns) with ``probe_ns``: the probe taken in the gap before each
-    step (null where none was), from the compared calls' first seq (span_id) per step and ``speeds``."""
+    step (null where none was), divided by the share of the CPU its window had
+    (``window_shares``; a window without one takes the run's median share, and a run without
+    any, 1): the probe time at the step's share of the machine.  From the compared calls' first
+    seq (span_id) per step and ``speeds``."""
     if speeds is None or speeds.height == 0 or units.height == 0:
         return units.with_columns(pl.lit(None, pl.Int64).alias("probe_ns"))
     starts = compared.group_by("rank", "step").agg(pl.col("span_id").min().cast(pl.Int64).alias("_start")).with_columns(
         pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32))
-    probes = speeds.select(pl.col("rank").cast(pl.Int32), pl.col("seq").alias("_probe_seq"), "probe_ns").sort("_probe_seq")
+    probes = window_shares(speeds).select(pl.col("rank").cast(pl.Int32), pl.col("seq").alias("_probe_seq"), "probe_ns",
+                                          "share").sort("_probe_seq")
     timed = units.join(starts, on=["rank", "step"], how="left").sort("_start")
     matched = timed.join_asof(probes, left_on="_start", right_on="_probe_seq", by="rank", strategy="backward",
                               check_sortedness=False)  # both sorted on the key; by rank within it
     # a probe matched by the step before too is that step's, not this one's
     taken = pl.col("_probe_seq").shift(1).over("rank", order_by="_start")
     own = pl.col("_probe_seq").is_not_null() & (taken.is_null() | (taken != pl.col("_probe_seq")))
-    return (matched.with_columns(pl.when(own).then(pl.col("probe_ns")).otherwise(None).alias("probe_ns"))
-            .drop("_start", "_probe_seq").sort("rank", "step"))
+    share = pl.col("share").fill_null(pl.col("share").median().over("rank")).fill_null(1.0)
+    return (matched.with_columns(pl.when(own).then((pl.col("probe_ns") / share).round(0).cast(pl.Int64))
+                                 .otherwise(None).alias("probe_ns"))
+            .drop("_start", "_probe_seq", "share").sort("rank", "step"))
 
 
 def unprobed(sides: Sequence[pl.DataFrame]) -> int:
