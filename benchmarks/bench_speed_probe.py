@@ -1,4 +1,4 @@
-"""What the speed probe costs, and why a gate run writes at step boundaries.
+"""What the speed probe costs a step, beside the recorder with either writer.
 
     .venv/bin/python benchmarks/bench_speed_probe.py [--repeats 10] [--steps 40]
 
@@ -11,8 +11,8 @@ process, interleaved repeats, medians:
   batches go to a writer process, working beside the steps);
 - ``recorder_inline``: ``Recorder(writer="inline")``, batches written by the program at
   step boundaries;
-- ``recorder_probe``: ``Recorder(speed_probe=True)``: the probe before each step, and
-  (its default) the inline writer.
+- ``recorder_probe``: ``Recorder(speed_probe=True)``: the probe before each step (the
+  writer as by default).
 
 Per candidate: the wall time per step as the loop sees it (the probe and the writes at the
 boundaries included), its ratio to ``bare``, and the spread of one run's step times (the
