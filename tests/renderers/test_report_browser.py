@@ -380,7 +380,7 @@ return {
 
 
 def test_trend_chart_draws_each_blamed_module_across_the_runs(browser: WebDriver, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
-    from tests.helpers.report import embedded, record_toy
+    from tests.helpers.report import record_toy
 
     db = str(tmp_path / "t.db")
     record_toy(db, "base", steps=8)

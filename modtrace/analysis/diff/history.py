@@ -31,6 +31,7 @@ newest base run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -121,7 +122,18 @@ def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, o
     return "unchanged", p
 
 
-def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame | None) -> dict[str, object] | None:
+@dataclass(frozen=True)
+class _Adjusted:
+    """The step units of the history and of the candidate at the history's machine speed."""
+
+    base: pl.DataFrame
+    cand: pl.DataFrame
+    reference: float  # the history's median probe (ns)
+    cand_speed: float  # the candidate's median probe over it
+    ratio: float | None  # the candidate's median adjusted step time over the history's
+
+
+def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame | None) -> _Adjusted | None:
     """The history's and the candidate's step units at the history's median probe speed, when
     every compared step of every run has its own probe; else None."""
     if cand is None or unprobed([*history, cand]):
@@ -131,11 +143,9 @@ def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame | None) -> d
     cand_adj = adjusted(cand, ref).drop("probe_ns")
     per_run = base.group_by(pl.col("rank") // RANK_STRIDE).agg(pl.col("step_ns").median())["step_ns"]
     mid, c = per_run.median(), cand_adj["step_ns"].median()
-    return {
-        "base": base, "cand": cand_adj, "reference": ref,
-        "cand_speed": float(cand["probe_ns"].median()) / ref,  # type: ignore[arg-type]
-        "ratio": float(c) / float(mid) if mid else None,  # type: ignore[arg-type]
-    }
+    return _Adjusted(base=base, cand=cand_adj, reference=ref,
+                     cand_speed=float(cand["probe_ns"].median()) / ref,  # type: ignore[arg-type]
+                     ratio=float(c) / float(mid) if mid else None)  # type: ignore[arg-type]
 
 
 def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame | None) -> str | None:
@@ -190,7 +200,7 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
                             base_levels=low_levels(pooled, options.low_quantile, pl.col("rank") // RANK_STRIDE))
     structure, divergence, calls, varies = compare_rest(b, c, names, options)
     speed = _speed_adjusted(probed_all, c.probed)
-    step_b_units, step_c_units = (units, c.units) if speed is None else (speed["base"], speed["cand"])
+    step_b_units, step_c_units = (units, c.units) if speed is None else (speed.base, speed.cand)
     levels = step_levels(step_b_units, options.low_quantile if speed is None else ADJUSTED_QUANTILE)
     verdict, step_p = step_verdict(levels, step_b_units["step_ns"], step_c_units["step_ns"], options,
                                    adjusted=speed is not None)
@@ -221,9 +231,9 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "history_step_level_high_ns": max(levels) if levels else None,
         # the speed probe (modtrace.analysis.diff.speed): whether the step verdict judged adjusted step times
         "step_adjusted": speed is not None,
-        "speed_reference_ns": None if speed is None else speed["reference"],
-        "cand_speed_ratio": None if speed is None else speed["cand_speed"],
-        "adjusted_step_ratio": None if speed is None else speed["ratio"],
+        "speed_reference_ns": None if speed is None else speed.reference,
+        "cand_speed_ratio": None if speed is None else speed.cand_speed,
+        "adjusted_step_ratio": None if speed is None else speed.ratio,
         "speed_note": _speed_note(probed_all, c.probed) if speed is None else None,
     }
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)
