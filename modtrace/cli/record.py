@@ -115,7 +115,7 @@ def check_run_name(name: str) -> str:
                    "recorded step of each step kind (first), on every recorded step, or never. Counting "
                    "routes every op of a counted step through Python; other steps cost nothing more.")
 @click.option("--speed-probe", is_flag=True,
-              help="Time a fixed piece of CPU work (about 0.5 ms) before each step, so that diff against a history "
+              help="Time a fixed piece of CPU work (about 0.6 ms) before each step, so that diff against a history "
                    "of runs recorded the same way judges step times at one machine speed: record the baseline "
                    "runs and the candidate of a CI gate with it on shared or loaded runners.")
 @click.argument("target_args", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")

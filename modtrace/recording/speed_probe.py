@@ -14,8 +14,8 @@ history gate divides each step's time by the probe taken just before it
 machine was is not a regression.
 
 The work is about what a small model's step is made of (dispatching small
-CPU ops); it costs about 0.5 ms per step on the machines measured.  Its rows
-are (step, seq, ts_ns, probe_ns, cpu_ns, real_ns): the step it precedes, the seq
+CPU ops); it costs about 0.6 ms per step on the machine measured
+(benchmarks/bench_speed_probe.py).  Its rows are (step, seq, ts_ns, probe_ns, cpu_ns, real_ns): the step it precedes, the seq
 the next event will take (so the probe lies between events seq - 1 and seq), when
 it started on the events' clock, how long it took, and this thread's CPU time and
 the host's clock at its start.  The probe is short and mostly runs whole; a step
