@@ -33,7 +33,9 @@ existing ones are not renamed or removed without bumping ``format``.
                   history_step_low_us, history_step_high_us (the range of
                   the base runs' median step times, shown),
                   history_step_level_low_us, history_step_level_high_us
-                  (the range of their level step times, judged),
+                  (the range of their level step times, judged; with
+                  step_adjusted, the medians of their step times at the
+                  history's machine speed),
                   step_adjusted (true: every run took the speed probe
                   before each step, and the step verdict judged step
                   times at the history's machine speed: step time *
