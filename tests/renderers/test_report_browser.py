@@ -412,15 +412,20 @@ def test_trend_chart_draws_each_blamed_module_across_the_runs(browser: WebDriver
     assert res.code == 0, res.err
     browser.navigate(history_page.as_uri())
     got = browser.execute(TREND_JS)
-    assert [(c["fqn"], c["phase"]) for c in got["charts"]] == [("Toy.body.2", "forward")]
-    dots = got["charts"][0]["dots"]
-    assert [d["run"] for d in dots] == [hostile, "main-2", "main-3", "slow"]
+    # the slower block slowed the whole step beyond the history's (identical) runs too: a
+    # step-wide regression, charted first
+    assert [(c["fqn"], c["phase"]) for c in got["charts"]] == [("step time", "whole step"), ("Toy.body.2", "forward")]
+    step_dots, dots = got["charts"][0]["dots"], got["charts"][1]["dots"]
+    assert [d["run"] for d in dots] == [d["run"] for d in step_dots] == [hostile, "main-2", "main-3", "slow"]
     assert browser.execute("return document.querySelectorAll('#diff-trend b').length;") == 0
     assert [d["role"] for d in dots] == ["trend-base"] * 3 + ["trend-cand"]
     assert [d["cx"] for d in dots] == sorted(d["cx"] for d in dots)
     assert min(dots, key=lambda d: d["cy"])["run"] == "slow"
     diff = json.loads(run_cli("diff", "tag:branch=main", "slow", "--db", db, "--format", "json").out)
+    assert diff["summary"]["step_verdict"] == "regression"
     row = next(r for r in diff["timing"] if r["fqn"] == "Toy.body.2" and r["phase"] == "forward")
     assert [d["us"] for d in dots] == [*reversed(row["self"]["history_us"]), row["self"]["cand_us"]]
+    assert [d["us"] for d in step_dots] == [*(h["step_us"] for h in reversed(diff["base"]["history"])),
+                                            diff["cand"]["step_us"]]
     errors = [e for e in browser.browser_log() if e.get("level") in ("SEVERE", "ERROR")]
     assert errors == [], errors
