@@ -40,12 +40,13 @@ def _device_run(db: str, run: str) -> None:
     rec.wait_analyzed()
 
 
-def _net_run(db: str, run: str, tags: dict[str, str]) -> None:
-    """Checkpoint recompute (its nesting issues), a stored analysis and tree."""
+def _net_run(db: str, run: str, tags: dict[str, str], speed_probe: bool = False) -> None:
+    """Checkpoint recompute (its nesting issues), a stored analysis and tree; with
+    ``speed_probe`` its step_speeds too."""
     torch.manual_seed(0)
     net = Net(blocks=2)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    with modtrace.Recorder(db=db, run=run, handle_sigterm=False, tags=tags) as rec:
+    with modtrace.Recorder(db=db, run=run, handle_sigterm=False, tags=tags, speed_probe=speed_probe) as rec:
         for _ in range(3):
             train_step(net, opt)
     rec.wait_analyzed()
@@ -78,7 +79,7 @@ def run_ids(db: str) -> dict[str, int]:
 @pytest.fixture
 def recorded(any_db: str) -> str:
     _device_run(any_db, "gpu")
-    _net_run(any_db, "ckpt", {"branch": "main", "seed": "1"})
+    _net_run(any_db, "ckpt", {"branch": "main", "seed": "1"}, speed_probe=True)
     _net_run(any_db, "keep", {"branch": "dev"})
     return any_db
 
@@ -92,7 +93,7 @@ def test_delete_leaves_no_orphan_row_and_other_runs_untouched(recorded: str, run
     # The two deleted runs between them have rows in every table keyed by run, so each is checked.
     assert {t for t, r in before if r in gone} == tables, tables - {t for t, r in before if r in gone}
     assert {"events", "span_rows", "span_device_rows", "device_events", "nesting_issues", "tree_nodes",
-            "root_calls", "modules", "threads", "devices", "run_ranks", "runs"} <= tables
+            "root_calls", "modules", "threads", "devices", "run_ranks", "runs", "step_speeds"} <= tables
 
     res = run_cli("delete", "gpu", "ckpt", "--db", db, "--yes")
     assert res.code == 0, res.err
