@@ -102,6 +102,14 @@ def clock(db: Database, run: RunLike, chosen: str | None) -> str:
     return db._clock(db._ref(run), chosen)
 
 
+def is_history(base: str) -> bool:
+    """Whether a base reference is a history (``tag:KEY=VALUE`` selectors, checked: a malformed
+    one is a ``UsageError``) rather than a run."""
+    from modtrace.api._diff import parse_selector
+
+    return parse_selector([base]) is not None
+
+
 def diff_clock(db: Database, base: RunLike, cand: RunLike, chosen: str | None) -> str:
     """The one clock both sides of a comparison are read on (``Database.diff``'s ``clock``)."""
     return db._diff_clock(base, cand, db, chosen)

@@ -367,9 +367,7 @@ def report(run: str, db: str | None, base: str | None, window: int, output: str,
     _check_output_file(output, db)
     with modtrace.api.open(db) as database:
         # --vs compares on one clock (as diff does); the run's own times are on it too.
-        from modtrace.api._diff import parse_selector
-
-        history = base is not None and parse_selector([base]) is not None
+        history = base is not None and _cli.is_history(base)
         # against a history, the run's own clock (diff then reads every base run on it)
         chosen = _cli.clock(database, run, clock) if base is None or history else _cli.diff_clock(database, base, run, clock)
         data = load_run(database, run, quiet=quiet)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -321,7 +321,7 @@ def verdict_line(doc: dict[str, Any]) -> str:
     return f"## {mark} modtrace diff: {counts[0]}{blamed}, {counts[1]}: {doc['cand']['run']} against {baseline_name(doc)}"
 
 
-def _history(doc: dict[str, Any]) -> list[dict[str, Any]] | None:
+def base_history(doc: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """The base runs of a history (two or more, newest first); None for one base run."""
     history = doc["base"].get("history")
     return history if history and len(history) > 1 else None
@@ -329,7 +329,7 @@ def _history(doc: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def baseline_name(doc: dict[str, Any]) -> str:
     """What the candidate was judged against, in a few words: the base run, or a history of runs."""
-    history = _history(doc)
+    history = base_history(doc)
     if history:
         chosen = f" ({doc['base']['selector']})" if doc["base"].get("selector") else ""
         return f"a history of {_count(len(history), 'run')}{chosen}"
@@ -338,7 +338,7 @@ def baseline_name(doc: dict[str, Any]) -> str:
 
 def baseline_lines(doc: dict[str, Any]) -> list[str]:
     """The baseline the verdict used: the base run, or each run of the history."""
-    history = _history(doc)
+    history = base_history(doc)
     if history:
         return [f"baseline: {baseline_name(doc)}, newest first: "
                 + ", ".join(f"{h['run']!r} (run {h['run_id']})" for h in history)]

@@ -21,7 +21,7 @@ from modtrace.core import contracts
 from modtrace.core.contracts import PHASES, is_attributed, source_of
 from modtrace.core.errors import UsageError
 from modtrace.renderers.base import Progress, Renderer
-from modtrace.renderers.diff import headline
+from modtrace.renderers.diff import base_history, headline
 from modtrace.renderers.notes import compiled_note
 from modtrace.renderers.tree import SOURCE_MARKS
 
@@ -215,8 +215,7 @@ def trend_data(doc: Mapping[str, Any], limit: int = TREND_MODULES) -> dict[str, 
     as the median step time of each run (``STEP_SERIES``).  Returns None when nothing was blamed.
     """
     blamed = [r for r in doc["timing"] if r["verdict"] == "regression"][:limit]
-    history = doc["base"].get("history") or []
-    history = list(history) if len(history) > 1 else []
+    history = base_history(doc) or []
     step_wide = doc.get("summary", {}).get("step_verdict") == "regression" and bool(history)
     if not blamed and not step_wide:
         return None

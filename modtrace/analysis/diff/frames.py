@@ -161,8 +161,8 @@ class RunCalls:
     calls: pl.DataFrame
     modules: pl.DataFrame  # rank, module_id, fqn (events.MODULE_SCHEMA; other columns ignored)
     devices: pl.DataFrame  # rank, device_id, name (events.DEVICE_SCHEMA)
-    # The speed probe's rows (rank, step, ts_ns, probe_ns: store.speeds.SPEED_COLUMNS) on the
-    # calls' clock; None when the run took none or the calls are on another clock.
+    # The speed probe's rows (store.speeds.SPEED_COLUMNS) on the calls' clock; None when the
+    # run took none or the calls are on another clock (device).
     speeds: pl.DataFrame | None = None
 
 

@@ -83,7 +83,7 @@ def step_levels(units: pl.DataFrame, quantile: float) -> list[float]:
 
 
 def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, options: DiffOptions,
-                 adjusted: bool = False) -> tuple[str, float | None]:
+                 at_speed: bool = False) -> tuple[str, float | None]:
     """(verdict of the candidate's step time against the base runs', its p).
 
     ``history`` holds each base run's level (``step_levels``).  The candidate's level changed
@@ -94,7 +94,7 @@ def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, o
     recorded on a quiet machine (a narrow range) so catches a small step-wide change, and one
     whose runs differ as much as load makes them does not cry wolf.
 
-    ``adjusted``: the step times are at the history's machine speed (``speed``), the levels
+    ``at_speed``: the step times are at the history's machine speed (``speed``), the levels
     their medians (``ADJUSTED_QUANTILE``).  Those hold far stiller from run to run than raw
     times, and the margin beyond the range is the larger of ``threshold`` and the range's width
     relative to its median, not both: above high * (1 + max(threshold, (high - low) / median))
@@ -103,13 +103,13 @@ def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, o
     p = two_sample_p(pooled, cand)
     if not history or cand.len() == 0 or p is None or p >= options.alpha:
         return "unchanged", p
-    quantile = ADJUSTED_QUANTILE if adjusted else options.low_quantile
+    quantile = ADJUSTED_QUANTILE if at_speed else options.low_quantile
     c = step_levels(pl.DataFrame({"rank": pl.zeros(cand.len(), pl.Int64, eager=True), "step_ns": cand}), quantile)[0]
     low, high = min(history), max(history)
     mid = float(pl.Series(history).median())  # type: ignore[arg-type]
     if low <= 0:
         return "unchanged", p
-    if adjusted:
+    if at_speed:
         margin = max(options.threshold, (high - low) / mid)
         above, below = high * (1 + margin), low * (1 - margin)
     else:
@@ -130,27 +130,21 @@ class _Adjusted:
     cand: pl.DataFrame
     reference: float  # the history's median probe (ns)
     cand_speed: float  # the candidate's median probe over it
-    ratio: float | None  # the candidate's median adjusted step time over the history's
 
 
-def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame | None) -> _Adjusted | None:
+def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame) -> _Adjusted | None:
     """The history's and the candidate's step units at the history's median probe speed, when
     every compared step of every run has its own probe; else None."""
-    if cand is None or unprobed([*history, cand]):
+    if unprobed([*history, cand]):
         return None
     ref = reference_probe(history)
-    base = adjusted(pl.concat(history), ref).drop("probe_ns")
-    cand_adj = adjusted(cand, ref).drop("probe_ns")
-    per_run = base.group_by(pl.col("rank") // RANK_STRIDE).agg(pl.col("step_ns").median())["step_ns"]
-    mid, c = per_run.median(), cand_adj["step_ns"].median()
-    return _Adjusted(base=base, cand=cand_adj, reference=ref,
-                     cand_speed=float(cand["probe_ns"].median()) / ref,  # type: ignore[arg-type]
-                     ratio=float(c) / float(mid) if mid else None)  # type: ignore[arg-type]
+    return _Adjusted(base=adjusted(pl.concat(history), ref).drop("probe_ns"), cand=adjusted(cand, ref).drop("probe_ns"),
+                     reference=ref, cand_speed=float(cand["probe_ns"].median()) / ref)  # type: ignore[arg-type]
 
 
-def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame | None) -> str | None:
+def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame) -> str | None:
     """Why the step times were not adjusted though some run took speed probes; None when no run took any."""
-    sides = [*history, cand if cand is not None else pl.DataFrame({"probe_ns": []}, schema={"probe_ns": pl.Int64})]
+    sides = [*history, cand]
     if all(s["probe_ns"].null_count() == s.height for s in sides):
         return None
     missing = unprobed(sides)
@@ -189,7 +183,7 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
     pooled = fill_steps(pl.concat(raw_all), units)
     b = _Side(units=units, samples=pooled, placed=placement(newest, bases[0].devices, options.phases),
               sequence=call_sequences(newest, options.phases))
-    c = _prepare(cand, lookup_c, names, options)
+    c = _prepare(cand, lookup_c, names, options, probed=True)
     per_run = [float(m) for m in units.group_by(pl.col("rank") // RANK_STRIDE, maintain_order=True).agg(
         pl.col("step_ns").median())["step_ns"].to_list() if m is not None]
     n_b, n_c = units.height, c.units.height
@@ -199,11 +193,15 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
                             history=run_ranges(pooled),
                             base_levels=low_levels(pooled, options.low_quantile, pl.col("rank") // RANK_STRIDE))
     structure, divergence, calls, varies = compare_rest(b, c, names, options)
+    assert c.probed is not None
     speed = _speed_adjusted(probed_all, c.probed)
     step_b_units, step_c_units = (units, c.units) if speed is None else (speed.base, speed.cand)
     levels = step_levels(step_b_units, options.low_quantile if speed is None else ADJUSTED_QUANTILE)
     verdict, step_p = step_verdict(levels, step_b_units["step_ns"], step_c_units["step_ns"], options,
-                                   adjusted=speed is not None)
+                                   at_speed=speed is not None)
+    # the candidate's median step time at the history's speed over the median of the runs' medians (levels)
+    adjusted_ratio = (float(speed.cand["step_ns"].median()) / float(pl.Series(levels).median())  # type: ignore[arg-type]
+                      if speed is not None and levels else None)
     counts = timing["verdict"].value_counts()
     by_verdict = dict(zip(counts["verdict"].to_list(), counts["count"].to_list(), strict=True))
     step_ratio = (step_c / step_b) if step_b and step_c is not None else None
@@ -233,7 +231,7 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "step_adjusted": speed is not None,
         "speed_reference_ns": None if speed is None else speed.reference,
         "cand_speed_ratio": None if speed is None else speed.cand_speed,
-        "adjusted_step_ratio": None if speed is None else speed.ratio,
+        "adjusted_step_ratio": adjusted_ratio,
         "speed_note": _speed_note(probed_all, c.probed) if speed is None else None,
     }
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)

@@ -47,10 +47,13 @@ class _Side:
     samples: pl.DataFrame  # filled samples with shares
     placed: pl.DataFrame  # mkey, device, stream
     sequence: pl.DataFrame  # call_sequences
-    probed: pl.DataFrame | None = None  # units with probe_ns (speed.probed_units), when the run took probes
+    probed: pl.DataFrame | None = None  # units with probe_ns (speed.probed_units), when asked for
 
 
-def _prepare(run: RunCalls, lookup: pl.DataFrame, names: pl.DataFrame, options: DiffOptions) -> _Side:
+def _prepare(run: RunCalls, lookup: pl.DataFrame, names: pl.DataFrame, options: DiffOptions,
+             probed: bool = False) -> _Side:
+    """One side's compared steps, samples, placement and call sequence; with ``probed`` (a
+    history's candidate, whose step verdict may use them) its units with their probes too."""
     compared = with_mkey(compared_calls(run.calls, options.skip_steps), lookup, names)
     units = step_units(compared)
     samples = fill_steps(compared_samples(compared, options.phases), units)
@@ -59,7 +62,7 @@ def _prepare(run: RunCalls, lookup: pl.DataFrame, names: pl.DataFrame, options: 
         samples=samples,
         placed=placement(compared, run.devices, options.phases),
         sequence=call_sequences(compared, options.phases),
-        probed=None if run.speeds is None else probed_units(compared, units, run.speeds),
+        probed=probed_units(compared, units, run.speeds) if probed else None,
     )
 
 
