@@ -116,7 +116,7 @@ def headline(doc: dict[str, Any]) -> list[str]:
             f"probe time {fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
             f"{fmt_ratio(s['adjusted_step_ratio'])}")
         ratio = s["adjusted_step_ratio"]
-    elif s.get("speed_note"):
+    if s.get("speed_note"):
         lines.append(f"note: {s['speed_note']}")
     if verdict in ("regression", "improvement") and s.get("step_adjusted"):
         lines.append(

@@ -46,6 +46,7 @@ existing ones are not renamed or removed without bumping ``format``.
                   its machine was slower), speed_reference_us (the
                   history's median probe), speed_note (why step times
                   were not adjusted though some run took probes, or
+                  why no probe was divided by its CPU share; else
                   null),
                   order_varies (a run's call order varies
                   from step to step: order not compared), failed (bool, per

@@ -47,7 +47,14 @@ from modtrace.analysis.diff.samples import (
     step_units,
     with_mkey,
 )
-from modtrace.analysis.diff.speed import adjusted, probed_units, reference_probe, unprobed
+from modtrace.analysis.diff.speed import (
+    adjusted,
+    at_shares,
+    probed_units,
+    reference_probe,
+    unprobed,
+    unshared,
+)
 from modtrace.analysis.diff.stats import min_p_value, two_sample_p
 from modtrace.analysis.diff.structure import placement
 from modtrace.analysis.diff.verdicts import compare_timing, low_levels
@@ -137,14 +144,21 @@ def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame) -> _Adjuste
     every compared step of every run has its own probe; else None."""
     if unprobed([*history, cand]):
         return None
+    *history, cand = at_shares([*history, cand])
     ref = reference_probe(history)
     return _Adjusted(base=adjusted(pl.concat(history), ref).drop("probe_ns"), cand=adjusted(cand, ref).drop("probe_ns"),
                      reference=ref, cand_speed=float(cand["probe_ns"].median()) / ref)  # type: ignore[arg-type]
 
 
-def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame) -> str | None:
-    """Why the step times were not adjusted though some run took speed probes; None when no run took any."""
+def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame, adjusted: bool) -> str | None:
+    """Why the step times were not adjusted though some run took speed probes, or why the probes
+    were not divided by the CPU's share; None when no run took any, or every one was."""
     sides = [*history, cand]
+    if adjusted:
+        missing = unshared(sides)
+        return None if not missing else (
+            f"probes not divided by the program's share of the CPU: {missing} of {len(sides)} runs noted none "
+            "(recorded on an injected clock), so no run's was")
     if all(s["probe_ns"].null_count() == s.height for s in sides):
         return None
     missing = unprobed(sides)
@@ -232,6 +246,6 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "speed_reference_ns": None if speed is None else speed.reference,
         "cand_speed_ratio": None if speed is None else speed.cand_speed,
         "adjusted_step_ratio": adjusted_ratio,
-        "speed_note": _speed_note(probed_all, c.probed) if speed is None else None,
+        "speed_note": _speed_note(probed_all, c.probed, adjusted=speed is not None),
     }
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)

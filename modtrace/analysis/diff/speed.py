@@ -16,6 +16,12 @@ beside the recorder on 2 cores, the step over the bare probe varied 7.1 to 13.3
 across unchanged runs, over the probe so divided 6.0 to 7.3, and 1.3x slower
 runs 7.7 to 9.9).
 
+Every run of one comparison is put at speed the same way: the probes are
+divided by their CPU shares only when every run noted them (a run recorded on
+an injected clock has none), else none is (``at_shares``): a run whose probe
+was divided beside one whose probe was not would differ by the machine's load
+alone.
+
 A step is adjusted by the probe taken in the gap before it: the latest probe
 on its rank taken before the step's first call (by event seq: the probe notes
 the seq the next event took), and not already
@@ -41,13 +47,12 @@ def window_shares(speeds: pl.DataFrame) -> pl.DataFrame:
 
 
 def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFrame | None) -> pl.DataFrame:
-    """Step units (rank, step, step_ns) with ``probe_ns``: the probe taken in the gap before each
-    step (null where none was), divided by the share of the CPU its window had
-    (``window_shares``; a window without one takes the run's median share, and a run without
-    any, 1): the probe time at the step's share of the machine.  From the compared calls' first
-    seq (span_id) per step and ``speeds``."""
+    """Step units (rank, step, step_ns) with ``probe_ns``, the probe taken in the gap before each
+    step (null where none was), and ``share``, the share of the CPU its window had
+    (``window_shares``; a window without one takes the run's median share; null where the run
+    noted no CPU time).  From the compared calls' first seq (span_id) per step and ``speeds``."""
     if speeds is None or speeds.height == 0 or units.height == 0:
-        return units.with_columns(pl.lit(None, pl.Int64).alias("probe_ns"))
+        return units.with_columns(pl.lit(None, pl.Int64).alias("probe_ns"), pl.lit(None, pl.Float64).alias("share"))
     starts = compared.group_by("rank", "step").agg(pl.col("span_id").min().cast(pl.Int64).alias("_start")).with_columns(
         pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32))
     probes = window_shares(speeds).select(pl.col("rank").cast(pl.Int32), pl.col("seq").alias("_probe_seq"), "probe_ns",
@@ -58,15 +63,27 @@ def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFra
     # a probe matched by the step before too is that step's, not this one's
     taken = pl.col("_probe_seq").shift(1).over("rank", order_by="_start")
     own = pl.col("_probe_seq").is_not_null() & (taken.is_null() | (taken != pl.col("_probe_seq")))
-    share = pl.col("share").fill_null(pl.col("share").median().over("rank")).fill_null(1.0)
-    return (matched.with_columns(pl.when(own).then((pl.col("probe_ns") / share).round(0).cast(pl.Int64))
-                                 .otherwise(None).alias("probe_ns"))
-            .drop("_start", "_probe_seq", "share").sort("rank", "step"))
+    return (matched.with_columns(pl.when(own).then(pl.col("probe_ns")).otherwise(None).alias("probe_ns"),
+                                 pl.col("share").fill_null(pl.col("share").median().over("rank")).cast(pl.Float64))
+            .drop("_start", "_probe_seq").sort("rank", "step"))
 
 
 def unprobed(sides: Sequence[pl.DataFrame]) -> int:
     """How many runs (``probed_units`` frames) have a compared step without its own probe."""
     return sum(1 for units in sides if units.height == 0 or units["probe_ns"].null_count() > 0)
+
+
+def unshared(sides: Sequence[pl.DataFrame]) -> int:
+    """How many runs (``probed_units`` frames) noted no CPU share for some probed step."""
+    return sum(1 for units in sides if units.filter(pl.col("probe_ns").is_not_null())["share"].null_count() > 0)
+
+
+def at_shares(sides: Sequence[pl.DataFrame]) -> list[pl.DataFrame]:
+    """Each run's probes at its steps' share of the machine (probe_ns / share), when every run
+    noted its shares; else the probes as timed, for every run alike."""
+    if unshared(sides):
+        return [u.drop("share") for u in sides]
+    return [u.with_columns((pl.col("probe_ns") / pl.col("share")).round(0).cast(pl.Int64)).drop("share") for u in sides]
 
 
 def reference_probe(history: Sequence[pl.DataFrame]) -> float:
