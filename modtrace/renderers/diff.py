@@ -111,8 +111,10 @@ def headline(doc: dict[str, Any]) -> list[str]:
                      "and phase on the first counted step of each kind, exact)")
     verdict = s.get("step_verdict")
     if s.get("step_adjusted"):
+        what = ("step times judged as the program's CPU time per step" if s.get("step_measure") == "cpu"
+                else "step times judged")
         lines.append(
-            f"step times judged at the history's machine speed (the speed probe before each step): the candidate's "
+            f"{what} at the history's machine speed (the speed probe before each step): the candidate's "
             f"probe time {fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
             f"{fmt_ratio(s['adjusted_step_ratio'])}")
         ratio = s["adjusted_step_ratio"]

@@ -40,6 +40,12 @@ existing ones are not renamed or removed without bumping ``format``.
                   before each step, and the step verdict judged step
                   times at the history's machine speed: step time *
                   speed_reference_us / the probe before it),
+                  step_measure (with step_adjusted, which step time:
+                  "cpu", the recording thread's CPU time from the
+                  step's probe to the next, less the probe, on a CPU
+                  program whose every run noted it; "wall", the step's
+                  own time, its probe divided by the program's share of
+                  the CPU; else null),
                   adjusted_step_ratio (cand/base median adjusted step
                   time; null when not adjusted), cand_speed_ratio (the
                   candidate's median probe / speed_reference_us: above 1,
@@ -219,6 +225,7 @@ def document(
         "history_step_level_high_us": _us(s.get("history_step_level_high_ns")),  # type: ignore[arg-type]
         "order_varies": bool(s.get("order_varies", False)),
         "step_adjusted": bool(s.get("step_adjusted", False)),
+        "step_measure": s.get("step_measure"),
         "adjusted_step_ratio": _round(s.get("adjusted_step_ratio"), 6),  # type: ignore[arg-type]
         "cand_speed_ratio": _round(s.get("cand_speed_ratio"), 6),  # type: ignore[arg-type]
         "speed_reference_us": _us(s.get("speed_reference_ns")),  # type: ignore[arg-type]

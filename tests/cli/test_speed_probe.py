@@ -291,3 +291,83 @@ def test_probes_are_divided_by_the_cpu_share_only_when_every_run_noted_it(tmp_pa
     s = doc["summary"]
     assert (s["step_adjusted"], s["speed_note"]) == (True, None)
     assert s["speed_reference_us"] * 1000 >= median(probes("h0", "h1", "h2")) - 1
+
+
+LONG = 100  # a block's reps for steps longer than the scheduler's slice
+
+
+def _window_work(db: str, name: str) -> list[float]:
+    """From the stored probe rows: each compared step's window of the thread's CPU time (probe to
+    next probe) less the run's median probe, over it (steps 1.. of ``STEPS``; step 0 is skipped)."""
+    rows = _rows(db, f"SELECT s.step, s.probe_ns, s.cpu_ns FROM step_speeds s JOIN runs r ON r.id = s.run_id "
+                     f"WHERE r.name = '{name}' ORDER BY s.step")
+    windows = [(c1 - c0, p) for (step, p, c0), (_, _, c1) in zip(rows, rows[1:], strict=False) if step >= 1]
+    probe = _median([p for _, p in windows])
+    return [max(cpu - probe, 0) / probe for cpu, _ in windows]
+
+
+def _pairs(db: str, name: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(cpu_ns, real_ns) at each probe and at the next, over the compared steps of run ``name``."""
+    rows = _rows(db, f"SELECT s.cpu_ns, s.real_ns FROM step_speeds s JOIN runs r ON r.id = s.run_id "
+                     f"WHERE r.name = '{name}' AND s.step >= 1 ORDER BY s.step")
+    return list(zip(rows, rows[1:], strict=False))
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move_it(  # type: ignore[no-untyped-def]
+        tmp_path: Path, run_cli) -> None:
+    """Real time on the host's clock.  The crowded candidate runs the same code on one CPU shared with
+    two busy processes, so it ran about a third of the time, and its steps (~15 ms, longer than
+    the scheduler's slice) took longer; the thread's CPU clock stops while it waits, and the gate
+    judges that.  A candidate whose blocks do 1.5x the work runs on a quiet machine."""
+    import os
+    import subprocess
+    import sys
+
+    db = str(tmp_path / "cpu.db")
+    probed: dict[str, Any] = {"speed_probe": True, "writer": "inline"}
+    threads, cpus = torch.get_num_threads(), os.sched_getaffinity(0)
+    torch.set_num_threads(1)
+    try:
+        _train(db, "warm-up", 4)
+        for i in range(3):
+            _train(db, f"h{i}", STEPS, reps=LONG, tags={"branch": "main"}, **probed)
+        one = {min(cpus)}
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            for p in busy:
+                os.sched_setaffinity(p.pid, one)
+            os.sched_setaffinity(0, one)
+            _train(db, "crowded", STEPS, reps=LONG, tags={"branch": "pr"}, **probed)
+        finally:
+            os.sched_setaffinity(0, cpus)
+            for p in busy:
+                p.kill()
+                p.wait()
+        _train(db, "slow15", STEPS, reps=LONG * 3 // 2, tags={"branch": "pr"}, **probed)
+    finally:
+        torch.set_num_threads(threads)
+    history = [w for name in ("h0", "h1", "h2") for w in _window_work(db, name)]
+    code, doc = _diff(run_cli, db, "tag:branch=main", "crowded")
+    s = doc["summary"]
+    assert (s["step_adjusted"], s["step_measure"], s["speed_note"]) == (True, "cpu", None), _step_keys(s)
+    # crowded: it ran well under half of each window (from the stored clocks), its steps slowed
+    shares = [(c1 - c0) / (r1 - r0) for (c0, r0), (c1, r1) in _pairs(db, "crowded")]
+    assert _median(shares) < 0.5 and s["step_ratio"] > 1.5, (shares, _step_keys(s))
+    assert (code, s["step_verdict"]) == (0, "unchanged"), _step_keys(s)
+    # the judged ratio, from the stored rows: the median work per probe over the history's runs' medians
+    runs = [_median(_window_work(db, name)) for name in ("h0", "h1", "h2")]
+    assert s["adjusted_step_ratio"] == pytest.approx(_median(_window_work(db, "crowded")) / _median(runs), rel=0.02)
+    assert 0.8 < s["adjusted_step_ratio"] < 1.2, _step_keys(s)
+    assert history and all(w > 0 for w in history)
+    code, doc = _diff(run_cli, db, "tag:branch=main", "slow15")
+    s = doc["summary"]
+    assert (code, s["step_verdict"], s["step_measure"]) == (1, "regression", "cpu"), _step_keys(s)
+    assert 1.25 < s["adjusted_step_ratio"] < 1.6, _step_keys(s)
+    out = " ".join(run_cli("diff", "--db", db, "tag:branch=main", "slow15").out.split())
+    assert "step times judged as the program's CPU time per step at the history's machine speed" in out

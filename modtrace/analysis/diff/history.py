@@ -19,7 +19,8 @@ with the few runs a CI keeps; no normal law assumed):
   and by ``threshold``, significantly; it fails ``--fail-on regression``
   even when no module's share moved (everything slowed alike beyond the
   history's spread).  When every run took the speed probe, the step times
-  are first put at the history's machine speed (``speed``), and the level is
+  are first put at the history's machine speed (``speed``: on a CPU program
+  the thread's CPU time per step, else the wall time), and the level is
   their median, beyond the range by its width or ``threshold``, the larger.
 
 Structure is compared against the pooled steps of the history (a module is
@@ -50,8 +51,10 @@ from modtrace.analysis.diff.samples import (
 from modtrace.analysis.diff.speed import (
     adjusted,
     at_shares,
+    cpu_at_speed,
     probed_units,
     reference_probe,
+    uncounted,
     unprobed,
     unshared,
 )
@@ -137,24 +140,42 @@ class _Adjusted:
     cand: pl.DataFrame
     reference: float  # the history's median probe (ns)
     cand_speed: float  # the candidate's median probe over it
+    measure: str  # "cpu": the thread's CPU time per step window; "wall": the steps' own times
 
 
-def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame) -> _Adjusted | None:
+def on_cpu(runs: Sequence[RunCalls]) -> bool:
+    """Whether every run ran on the CPU alone (no device's work, which the host thread's CPU clock
+    does not see)."""
+    return all(r.devices.height == 0 or bool(r.devices["name"].str.starts_with("cpu").all()) for r in runs)
+
+
+def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame, cpu: bool) -> _Adjusted | None:
     """The history's and the candidate's step units at the history's median probe speed, when
-    every compared step of every run has its own probe; else None."""
-    if unprobed([*history, cand]):
+    every compared step of every run has its own probe; else None.  With ``cpu`` (a CPU program)
+    and every step's window of CPU time noted, the steps' CPU times (``speed.cpu_at_speed``);
+    else their wall times (``speed.adjusted``)."""
+    sides = [*history, cand]
+    if unprobed(sides):
         return None
-    *history, cand = at_shares([*history, cand])
+    if cpu and not uncounted(sides):
+        ref = reference_probe(history)
+        return _Adjusted(base=cpu_at_speed(pl.concat(history), ref), cand=cpu_at_speed(cand, ref), reference=ref,
+                         cand_speed=float(cand["probe_ns"].median()) / ref, measure="cpu")  # type: ignore[arg-type]
+    *history, cand = at_shares(sides)
     ref = reference_probe(history)
     return _Adjusted(base=adjusted(pl.concat(history), ref).drop("probe_ns"), cand=adjusted(cand, ref).drop("probe_ns"),
-                     reference=ref, cand_speed=float(cand["probe_ns"].median()) / ref)  # type: ignore[arg-type]
+                     reference=ref, cand_speed=float(cand["probe_ns"].median()) / ref,  # type: ignore[arg-type]
+                     measure="wall")
 
 
-def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame, adjusted: bool) -> str | None:
+def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame, measure: str | None) -> str | None:
     """Why the step times were not adjusted though some run took speed probes, or why the probes
-    were not divided by the CPU's share; None when no run took any, or every one was."""
+    were not divided by the CPU's share; None when no run took any, or every one was, or the CPU
+    times were judged (``measure``: ``_Adjusted.measure``, None when not adjusted)."""
     sides = [*history, cand]
-    if adjusted:
+    if measure == "cpu":
+        return None
+    if measure == "wall":
         missing = unshared(sides)
         return None if not missing else (
             f"probes not divided by the program's share of the CPU: {missing} of {len(sides)} runs noted none "
@@ -208,7 +229,7 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
                             base_levels=low_levels(pooled, options.low_quantile, pl.col("rank") // RANK_STRIDE))
     structure, divergence, calls, varies = compare_rest(b, c, names, options)
     assert c.probed is not None
-    speed = _speed_adjusted(probed_all, c.probed)
+    speed = _speed_adjusted(probed_all, c.probed, cpu=on_cpu([*bases, cand]))
     step_b_units, step_c_units = (units, c.units) if speed is None else (speed.base, speed.cand)
     levels = step_levels(step_b_units, options.low_quantile if speed is None else ADJUSTED_QUANTILE)
     verdict, step_p = step_verdict(levels, step_b_units["step_ns"], step_c_units["step_ns"], options,
@@ -243,9 +264,11 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "history_step_level_high_ns": max(levels) if levels else None,
         # the speed probe (modtrace.analysis.diff.speed): whether the step verdict judged adjusted step times
         "step_adjusted": speed is not None,
+        # what the adjusted step time is: "cpu" (the thread's CPU time per step), "wall", None
+        "step_measure": None if speed is None else speed.measure,
         "speed_reference_ns": None if speed is None else speed.reference,
         "cand_speed_ratio": None if speed is None else speed.cand_speed,
         "adjusted_step_ratio": adjusted_ratio,
-        "speed_note": _speed_note(probed_all, c.probed, adjusted=speed is not None),
+        "speed_note": _speed_note(probed_all, c.probed, None if speed is None else speed.measure),
     }
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)

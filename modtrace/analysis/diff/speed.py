@@ -22,6 +22,19 @@ an injected clock has none), else none is (``at_shares``): a run whose probe
 was divided beside one whose probe was not would differ by the machine's load
 alone.
 
+On a CPU program whose every run noted its thread's CPU time, the history
+gate judges the CPU time itself instead (``cpu_at_speed``): from one probe to
+the next, the recording thread's CPU time, less the run's median probe, over
+that probe, times the reference.  A preempted thread's CPU clock stops while it
+waits, so the machine's load is not in it at all, where the share above only
+averages it over the window (a step that took the window's preemption and one
+that escaped it differ by a whole time slice, ~4 ms): on the same recordings
+the CPU times told every 1.3x slower candidate from every unchanged one at
+each load where the share-divided wall times did not (docs/performance.md,
+"Regression gate").  The window holds the loop's own code between steps (the optimizer, data) as a
+user's step does.  A device's work is not on the host thread's CPU clock, so
+runs with a device other than the CPU are judged on wall times as above.
+
 A step is adjusted by the probe taken in the gap before it: the latest probe
 on its rank taken before the step's first call (by event seq: the probe notes
 the seq the next event took), and not already
@@ -37,33 +50,38 @@ from collections.abc import Sequence
 import polars as pl
 
 
-def window_shares(speeds: pl.DataFrame) -> pl.DataFrame:
-    """Probe rows -> with ``share``: from each probe to the rank's next, the recording thread's CPU
-    time over the host's time (the share of that window the program ran, at most 1); null for the
-    last probe and where the run noted no CPU time (an injected clock)."""
+def probe_windows(speeds: pl.DataFrame) -> pl.DataFrame:
+    """Probe rows -> with, from each probe to the rank's next, ``window_cpu_ns``: the recording
+    thread's CPU time, and ``share``: that over the host's time (the share of the window the
+    program ran, at most 1); both null for the last probe and where the run noted no CPU time
+    (an injected clock)."""
     nxt = pl.col("cpu_ns").shift(-1).over("rank", order_by="seq"), pl.col("real_ns").shift(-1).over("rank", order_by="seq")
-    share = (nxt[0] - pl.col("cpu_ns")) / (nxt[1] - pl.col("real_ns"))
-    return speeds.with_columns(pl.when(share > 0).then(pl.min_horizontal(share, pl.lit(1.0))).alias("share"))
+    cpu = nxt[0] - pl.col("cpu_ns")
+    share = cpu / (nxt[1] - pl.col("real_ns"))
+    return speeds.with_columns(pl.when(cpu > 0).then(cpu).alias("window_cpu_ns"),
+                               pl.when(share > 0).then(pl.min_horizontal(share, pl.lit(1.0))).alias("share"))
 
 
 def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFrame | None) -> pl.DataFrame:
     """Step units (rank, step, step_ns) with ``probe_ns``, the probe taken in the gap before each
-    step (null where none was), and ``share``, the share of the CPU its window had
-    (``window_shares``; a window without one takes the run's median share; null where the run
+    step (null where none was), ``window_cpu_ns``, the thread's CPU time from it to the next probe
+    (null where that is not known), and ``share``, the share of the CPU its window had
+    (``probe_windows``; a window without one takes the run's median share; null where the run
     noted no CPU time).  From the compared calls' first seq (span_id) per step and ``speeds``."""
     if speeds is None or speeds.height == 0 or units.height == 0:
-        return units.with_columns(pl.lit(None, pl.Int64).alias("probe_ns"), pl.lit(None, pl.Float64).alias("share"))
+        return units.with_columns(pl.lit(None, pl.Int64).alias("probe_ns"), pl.lit(None, pl.Int64).alias("window_cpu_ns"),
+                                  pl.lit(None, pl.Float64).alias("share"))
     starts = compared.group_by("rank", "step").agg(pl.col("span_id").min().cast(pl.Int64).alias("_start")).with_columns(
         pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32))
-    probes = window_shares(speeds).select(pl.col("rank").cast(pl.Int32), pl.col("seq").alias("_probe_seq"), "probe_ns",
-                                          "share").sort("_probe_seq")
+    probes = probe_windows(speeds).select(pl.col("rank").cast(pl.Int32), pl.col("seq").alias("_probe_seq"), "probe_ns",
+                                          pl.col("window_cpu_ns").cast(pl.Int64), "share").sort("_probe_seq")
     timed = units.join(starts, on=["rank", "step"], how="left").sort("_start")
     matched = timed.join_asof(probes, left_on="_start", right_on="_probe_seq", by="rank", strategy="backward",
                               check_sortedness=False)  # both sorted on the key; by rank within it
     # a probe matched by the step before too is that step's, not this one's
     taken = pl.col("_probe_seq").shift(1).over("rank", order_by="_start")
     own = pl.col("_probe_seq").is_not_null() & (taken.is_null() | (taken != pl.col("_probe_seq")))
-    return (matched.with_columns(pl.when(own).then(pl.col("probe_ns")).otherwise(None).alias("probe_ns"),
+    return (matched.with_columns(*(pl.when(own).then(pl.col(c)).otherwise(None).alias(c) for c in ("probe_ns", "window_cpu_ns")),
                                  pl.col("share").fill_null(pl.col("share").median().over("rank")).cast(pl.Float64))
             .drop("_start", "_probe_seq").sort("rank", "step"))
 
@@ -71,6 +89,11 @@ def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFra
 def unprobed(sides: Sequence[pl.DataFrame]) -> int:
     """How many runs (``probed_units`` frames) have a compared step without its own probe."""
     return sum(1 for units in sides if units.height == 0 or units["probe_ns"].null_count() > 0)
+
+
+def uncounted(sides: Sequence[pl.DataFrame]) -> int:
+    """How many runs (``probed_units`` frames) have a probed step without its window's CPU time."""
+    return sum(1 for units in sides if units.filter(pl.col("probe_ns").is_not_null())["window_cpu_ns"].null_count() > 0)
 
 
 def unshared(sides: Sequence[pl.DataFrame]) -> int:
@@ -82,8 +105,9 @@ def at_shares(sides: Sequence[pl.DataFrame]) -> list[pl.DataFrame]:
     """Each run's probes at its steps' share of the machine (probe_ns / share), when every run
     noted its shares; else the probes as timed, for every run alike."""
     if unshared(sides):
-        return [u.drop("share") for u in sides]
-    return [u.with_columns((pl.col("probe_ns") / pl.col("share")).round(0).cast(pl.Int64)).drop("share") for u in sides]
+        return [u.drop("share", "window_cpu_ns") for u in sides]
+    return [u.with_columns((pl.col("probe_ns") / pl.col("share")).round(0).cast(pl.Int64)).drop("share", "window_cpu_ns")
+            for u in sides]
 
 
 def reference_probe(history: Sequence[pl.DataFrame]) -> float:
@@ -94,3 +118,14 @@ def reference_probe(history: Sequence[pl.DataFrame]) -> float:
 def adjusted(units: pl.DataFrame, reference: float) -> pl.DataFrame:
     """``probed_units`` with ``step_ns`` replaced by step_ns * reference / probe_ns."""
     return units.with_columns((pl.col("step_ns") * reference / pl.col("probe_ns")).round(0).cast(pl.Int64).alias("step_ns"))
+
+
+def cpu_at_speed(units: pl.DataFrame, reference: float) -> pl.DataFrame:
+    """``probed_units`` of one or more runs (ranks apart) -> (rank, step, step_ns) with
+    ``step_ns`` the step's window of CPU time less the rank's median probe, times ``reference``
+    over that median.  The median, not each step's own probe: the probe is timed on the wall
+    clock, and one preempted on a crowded machine would read long, and make its step's work
+    look small, where the CPU clock beside it had stopped."""
+    probe = pl.col("probe_ns").median().over("rank")
+    work = pl.max_horizontal(pl.col("window_cpu_ns") - probe, pl.lit(0))
+    return units.select("rank", "step", (work * reference / probe).round(0).cast(pl.Int64).alias("step_ns"))
