@@ -15,10 +15,11 @@ machine was is not a regression.
 
 The work is about what a small model's step is made of (dispatching small
 CPU ops); it costs about 0.6 ms per step on the machine measured
-(benchmarks/bench_speed_probe.py).  Its rows are (step, seq, ts_ns, probe_ns, cpu_ns, real_ns): the step it precedes, the seq
-the next event will take (so the probe lies between events seq - 1 and seq), when
-it started on the events' clock, how long it took, and this thread's CPU time and
-the host's clock at its start.  The probe is short and mostly runs whole; a step
+(benchmarks/bench_speed_probe.py).  Its rows are (step, seq, ts_ns, probe_ns, cpu_ns, real_ns,
+threads): the step it precedes, the seq the next event will take (so the probe lies
+between events seq - 1 and seq), when it started on the events' clock, how long it
+took, this thread's CPU time and the host's clock at its start, and torch's
+intra-op threads (with one, this thread's CPU time holds all of a CPU step's work).  The probe is short and mostly runs whole; a step
 on a machine with more runnable processes than cores is preempted for part of its
 time, which no probe before it shows.  The thread's CPU time over the wall time
 from one probe to the next is the share of that window the program ran, and a
@@ -35,7 +36,7 @@ PROBE_BATCH = 32  # rows of the probe's input
 PROBE_WIDTH = 128  # its features, and the square weight's size
 PROBE_REPS = 20  # matmul + tanh pairs per probe
 
-ProbeRow = tuple[int, int, int, int, int | None, int | None]  # (step, seq, ts_ns, probe_ns, cpu_ns, real_ns)
+ProbeRow = tuple[int, int, int, int, int | None, int | None, int]  # (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads)
 
 
 class SpeedProbe:
@@ -68,4 +69,4 @@ class SpeedProbe:
             for _ in range(PROBE_REPS):
                 y = torch.tanh(y @ w)
             t1 = self._now()
-        self.rows.append((step, seq, t0, t1 - t0, cpu, real))
+        self.rows.append((step, seq, t0, t1 - t0, cpu, real, torch.get_num_threads()))

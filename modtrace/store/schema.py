@@ -35,7 +35,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016", "0017")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016", "0017", "0018")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -272,6 +272,7 @@ step_speeds = Table(
     Column("probe_ns", BigInteger, nullable=False, comment="How long the probe's fixed work took (modtrace.recording.speed_probe): the machine's speed just before the step; larger is slower."),
     Column("cpu_ns", BigInteger, nullable=True, comment="The recording thread's CPU time at the probe's start (time.thread_time_ns); NULL when the events' clock was injected."),
     Column("real_ns", BigInteger, nullable=True, comment="The host's clock at the same moment (time.perf_counter_ns): from one probe to the next, the CPU time over this is the share of the time the program ran."),
+    Column("threads", SmallInteger, nullable=True, comment="torch's intra-op threads when the probe was taken (torch.get_num_threads()): with one, the recording thread's CPU time holds the step's work; NULL for probes recorded before revision 0018."),
     PrimaryKeyConstraint("run_id", "rank", "step", name="pk_step_speeds"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_step_speeds_run"),
     sqlite_with_rowid=False,

@@ -86,6 +86,8 @@ def test_a_probe_is_timed_before_each_recorded_step_between_its_events(tmp_path:
     spans = _rows(db, "SELECT start_ns, end_ns FROM spans s JOIN runs r ON r.id = s.run_id WHERE r.name = 'probed'")
     assert spans and not any(s < ts + took and ts < e for s, e in spans for _, _, ts, took in probes)
     assert _rows(db, "SELECT COUNT(*) FROM step_speeds s JOIN runs r ON r.id = s.run_id WHERE r.name = 'plain'") == [(0,)]
+    # torch's intra-op threads at each probe
+    assert _rows(db, "SELECT DISTINCT threads FROM step_speeds") == [(torch.get_num_threads(),)]
 
 
 def test_a_schedule_probes_only_the_steps_it_records(tmp_path: Path) -> None:
@@ -322,9 +324,10 @@ def _median(values: list[float]) -> float:
 def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move_it(  # type: ignore[no-untyped-def]
         tmp_path: Path, run_cli) -> None:
     """Real time on the host's clock.  The crowded candidate runs the same code on one CPU shared with
-    two busy processes, so it ran about a third of the time, and its steps (~15 ms, longer than
-    the scheduler's slice) took longer; the thread's CPU clock stops while it waits, and the gate
-    judges that.  A candidate whose blocks do 1.5x the work runs on a quiet machine."""
+    two busy processes, so it ran about a third of the time, and its steps (~40 ms, longer than
+    the scheduler's slice) took about three times as long; the thread's CPU clock stops while it
+    waits, and the gate judges that.  A candidate whose blocks do 1.5x the work runs on a quiet
+    machine; one on two intra-op threads is judged on wall times."""
     import os
     import subprocess
     import sys
@@ -350,6 +353,8 @@ def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move
                 p.kill()
                 p.wait()
         _train(db, "slow15", STEPS, reps=LONG * 3 // 2, tags={"branch": "pr"}, **probed)
+        torch.set_num_threads(2)
+        _train(db, "two-threads", STEPS, reps=LONG, tags={"branch": "pr"}, **probed)
     finally:
         torch.set_num_threads(threads)
     history = [w for name in ("h0", "h1", "h2") for w in _window_work(db, name)]
@@ -371,3 +376,9 @@ def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move
     assert 1.25 < s["adjusted_step_ratio"] < 1.6, _step_keys(s)
     out = " ".join(run_cli("diff", "--db", db, "tag:branch=main", "slow15").out.split())
     assert "step times judged as the program's CPU time per step at the history's machine speed" in out
+    # probes taken with two intra-op threads: the other thread's work is not on the recording
+    # thread's CPU clock, so the step times are judged on the wall clock
+    assert _rows(db, "SELECT DISTINCT threads FROM step_speeds s JOIN runs r ON r.id = s.run_id "
+                     "WHERE r.name = 'two-threads'") == [(2,)]
+    code, doc = _diff(run_cli, db, "tag:branch=main", "two-threads")
+    assert (doc["summary"]["step_adjusted"], doc["summary"]["step_measure"]) == (True, "wall"), _step_keys(doc["summary"])

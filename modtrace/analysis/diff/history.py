@@ -20,7 +20,7 @@ with the few runs a CI keeps; no normal law assumed):
   even when no module's share moved (everything slowed alike beyond the
   history's spread).  When every run took the speed probe, the step times
   are first put at the history's machine speed (``speed``: on a CPU program
-  the thread's CPU time per step, else the wall time), and the level is
+  on one intra-op thread the thread's CPU time per step, else the wall time), and the level is
   their median, beyond the range by its width or ``threshold``, the larger.
 
 Structure is compared against the pooled steps of the history (a module is
@@ -143,16 +143,20 @@ class _Adjusted:
     measure: str  # "cpu": the thread's CPU time per step window; "wall": the steps' own times
 
 
-def on_cpu(runs: Sequence[RunCalls]) -> bool:
-    """Whether every run ran on the CPU alone (no device's work, which the host thread's CPU clock
-    does not see)."""
-    return all(r.devices.height == 0 or bool(r.devices["name"].str.starts_with("cpu").all()) for r in runs)
+def on_one_thread(runs: Sequence[RunCalls]) -> bool:
+    """Whether every run's work is on its recording thread's CPU clock: it ran on the CPU alone (a
+    device's work is not on it) and took every probe with one intra-op thread (with more, the
+    other threads' work is not on it, and the recording thread's wait for them, spinning or not,
+    moves with the machine's load: measured, docs/performance.md)."""
+    return all((r.devices.height == 0 or bool(r.devices["name"].str.starts_with("cpu").all()))
+               and r.speeds is not None and r.speeds.height > 0 and bool((r.speeds["threads"].fill_null(0) == 1).all())
+               for r in runs)
 
 
 def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame, cpu: bool) -> _Adjusted | None:
     """The history's and the candidate's step units at the history's median probe speed, when
-    every compared step of every run has its own probe; else None.  With ``cpu`` (a CPU program)
-    and every step's window of CPU time noted, the steps' CPU times (``speed.cpu_at_speed``);
+    every compared step of every run has its own probe; else None.  With ``cpu`` (a CPU program
+    on one intra-op thread, ``on_one_thread``) and every step's window of CPU time noted, the steps' CPU times (``speed.cpu_at_speed``);
     else their wall times (``speed.adjusted``)."""
     sides = [*history, cand]
     if unprobed(sides):
@@ -229,7 +233,7 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
                             base_levels=low_levels(pooled, options.low_quantile, pl.col("rank") // RANK_STRIDE))
     structure, divergence, calls, varies = compare_rest(b, c, names, options)
     assert c.probed is not None
-    speed = _speed_adjusted(probed_all, c.probed, cpu=on_cpu([*bases, cand]))
+    speed = _speed_adjusted(probed_all, c.probed, cpu=on_one_thread([*bases, cand]))
     step_b_units, step_c_units = (units, c.units) if speed is None else (speed.base, speed.cand)
     levels = step_levels(step_b_units, options.low_quantile if speed is None else ADJUSTED_QUANTILE)
     verdict, step_p = step_verdict(levels, step_b_units["step_ns"], step_c_units["step_ns"], options,

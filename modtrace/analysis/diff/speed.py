@@ -32,8 +32,12 @@ that escaped it differ by a whole time slice, ~4 ms): on the same recordings
 the CPU times told every 1.3x slower candidate from every unchanged one at
 each load where the share-divided wall times did not (docs/performance.md,
 "Regression gate").  The window holds the loop's own code between steps (the optimizer, data) as a
-user's step does.  A device's work is not on the host thread's CPU clock, so
-runs with a device other than the CPU are judged on wall times as above.
+user's step does.  A device's work is not on the host thread's CPU clock, nor
+is other threads' work, so runs with a device other than the CPU, or that took
+a probe with more than one intra-op thread, are judged on wall times as above
+(with two threads the recording thread's CPU time moved 1.8x between unchanged
+runs: it waits for the other thread, spinning or not, for as long as the
+machine's load makes that thread late).
 
 A step is adjusted by the probe taken in the gap before it: the latest probe
 on its rank taken before the step's first call (by event seq: the probe notes
