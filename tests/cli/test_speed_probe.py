@@ -300,12 +300,13 @@ LONG = 100  # a block's reps for steps longer than the scheduler's slice
 
 def _window_work(db: str, name: str) -> list[float]:
     """From the stored probe rows: each compared step's window of the thread's CPU time (probe to
-    next probe) less the run's median probe, over it (steps 1.. of ``STEPS``; step 0 is skipped)."""
+    next probe) less its probe, over it, a probe counted at most 1.5 times the run's median (steps
+    1.. of ``STEPS``; step 0 is skipped)."""
     rows = _rows(db, f"SELECT s.step, s.probe_ns, s.cpu_ns FROM step_speeds s JOIN runs r ON r.id = s.run_id "
                      f"WHERE r.name = '{name}' ORDER BY s.step")
     windows = [(c1 - c0, p) for (step, p, c0), (_, _, c1) in zip(rows, rows[1:], strict=False) if step >= 1]
-    probe = _median([p for _, p in windows])
-    return [max(cpu - probe, 0) / probe for cpu, _ in windows]
+    cap = 1.5 * _median([p for _, p in windows])
+    return [max(cpu - min(p, cap), 0) / min(p, cap) for cpu, p in windows]
 
 
 def _pairs(db: str, name: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:

@@ -22,22 +22,23 @@ an injected clock has none), else none is (``at_shares``): a run whose probe
 was divided beside one whose probe was not would differ by the machine's load
 alone.
 
-On a CPU program whose every run noted its thread's CPU time, the history
-gate judges the CPU time itself instead (``cpu_at_speed``): from one probe to
-the next, the recording thread's CPU time, less the run's median probe, over
-that probe, times the reference.  A preempted thread's CPU clock stops while it
-waits, so the machine's load is not in it at all, where the share above only
-averages it over the window (a step that took the window's preemption and one
-that escaped it differ by a whole time slice, ~4 ms): on the same recordings
-the CPU times told every 1.3x slower candidate from every unchanged one at
-each load where the share-divided wall times did not (docs/performance.md,
-"Regression gate").  The window holds the loop's own code between steps (the optimizer, data) as a
-user's step does.  A device's work is not on the host thread's CPU clock, nor
-is other threads' work, so runs with a device other than the CPU, or that took
-a probe with more than one intra-op thread, are judged on wall times as above
-(with two threads the recording thread's CPU time moved 1.8x between unchanged
-runs: it waits for the other thread, spinning or not, for as long as the
-machine's load makes that thread late).
+On a CPU program whose every run noted its thread's CPU time on one intra-op
+thread, the history gate judges the CPU time itself instead (``cpu_at_speed``):
+from one probe to the next, the recording thread's CPU time, less the probe,
+over the probe, times the reference.  A preempted thread's CPU
+clock stops while it waits, so the machine's load is not in it at all, where
+the share above only averages it over the window (a step that took the
+window's preemption and one that escaped it differ by a whole time slice,
+~4 ms): on the same recordings the CPU times told every 1.3x slower candidate
+from every unchanged one at each load where the share-divided wall times did
+not (docs/performance.md, "Regression gate").  The window holds the loop's own
+code between steps (the optimizer, the data), as a user's step does.  A
+device's work is not on the host thread's CPU clock, nor is other threads'
+work, so runs with a device other than the CPU, or that took a probe with more
+than one intra-op thread, are judged on wall times as above (with two threads
+the recording thread's CPU time moved 1.8x between unchanged runs: it waits
+for the other thread, spinning or not, for as long as the machine's load makes
+that thread late).
 
 A step is adjusted by the probe taken in the gap before it: the latest probe
 on its rank taken before the step's first call (by event seq: the probe notes
@@ -52,6 +53,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import polars as pl
+
+# A probe counts for at most this many times its rank's median in a step's CPU time: above it,
+# it was preempted (measured on three recordings, docs/performance.md: any cap from 1.25 to 3
+# gave the same verdicts; uncapped, a crowded run's preempted probes hid a 1.5x change).
+PROBE_CAP = 1.5
 
 
 def probe_windows(speeds: pl.DataFrame) -> pl.DataFrame:
@@ -126,10 +132,11 @@ def adjusted(units: pl.DataFrame, reference: float) -> pl.DataFrame:
 
 def cpu_at_speed(units: pl.DataFrame, reference: float) -> pl.DataFrame:
     """``probed_units`` of one or more runs (ranks apart) -> (rank, step, step_ns) with
-    ``step_ns`` the step's window of CPU time less the rank's median probe, times ``reference``
-    over that median.  The median, not each step's own probe: the probe is timed on the wall
-    clock, and one preempted on a crowded machine would read long, and make its step's work
-    look small, where the CPU clock beside it had stopped."""
-    probe = pl.col("probe_ns").median().over("rank")
+    ``step_ns`` the step's window of CPU time less its probe, times ``reference`` over the probe.
+    Each step's own probe follows the machine's speed through the run (a neighbour on the
+    other hyperthread of the core, the clock), but it is timed on the wall clock, and one
+    preempted on a crowded machine reads a whole time slice long where the CPU clock beside it
+    had stopped: a probe counts for at most ``PROBE_CAP`` times the rank's median."""
+    probe = pl.min_horizontal(pl.col("probe_ns"), pl.col("probe_ns").median().over("rank") * PROBE_CAP)
     work = pl.max_horizontal(pl.col("window_cpu_ns") - probe, pl.lit(0))
     return units.select("rank", "step", (work * reference / probe).round(0).cast(pl.Int64).alias("step_ns"))
