@@ -159,7 +159,7 @@ def make(path: Path) -> None:
             write_counters(store, run_a, rank, [(run_a, rank, *c) for c in calls],
                            [(run_a, rank, *r) for r in ranges])
             # the speed probe before each step (revision 0017's step_speeds):
-            # (step, seq, ts_ns, probe_ns, cpu_ns, real_ns)
+            # (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads)
             firsts = sorted({e[6]: e for e in reversed(events)}.values(), key=lambda e: e[0])
             write_speeds(store, run_a, rank, [(e[6], e[0], e[1] - 500, 400 + rank, 9000 * i if rank == 0 else None,
                                                10_000 * i if rank == 0 else None, 1) for i, e in enumerate(firsts)])

@@ -19,9 +19,10 @@ CPU ops); it costs about 0.6 ms per step on the machine measured
 threads): the step it precedes, the seq the next event will take (so the probe lies
 between events seq - 1 and seq), when it started on the events' clock, how long it
 took, this thread's CPU time and the host's clock at its start, and torch's
-intra-op threads (with one, this thread's CPU time holds all of a CPU step's work).  The probe is short and mostly runs whole; a step
-on a machine with more runnable processes than cores is preempted for part of its
-time, which no probe before it shows.  The thread's CPU time over the wall time
+intra-op threads (with one, this thread's CPU time holds all of a CPU step's
+work).  The probe is short and mostly runs whole; a step on a machine with more
+runnable processes than cores is preempted for part of its time, which no probe
+before it shows.  The thread's CPU time over the wall time
 from one probe to the next is the share of that window the program ran, and a
 step's time times that share is the time it computed (left out, None, when the
 events' clock is injected: the two clocks would not compare).

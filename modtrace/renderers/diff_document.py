@@ -43,7 +43,8 @@ existing ones are not renamed or removed without bumping ``format``.
                   step_measure (with step_adjusted, which step time:
                   "cpu", the recording thread's CPU time from the
                   step's probe to the next, less the probe, on a CPU
-                  program whose every run noted it; "wall", the step's
+                  program whose every run noted it on one intra-op
+                  thread; "wall", the step's
                   own time, its probe divided by the program's share of
                   the CPU; else null),
                   adjusted_step_ratio (cand/base median adjusted step

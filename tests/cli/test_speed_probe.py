@@ -9,6 +9,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
@@ -261,11 +262,6 @@ def test_probes_are_divided_by_the_cpu_share_only_when_every_run_noted_it(tmp_pa
                            "GROUP BY r.name"))
     assert noted == {"h0": 7, "h1": 7, "h2": 7, "injected": 0, "host": 7}
 
-    def median(values: list[float]) -> float:
-        values = sorted(values)
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
     def probes(*names: str) -> list[float]:
         # the probes before the compared steps: the first step is skipped, the trailing probe follows no step
         marks = ",".join("?" * len(names))
@@ -305,7 +301,7 @@ def _window_work(db: str, name: str) -> list[float]:
     rows = _rows(db, f"SELECT s.step, s.probe_ns, s.cpu_ns FROM step_speeds s JOIN runs r ON r.id = s.run_id "
                      f"WHERE r.name = '{name}' ORDER BY s.step")
     windows = [(c1 - c0, p) for (step, p, c0), (_, _, c1) in zip(rows, rows[1:], strict=False) if step >= 1]
-    cap = 1.5 * _median([p for _, p in windows])
+    cap = 1.5 * median([p for _, p in windows])
     return [max(cpu - min(p, cap), 0) / min(p, cap) for cpu, p in windows]
 
 
@@ -314,12 +310,6 @@ def _pairs(db: str, name: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     rows = _rows(db, f"SELECT s.cpu_ns, s.real_ns FROM step_speeds s JOIN runs r ON r.id = s.run_id "
                      f"WHERE r.name = '{name}' AND s.step >= 1 ORDER BY s.step")
     return list(zip(rows, rows[1:], strict=False))
-
-
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move_it(  # type: ignore[no-untyped-def]
@@ -364,11 +354,11 @@ def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move
     assert (s["step_adjusted"], s["step_measure"], s["speed_note"]) == (True, "cpu", None), _step_keys(s)
     # crowded: it ran well under half of each window (from the stored clocks), its steps slowed
     shares = [(c1 - c0) / (r1 - r0) for (c0, r0), (c1, r1) in _pairs(db, "crowded")]
-    assert _median(shares) < 0.5 and s["step_ratio"] > 1.5, (shares, _step_keys(s))
+    assert median(shares) < 0.5 and s["step_ratio"] > 1.5, (shares, _step_keys(s))
     assert (code, s["step_verdict"]) == (0, "unchanged"), _step_keys(s)
     # the judged ratio, from the stored rows: the median work per probe over the history's runs' medians
-    runs = [_median(_window_work(db, name)) for name in ("h0", "h1", "h2")]
-    assert s["adjusted_step_ratio"] == pytest.approx(_median(_window_work(db, "crowded")) / _median(runs), rel=0.02)
+    runs = [median(_window_work(db, name)) for name in ("h0", "h1", "h2")]
+    assert s["adjusted_step_ratio"] == pytest.approx(median(_window_work(db, "crowded")) / median(runs), rel=0.02)
     assert 0.8 < s["adjusted_step_ratio"] < 1.2, _step_keys(s)
     assert history and all(w > 0 for w in history)
     code, doc = _diff(run_cli, db, "tag:branch=main", "slow15")

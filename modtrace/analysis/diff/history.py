@@ -20,8 +20,9 @@ with the few runs a CI keeps; no normal law assumed):
   even when no module's share moved (everything slowed alike beyond the
   history's spread).  When every run took the speed probe, the step times
   are first put at the history's machine speed (``speed``: on a CPU program
-  on one intra-op thread the thread's CPU time per step, else the wall time), and the level is
-  their median, beyond the range by its width or ``threshold``, the larger.
+  on one intra-op thread the thread's CPU time per step, else the wall
+  time), and the level is their median, beyond the range by its width or
+  ``threshold``, the larger.
 
 Structure is compared against the pooled steps of the history (a module is
 removed when some base run called it and the candidate did not; calls per
@@ -52,11 +53,10 @@ from modtrace.analysis.diff.speed import (
     adjusted,
     at_shares,
     cpu_at_speed,
+    lacking,
     probed_units,
     reference_probe,
-    uncounted,
     unprobed,
-    unshared,
 )
 from modtrace.analysis.diff.stats import min_p_value, two_sample_p
 from modtrace.analysis.diff.structure import placement
@@ -148,20 +148,23 @@ def on_one_thread(runs: Sequence[RunCalls]) -> bool:
     device's work is not on it) and took every probe with one intra-op thread (with more, the
     other threads' work is not on it, and the recording thread's wait for them, spinning or not,
     moves with the machine's load: measured, docs/performance.md)."""
-    return all((r.devices.height == 0 or bool(r.devices["name"].str.starts_with("cpu").all()))
-               and r.speeds is not None and r.speeds.height > 0 and bool((r.speeds["threads"].fill_null(0) == 1).all())
-               for r in runs)
+    def one(r: RunCalls) -> bool:
+        cpu_only = r.devices.height == 0 or bool(r.devices["name"].str.starts_with("cpu").all())
+        return (cpu_only and r.speeds is not None and r.speeds.height > 0
+                and bool((r.speeds["threads"].fill_null(0) == 1).all()))  # null: recorded before 0018
+
+    return all(one(r) for r in runs)
 
 
 def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame, cpu: bool) -> _Adjusted | None:
     """The history's and the candidate's step units at the history's median probe speed, when
     every compared step of every run has its own probe; else None.  With ``cpu`` (a CPU program
-    on one intra-op thread, ``on_one_thread``) and every step's window of CPU time noted, the steps' CPU times (``speed.cpu_at_speed``);
-    else their wall times (``speed.adjusted``)."""
+    on one intra-op thread, ``on_one_thread``) and every step's window of CPU time noted, the
+    steps' CPU times (``speed.cpu_at_speed``); else their wall times (``speed.adjusted``)."""
     sides = [*history, cand]
     if unprobed(sides):
         return None
-    if cpu and not uncounted(sides):
+    if cpu and not lacking(sides, "window_cpu_ns"):
         ref = reference_probe(history)
         return _Adjusted(base=cpu_at_speed(pl.concat(history), ref), cand=cpu_at_speed(cand, ref), reference=ref,
                          cand_speed=float(cand["probe_ns"].median()) / ref, measure="cpu")  # type: ignore[arg-type]
@@ -180,7 +183,7 @@ def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame, measure: str | 
     if measure == "cpu":
         return None
     if measure == "wall":
-        missing = unshared(sides)
+        missing = lacking(sides, "share")
         return None if not missing else (
             f"probes not divided by the program's share of the CPU: {missing} of {len(sides)} runs noted none "
             "(recorded on an injected clock), so no run's was")

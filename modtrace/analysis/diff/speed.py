@@ -101,20 +101,16 @@ def unprobed(sides: Sequence[pl.DataFrame]) -> int:
     return sum(1 for units in sides if units.height == 0 or units["probe_ns"].null_count() > 0)
 
 
-def uncounted(sides: Sequence[pl.DataFrame]) -> int:
-    """How many runs (``probed_units`` frames) have a probed step without its window's CPU time."""
-    return sum(1 for units in sides if units.filter(pl.col("probe_ns").is_not_null())["window_cpu_ns"].null_count() > 0)
-
-
-def unshared(sides: Sequence[pl.DataFrame]) -> int:
-    """How many runs (``probed_units`` frames) noted no CPU share for some probed step."""
-    return sum(1 for units in sides if units.filter(pl.col("probe_ns").is_not_null())["share"].null_count() > 0)
+def lacking(sides: Sequence[pl.DataFrame], column: str) -> int:
+    """How many runs (``probed_units`` frames) have a probed step without ``column``: ``share``
+    (no CPU share noted) or ``window_cpu_ns`` (no window of CPU time)."""
+    return sum(1 for units in sides if units.filter(pl.col("probe_ns").is_not_null())[column].null_count() > 0)
 
 
 def at_shares(sides: Sequence[pl.DataFrame]) -> list[pl.DataFrame]:
     """Each run's probes at its steps' share of the machine (probe_ns / share), when every run
     noted its shares; else the probes as timed, for every run alike."""
-    if unshared(sides):
+    if lacking(sides, "share"):
         return [u.drop("share", "window_cpu_ns") for u in sides]
     return [u.with_columns((pl.col("probe_ns") / pl.col("share")).round(0).cast(pl.Int64)).drop("share", "window_cpu_ns")
             for u in sides]
