@@ -159,10 +159,10 @@ def make(path: Path) -> None:
             write_counters(store, run_a, rank, [(run_a, rank, *c) for c in calls],
                            [(run_a, rank, *r) for r in ranges])
             # the speed probe before each step (revision 0017's step_speeds):
-            # (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads)
+            # (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work)
             firsts = sorted({e[6]: e for e in reversed(events)}.values(), key=lambda e: e[0])
             write_speeds(store, run_a, rank, [(e[6], e[0], e[1] - 500, 400 + rank, 9000 * i if rank == 0 else None,
-                                               10_000 * i if rank == 0 else None, 1) for i, e in enumerate(firsts)])
+                                               10_000 * i if rank == 0 else None, 1, 2) for i, e in enumerate(firsts)])
             finish_rank(store, run_a, rank, "completed", faults={"recorded_steps": "0-1", "step_count": 3})
         # spans and nesting issues of the completed run (revision 0002's tables)
         from modtrace.results.materialize import materialize

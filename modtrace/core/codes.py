@@ -1,6 +1,7 @@
-"""The small integer codes stored in the events table, and their names.
+"""The small integer codes stored in the database, and their names.
 
-This module is the one definition of kind, phase and status: the recorder
+This module is the one definition of kind, phase, status and the speed
+probe's work: the recorder
 writes the integers, the schema's views turn them into the names listed here,
 and analysis reads the integers back.  Changing a value here changes the
 on-disk format and needs a migration.
@@ -41,6 +42,14 @@ class Status(IntEnum):
     # Both rows of a call inside torch.compile'd code, written after the fact: no hook saw it, and
     # its time is the sum of the kernels inductor generated from the module's code.
     ATTRIBUTED = 6
+
+
+class ProbeWork(IntEnum):
+    """Which fixed work a speed probe timed (``step_speeds.work``): probes of different work do
+    not compare, so a history gate adjusts step times only where every run's probes did the same."""
+
+    FORWARD = 1  # the layers forward, without autograd (revisions 0017 and 0018; stored NULL)
+    TRAIN = 2  # the same layers forward with autograd, and their backward
 
 
 # What a reader puts in place of a kind, phase, status or tie code too big for

@@ -35,7 +35,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016", "0017", "0018")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016", "0017", "0018", "0019")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -47,6 +47,12 @@ RUN_COUNTERS_COMMENT = (
     "Which steps the recorder counted FLOPs, bytes and ops on (Recorder(counters=...), modtrace record --counters): "
     "first (the first recorded step of each step kind) | every-step | off; NULL for runs recorded before revision "
     "0015. The counted steps are those whose spans have counters (spans.ops not NULL)."
+)
+
+PROBE_WORK_COMMENT = (
+    "Which fixed work the probe timed (modtrace.core.codes.ProbeWork): 2 the probe's layers forward with autograd "
+    "and their backward; NULL for probes recorded before revision 0019 (the layers forward only). A history gate "
+    "adjusts step times only where every run's probes did the same work."
 )
 
 _RUN_STATUSES = ", ".join(repr(s) for s in RUN_STATUSES)
@@ -273,6 +279,7 @@ step_speeds = Table(
     Column("cpu_ns", BigInteger, nullable=True, comment="The recording thread's CPU time at the probe's start (time.thread_time_ns); NULL when the events' clock was injected."),
     Column("real_ns", BigInteger, nullable=True, comment="The host's clock at the same moment (time.perf_counter_ns): from one probe to the next, the CPU time over this is the share of the time the program ran."),
     Column("threads", SmallInteger, nullable=True, comment="torch's intra-op threads when the probe was taken (torch.get_num_threads()): with one, the recording thread's CPU time holds the step's work; NULL for probes recorded before revision 0018."),
+    Column("work", SmallInteger, nullable=True, comment=PROBE_WORK_COMMENT),
     PrimaryKeyConstraint("run_id", "rank", "step", name="pk_step_speeds"),
     ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_step_speeds_run"),
     sqlite_with_rowid=False,

@@ -12,15 +12,15 @@ from modtrace.store.cursor import driver_cursor, mark
 if TYPE_CHECKING:
     import polars as pl
 
-SPEED_COLUMNS = ("rank", "step", "seq", "ts_ns", "probe_ns", "cpu_ns", "real_ns", "threads")
+SPEED_COLUMNS = ("rank", "step", "seq", "ts_ns", "probe_ns", "cpu_ns", "real_ns", "threads", "work")
 
 
 def write_speeds(store: Store, run_id: int, rank: int,
-                 rows: Sequence[tuple[int, int, int, int, int | None, int | None, int]]) -> None:
-    """One rank's probes, (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads) rows, replacing
-    any it had, in one transaction."""
-    sql = (f"INSERT INTO step_speeds (run_id, rank, step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads) "
-           f"VALUES ({', '.join(mark(store) for _ in range(9))})")
+                 rows: Sequence[tuple[int, int, int, int, int | None, int | None, int, int]]) -> None:
+    """One rank's probes, (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work) rows,
+    replacing any it had, in one transaction."""
+    sql = (f"INSERT INTO step_speeds (run_id, rank, step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work) "
+           f"VALUES ({', '.join(mark(store) for _ in range(10))})")
     with store.engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM step_speeds WHERE run_id = {int(run_id)} AND rank = {int(rank)}")
         if rows:
@@ -38,5 +38,5 @@ def read_speeds(store: Store, run_id: int, rank: int | None = None) -> pl.DataFr
         cur.execute(f"SELECT {', '.join(SPEED_COLUMNS)} FROM step_speeds WHERE {where} ORDER BY rank, step", params)
         rows = cur.fetchall()
     schema = {"rank": pl.Int32, "step": pl.Int32, "seq": pl.Int64, "ts_ns": pl.Int64, "probe_ns": pl.Int64,
-              "cpu_ns": pl.Int64, "real_ns": pl.Int64, "threads": pl.Int16}
+              "cpu_ns": pl.Int64, "real_ns": pl.Int64, "threads": pl.Int16, "work": pl.Int16}
     return pl.DataFrame(rows, schema=schema, orient="row")

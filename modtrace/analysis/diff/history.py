@@ -54,6 +54,7 @@ from modtrace.analysis.diff.speed import (
     at_shares,
     cpu_at_speed,
     lacking,
+    probe_works,
     probed_units,
     reference_probe,
     unprobed,
@@ -61,6 +62,7 @@ from modtrace.analysis.diff.speed import (
 from modtrace.analysis.diff.stats import min_p_value, two_sample_p
 from modtrace.analysis.diff.structure import placement
 from modtrace.analysis.diff.verdicts import compare_timing, low_levels
+from modtrace.core.codes import ProbeWork
 
 # The level of step times adjusted for machine speed: their median (a probe hit by an interrupt
 # makes its step look fast, so their low quantiles are the probe's noise, not the step's).
@@ -175,11 +177,18 @@ def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame, cpu: bool) 
                      measure="wall")
 
 
-def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame, measure: str | None) -> str | None:
+def _speed_note(history: list[pl.DataFrame], cand: pl.DataFrame, measure: str | None,
+                works: Sequence[int] = ()) -> str | None:
     """Why the step times were not adjusted though some run took speed probes, or why the probes
     were not divided by the CPU's share; None when no run took any, or every one was, or the CPU
-    times were judged (``measure``: ``_Adjusted.measure``, None when not adjusted)."""
+    times were judged (``measure``: ``_Adjusted.measure``, None when not adjusted; ``works``:
+    ``speed.probe_works`` of the runs)."""
     sides = [*history, cand]
+    if len(set(works)) > 1:
+        older = sum(1 for w in works if w == ProbeWork.FORWARD)
+        return (f"step time not adjusted for machine speed: the runs' speed probes timed different work ({older} of "
+                f"{len(works)} runs' probes ran forward only, as before schema revision 0019); record every run of a "
+                "history with the same modtrace")
     if measure == "cpu":
         return None
     if measure == "wall":
@@ -236,7 +245,9 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
                             base_levels=low_levels(pooled, options.low_quantile, pl.col("rank") // RANK_STRIDE))
     structure, divergence, calls, varies = compare_rest(b, c, names, options)
     assert c.probed is not None
-    speed = _speed_adjusted(probed_all, c.probed, cpu=on_one_thread([*bases, cand]))
+    works = probe_works([r.speeds for r in (*bases, cand)])
+    # probes of different work do not compare: no run is put at speed (the note says why)
+    speed = None if len(set(works)) > 1 else _speed_adjusted(probed_all, c.probed, cpu=on_one_thread([*bases, cand]))
     step_b_units, step_c_units = (units, c.units) if speed is None else (speed.base, speed.cand)
     levels = step_levels(step_b_units, options.low_quantile if speed is None else ADJUSTED_QUANTILE)
     verdict, step_p = step_verdict(levels, step_b_units["step_ns"], step_c_units["step_ns"], options,
@@ -276,6 +287,6 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "speed_reference_ns": None if speed is None else speed.reference,
         "cand_speed_ratio": None if speed is None else speed.cand_speed,
         "adjusted_step_ratio": adjusted_ratio,
-        "speed_note": _speed_note(probed_all, c.probed, None if speed is None else speed.measure),
+        "speed_note": _speed_note(probed_all, c.probed, None if speed is None else speed.measure, works),
     }
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)

@@ -54,6 +54,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from modtrace.core.codes import ProbeWork
+
 # A probe counts for at most this many times its rank's median in a step's CPU time: above it,
 # it was preempted (measured on three recordings, docs/performance.md: any cap from 1.25 to 3
 # gave the same verdicts; uncapped, a crowded run's preempted probes hid a 1.5x change).
@@ -94,6 +96,17 @@ def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFra
     return (matched.with_columns(*(pl.when(own).then(pl.col(c)).otherwise(None).alias(c) for c in ("probe_ns", "window_cpu_ns")),
                                  pl.col("share").fill_null(pl.col("share").median().over("rank")).cast(pl.Float64))
             .drop("_start", "_probe_seq").sort("rank", "step"))
+
+
+def probe_works(speeds: Sequence[pl.DataFrame | None]) -> list[int]:
+    """The work (``ProbeWork``) each run's probes timed, in run order, for the runs that took any
+    (``RunCalls.speeds``); a probe recorded before revision 0019 (NULL) timed the forward only."""
+    out = []
+    for s in speeds:
+        if s is not None and s.height:
+            works = s["work"].fill_null(int(ProbeWork.FORWARD)).unique().to_list()
+            out.extend(int(w) for w in works)
+    return out
 
 
 def unprobed(sides: Sequence[pl.DataFrame]) -> int:
