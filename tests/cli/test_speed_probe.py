@@ -416,12 +416,13 @@ def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move
     # the judged ratio, from the stored rows: the median work per probe over the history's runs' medians
     runs = [median(_window_work(db, name)) for name in ("h0", "h1", "h2")]
     assert s["adjusted_step_ratio"] == pytest.approx(median(_window_work(db, "crowded")) / median(runs), rel=0.02)
-    assert 0.8 < s["adjusted_step_ratio"] < 1.2, _step_keys(s)
+    # measured 0.81 to 0.98 on a machine whose unchanged runs moved about 5% from run to run
+    assert 0.75 < s["adjusted_step_ratio"] < 1.2, _step_keys(s)
     assert history and all(w > 0 for w in history)
     code, doc = _diff(run_cli, db, "tag:branch=main", "slow15")
     s = doc["summary"]
     assert (code, s["step_verdict"], s["step_measure"]) == (1, "regression", "cpu"), _step_keys(s)
-    assert 1.25 < s["adjusted_step_ratio"] < 1.6, _step_keys(s)
+    assert 1.25 < s["adjusted_step_ratio"] < 1.75, _step_keys(s)  # measured 1.44 to 1.53
     out = " ".join(run_cli("diff", "--db", db, "tag:branch=main", "slow15").out.split())
     assert "step times judged as the program's CPU time per step at the history's machine speed" in out
     # probes taken with two intra-op threads: the other thread's work is not on the recording
