@@ -382,3 +382,31 @@ if __name__ == "__main__":  # a recording for benchmarks that time an existing o
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     print(write_recording(args.db, args.events))
+
+
+def gate_model(blocks: int = 4, width: int = 128, reps: Callable[[int], int] = lambda i: 10) -> nn.Sequential:
+    """The regression gate's small model (``gate_power.py``, ``bench_speed_probe.py``,
+    ``probe_tracking.py``): ``blocks`` blocks, block i applying its Linear ``reps(i)`` times (its
+    own code: the weights applied directly, each application followed by tanh), with a residual."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, reps: int) -> None:
+            super().__init__()
+            self.lin = nn.Linear(width, width)
+            self.reps = reps
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x
+            for _ in range(self.reps):
+                y = torch.tanh(torch.nn.functional.linear(y, self.lin.weight, self.lin.bias))
+            return x + y
+
+    torch.manual_seed(0)
+    return nn.Sequential(*(Block(reps(i)) for i in range(blocks)))
+
+
+def busy_processes(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes that do nothing but spin: a neighbour's load (kill and wait for them)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]

@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._common import interleave, load_average, median  # noqa: E402
+from benchmarks._common import gate_model, interleave, load_average, median  # noqa: E402
 
 CANDIDATES = ("bare", "recorder", "recorder_inline", "recorder_probe")
 
@@ -50,33 +50,13 @@ def quantile(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (i - lo)
 
 
-def build(blocks: int = 4, width: int = 128, reps: int = 10) -> Any:
-    """The gate's model (``gate_power.py``): each block a Linear applied ``reps`` times."""
-    import torch
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(width, width)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = x
-            for _ in range(reps):
-                y = torch.tanh(nn.functional.linear(y, self.lin.weight, self.lin.bias))
-            return x + y
-
-    torch.manual_seed(0)
-    return nn.Sequential(*(Block() for _ in range(blocks)))
-
-
 def one_run(name: str, db: str, steps: int, rep: int, out: dict[str, list[Any]]) -> float:
     """Train ``steps`` steps under candidate ``name``; returns seconds per step (timed steps only)."""
     import torch
 
     import modtrace
 
-    net = build()
+    net = gate_model()
     opt = torch.optim.SGD(net.parameters(), lr=1e-4)
     x = torch.randn(32, 128, generator=torch.Generator().manual_seed(1))
     options: dict[str, Any] = {"recorder": {}, "recorder_inline": {"writer": "inline"},

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this tree's benchmarks and modtrace
 
-from benchmarks._common import load_average  # noqa: E402
+from benchmarks._common import busy_processes, gate_model, load_average  # noqa: E402
 
 REPS = 10  # Linear applications per block per forward: a 1.3x block applies it 13 times
 VARIANTS: dict[str, tuple[float, str]] = {  # name -> (slowdown, "block" (block 1 only) | "all")
@@ -54,27 +53,13 @@ SLOW_BLOCK = 1
 
 
 def build(slowdown: float, where: str, blocks: int, width: int) -> Any:
-    import torch
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self, reps: int) -> None:
-            super().__init__()
-            self.lin = nn.Linear(width, width)
-            self.reps = reps
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = x
-            for _ in range(self.reps):  # the block's own code: the Linear's weights, applied directly
-                y = torch.tanh(torch.nn.functional.linear(y, self.lin.weight, self.lin.bias))
-            return x + y
-
+    """The gate's model with block ``SLOW_BLOCK`` (``where`` "block") or every block (``where``
+    "all") applying its Linear ``slowdown`` times as often as ``REPS``."""
     def reps(i: int) -> int:
         slower = where == "all" or i == SLOW_BLOCK
         return round(REPS * slowdown) if slower else REPS
 
-    torch.manual_seed(0)
-    return nn.Sequential(*(Block(reps(i)) for i in range(blocks)))
+    return gate_model(blocks, width, reps)
 
 
 def record(db: str, name: str, variant: str, args: argparse.Namespace, tags: dict[str, str]) -> None:
@@ -92,10 +77,6 @@ def record(db: str, name: str, variant: str, args: argparse.Namespace, tags: dic
             opt.step()
             opt.zero_grad()
     rec.wait_analyzed()
-
-
-def spin(n: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 def main() -> None:
@@ -129,7 +110,7 @@ def main() -> None:
     counts: dict[tuple[int, str, str], list[int]] = {}  # (load, variant, gate) -> [caught, judged]
     t0, load_before = time.time(), load_average()
     for load in loads:
-        spinners = [] if args.rejudge else spin(load)
+        spinners = [] if args.rejudge else busy_processes(load)
         try:
             main_tag = {"branch": f"main-{load}"}
             for i in range(args.history - 1):  # the history's older runs; each pair adds the newest

@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gate_power import build, spin  # noqa: E402
+from benchmarks._common import busy_processes, gate_model  # noqa: E402
 
 
 def probes() -> dict[str, Callable[[], int]]:
@@ -90,7 +89,7 @@ def one_run(steps: int, candidates: dict[str, Callable[[], int]]) -> dict[str, f
     """Median step CPU time and median time of each probe over ``steps`` steps (2 warm-up steps)."""
     import torch
 
-    model = build(1.0, "all", 4, 128)
+    model = gate_model()
     x = torch.randn(32, 128)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     seen: dict[str, list[int]] = {name: [] for name in ("step", *candidates)}
@@ -128,7 +127,7 @@ def main() -> None:
     print(f"runs {args.runs}, steps {args.steps}, one thread; spread = standard deviation across runs")
     print(f"{'busy procs':>10}  {'probe':<8} {'sd log(step/probe)':>19} {'sd log(step)':>13} {'slope':>6}")
     for load in (int(v) for v in args.loads.split(",") if v):
-        spinners: list[subprocess.Popen[bytes]] = spin(load)
+        spinners = busy_processes(load)
         try:
             time.sleep(1)
             runs = []

@@ -83,7 +83,7 @@ class SpeedProbe:
             y = self._x
             for _ in range(PROBE_REPS):
                 y = torch.tanh(y @ w)
-            y.sum().backward()
+            torch.autograd.backward(y.sum())
             w.grad = None  # the next probe's backward writes a fresh gradient: the same work each time
             t1 = self._now()
         self.rows.append((step, seq, t0, t1 - t0, cpu, real, torch.get_num_threads(), int(PROBE_WORK)))

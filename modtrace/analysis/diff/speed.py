@@ -101,7 +101,7 @@ def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFra
 def probe_works(speeds: Sequence[pl.DataFrame | None]) -> list[int]:
     """The work (``ProbeWork``) each run's probes timed, in run order, for the runs that took any
     (``RunCalls.speeds``); a probe recorded before revision 0019 (NULL) timed the forward only."""
-    out = []
+    out: list[int] = []
     for s in speeds:
         if s is not None and s.height:
             works = s["work"].fill_null(int(ProbeWork.FORWARD)).unique().to_list()
