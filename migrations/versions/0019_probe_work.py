@@ -1,5 +1,5 @@
 """step_speeds.work: which fixed work the speed probe timed, now its layers forward and backward
-(a training step's shape, which follows the step's speed about twice as closely as the forward
+(a training step's shape, which follows the step's speed 1.4 to 2 times as closely as the forward
 alone did), so that probes of different work are never compared
 
 Revision ID: 0019

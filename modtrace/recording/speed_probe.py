@@ -16,8 +16,8 @@ machine was is not a regression.
 The work is the shape of a small model's training step, dispatching small
 CPU ops forward and then through autograd backward: a few matmul + tanh
 layers on the same tensors every time.  A forward alone followed the steps
-half as closely: across unchanged runs on one machine, whose step time moved
-1.8x from run to run, the step over a forward-only probe spread twice as wide
+less closely: across unchanged runs on one machine, whose step time moved
+1.8x from run to run, the step over a forward-only probe spread 1.4 to 2 times as wide
 as over this one (docs/performance.md, "Sixth measurement").  It costs about
 0.6 ms per step on the machine measured (benchmarks/bench_speed_probe.py).
 Its rows are (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work): the
