@@ -410,3 +410,26 @@ def gate_model(blocks: int = 4, width: int = 128, reps: Callable[[int], int] = l
 def busy_processes(n: int) -> list[subprocess.Popen[bytes]]:
     """``n`` processes that do nothing but spin: a neighbour's load (kill and wait for them)."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def python_loop_probe(now: Callable[[], int] = time.perf_counter_ns) -> Callable[[], int]:
+    """A probe of the interpreter's speed alone (``probe_tracking.py``, ``module_clocks.py``): a
+    function that runs 400 small method calls (an attribute, a dict) and returns their time on
+    ``now``."""
+    class Calls:
+        def __init__(self) -> None:
+            self.base, self.seen = 1, {}
+
+        def add(self, i: int) -> int:
+            self.seen[i & 7] = self.base + i
+            return self.seen.get(i & 3, 0)
+
+    calls = Calls()
+
+    def probe() -> int:
+        t0, add, total = now(), calls.add, 0
+        for i in range(400):
+            total += add(i)
+        return now() - t0
+
+    return probe

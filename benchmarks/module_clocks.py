@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._common import busy_processes, gate_model  # noqa: E402
+from benchmarks._common import busy_processes, gate_model, python_loop_probe  # noqa: E402
 
 QUANTILE = 0.10  # the gate's level: the low quantile of a module's time per step
 
@@ -71,21 +71,7 @@ def main() -> None:
     nn.modules.module.register_module_forward_hook(lambda m, a, o: events.append((1, id(m), wall(), cpu())))
     probe = SpeedProbe(wall, cpu=False)
 
-    class Calls:
-        def __init__(self) -> None:
-            self.base, self.seen = 1, {}
-
-        def add(self, i: int) -> int:
-            self.seen[i & 7] = self.base + i
-            return self.seen.get(i & 3, 0)
-
-    calls = Calls()
-
-    def python_loop() -> int:
-        t0, add, total = wall(), calls.add, 0
-        for i in range(400):
-            total += add(i)
-        return wall() - t0
+    python_loop = python_loop_probe(wall)
 
     def one_run() -> dict[str, float]:
         model = gate_model()

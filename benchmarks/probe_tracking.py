@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._common import busy_processes, gate_model  # noqa: E402
+from benchmarks._common import busy_processes, gate_model, python_loop_probe  # noqa: E402
 
 
 def probes() -> dict[str, Callable[[], int]]:
@@ -60,21 +60,7 @@ def probes() -> dict[str, Callable[[], int]]:
                 y = torch.tanh(y @ w)
         return now() - t0
 
-    class Counter:
-        def __init__(self) -> None:
-            self.base, self.seen = 1, {}
-
-        def add(self, i: int) -> int:
-            self.seen[i & 7] = self.base + i
-            return self.seen.get(i & 3, 0)
-
-    counter = Counter()
-
-    def python() -> int:
-        t0, add, total = now(), counter.add, 0
-        for i in range(400):
-            total += add(i)
-        return now() - t0
+    python = python_loop_probe(now)
 
     probe = SpeedProbe(now, cpu=False)
 

@@ -38,16 +38,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from modtrace.core.codes import ProbeWork
+
+if TYPE_CHECKING:
+    from modtrace.store.speeds import SpeedRow
 
 PROBE_BATCH = 32  # rows of the probe's input
 PROBE_WIDTH = 128  # its features, and the square weight's size
 PROBE_REPS = 6  # matmul + tanh layers, forward then backward
 PROBE_WORK = ProbeWork.TRAIN
-
-# (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work)
-ProbeRow = tuple[int, int, int, int, int | None, int | None, int, int]
 
 
 class SpeedProbe:
@@ -69,7 +70,7 @@ class SpeedProbe:
             self._x = torch.randn(PROBE_BATCH, PROBE_WIDTH, generator=gen)
             # scaled so that tanh stays off its flat ends and every layer does the same work
             self._w = (torch.randn(PROBE_WIDTH, PROBE_WIDTH, generator=gen) / PROBE_WIDTH ** 0.5).requires_grad_()
-        self.rows: list[ProbeRow] = []
+        self.rows: list[SpeedRow] = []
 
     def take(self, step: int, seq: int) -> None:
         """Time the probe once, before step ``step`` whose next event takes ``seq``; with ``cpu``,

@@ -13,12 +13,12 @@ if TYPE_CHECKING:
     import polars as pl
 
 SPEED_COLUMNS = ("rank", "step", "seq", "ts_ns", "probe_ns", "cpu_ns", "real_ns", "threads", "work")
+# One probe as the recorder keeps it: (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work)
+SpeedRow = tuple[int, int, int, int, int | None, int | None, int, int]
 
 
-def write_speeds(store: Store, run_id: int, rank: int,
-                 rows: Sequence[tuple[int, int, int, int, int | None, int | None, int, int]]) -> None:
-    """One rank's probes, (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work) rows,
-    replacing any it had, in one transaction."""
+def write_speeds(store: Store, run_id: int, rank: int, rows: Sequence[SpeedRow]) -> None:
+    """One rank's probes (``SpeedRow``), replacing any it had, in one transaction."""
     sql = (f"INSERT INTO step_speeds (run_id, rank, step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work) "
            f"VALUES ({', '.join(mark(store) for _ in range(10))})")
     with store.engine.begin() as conn:
