@@ -110,20 +110,39 @@ def headline(doc: dict[str, Any]) -> list[str]:
         lines.append(f"{_count(s.get('counter_changes', 0), 'work counter change')} (FLOPs, bytes, ops per module "
                      "and phase on the first counted step of each kind, exact)")
     verdict = s.get("step_verdict")
+    spreads = s.get("step_spreads") or {}
     if s.get("step_adjusted"):
         what = ("step times judged as the program's CPU time per step" if s.get("step_measure") == "cpu"
                 else "step times judged")
         lines.append(
             f"{what} at the history's machine speed (the speed probe before each step): the candidate's "
             f"probe time {fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
-            f"{fmt_ratio(s['adjusted_step_ratio'])}")
+            f"{fmt_ratio(s['adjusted_step_ratio'])}" + _spread_note(spreads))
         ratio = s["adjusted_step_ratio"]
+    elif s.get("step_measure") == "cpu_raw":
+        lines.append(
+            "step times judged as the program's CPU time per step, as measured: across the history's runs "
+            "it held closer together than over the speed probe" + _spread_note(spreads)
+            + f"; the candidate's CPU time per step {fmt_ratio(s['cpu_step_ratio'])}, its probe time "
+            f"{fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
+            f"{fmt_ratio(s['adjusted_step_ratio'])}")
+        ratio = s["cpu_step_ratio"]
+    if s.get("step_unconfirmed"):
+        judged, other = ((s["cpu_step_ratio"], s["adjusted_step_ratio"]) if s.get("step_measure") == "cpu_raw"
+                         else (s["adjusted_step_ratio"], s["cpu_step_ratio"]))
+        lines.append(
+            f"note: the step time {fmt_ratio(judged)} lay beyond the history's range, but "
+            f"{'over the probe' if s.get('step_measure') == 'cpu_raw' else 'as measured'} it moved "
+            f"{fmt_ratio(other)}, within {o['threshold_pct']:g}% of the history's median: not judged a "
+            "step-wide change (the machine's speed, or the probe's noise)")
     if s.get("speed_note"):
         lines.append(f"note: {s['speed_note']}")
-    if verdict in ("regression", "improvement") and s.get("step_adjusted"):
+    if verdict in ("regression", "improvement") and s.get("step_measure"):
+        at = "CPU time per step" if s["step_measure"] == "cpu_raw" else "step time at the history's speed"
         lines.append(
-            f"step time at the history's speed {fmt_ratio(ratio)}: its median {'above' if verdict == 'regression' else 'below'} "
-            f"the history's range by more than the range's own width and {o['threshold_pct']:g}%: "
+            f"{at} {fmt_ratio(ratio)}: its median {'above' if verdict == 'regression' else 'below'} "
+            f"the history's range by more than the range's own width or {o['threshold_pct']:g}%, whichever is "
+            "larger: "
             f"a step-wide {verdict}"
             + ("" if s["regressions"] or s["improvements"] else " (every module's share of the step alike)")
         )
@@ -302,6 +321,24 @@ class DiffTableRenderer(DiffRenderer):
         return "".join(out)
 
 
+def _spread_note(spreads: dict[str, float | None]) -> str:
+    """" (the history's runs spread 3.1% on CPU time, 8.0% over the probe)": what the choice of
+    measure weighed (``summary.step_spreads``); "" when it weighed fewer than two."""
+    names = {"cpu": "over the probe", "cpu_raw": "on CPU time"}
+    parts = [f"{v * 100:.1f}% {names[m]}" for m, v in sorted(spreads.items(), key=lambda kv: kv[0] != "cpu_raw")
+             if m in names and v is not None]
+    return f" (the history's runs spread {', '.join(parts)})" if len(parts) > 1 else ""
+
+
+def judged_step_ratio(s: dict[str, Any]) -> float | None:
+    """The candidate's step time over the history's on the measure the step verdict judged."""
+    if s.get("step_adjusted"):
+        return s.get("adjusted_step_ratio")
+    if s.get("step_measure") == "cpu_raw":
+        return s.get("cpu_step_ratio")
+    return s.get("step_ratio")
+
+
 def verdict_line(doc: dict[str, Any]) -> str:
     """The verdict in one line, what a pull request's reader sees first: pass or fail (per
     ``--fail-on``), the regressions, then the structure changes, then the candidate against what."""
@@ -310,7 +347,7 @@ def verdict_line(doc: dict[str, Any]) -> str:
     counts = [_count(s["regressions"], "regression") if s["regressions"] else "no regression",
               _count(s["structure_changes"], "structure change") if s["structure_changes"] else "no structure change"]
     if s.get("step_verdict") == "regression":  # judged against a history: the whole step is blamed
-        ratio = s.get("adjusted_step_ratio") if s.get("step_adjusted") else s.get("step_ratio")
+        ratio = judged_step_ratio(s)
         step = f"step-wide regression (step time {fmt_ratio(ratio)})"
         counts[0] = step if not s["regressions"] else f"{step}, {counts[0]}"
     worst = [r for r in doc["timing"] if r["verdict"] == "regression"][:1]

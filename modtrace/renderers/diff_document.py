@@ -40,15 +40,30 @@ existing ones are not renamed or removed without bumping ``format``.
                   before each step, and the step verdict judged step
                   times at the history's machine speed: step time *
                   speed_reference_us / the probe before it),
-                  step_measure (with step_adjusted, which step time:
-                  "cpu", the recording thread's CPU time from the
-                  step's probe to the next, less the probe, on a CPU
-                  program whose every run noted it on one intra-op
-                  thread; "wall", the step's
-                  own time, its probe divided by the program's share of
-                  the CPU; else null),
-                  adjusted_step_ratio (cand/base median adjusted step
-                  time; null when not adjusted), cand_speed_ratio (the
+                  step_measure (which step time the step verdict
+                  judged, when every run took the probe: "cpu", the
+                  recording thread's CPU time from the step's probe to
+                  the next, less the probe, at the history's speed, on
+                  a CPU program whose every run noted it on one
+                  intra-op thread; "cpu_raw", that CPU time as
+                  measured, not divided by the probe, judged instead
+                  when it spread less across the history's runs
+                  (step_adjusted is then false); "wall", the step's own
+                  time, its probe divided by the program's share of the
+                  CPU; else null),
+                  step_spreads (per measure weighed, "cpu" and
+                  "cpu_raw", or "wall": the spread of the history's
+                  runs' median step times on it, (highest - lowest) /
+                  median; {} when none),
+                  step_unconfirmed (true: the judged measure lay beyond
+                  the history's range but the other CPU measure moved
+                  less than the threshold from the history's median, so
+                  the step verdict is unchanged),
+                  adjusted_step_ratio (cand/base median step time at the
+                  history's speed, over the probe; null when no step was
+                  put at speed), cpu_step_ratio (cand/base median CPU
+                  time per step as measured, with step_measure "cpu" or
+                  "cpu_raw"; else null), cand_speed_ratio (the
                   candidate's median probe / speed_reference_us: above 1,
                   its machine was slower), speed_reference_us (the
                   history's median probe), speed_note (why step times
@@ -227,7 +242,10 @@ def document(
         "order_varies": bool(s.get("order_varies", False)),
         "step_adjusted": bool(s.get("step_adjusted", False)),
         "step_measure": s.get("step_measure"),
+        "step_spreads": {m: _round(v, 6) for m, v in dict(s.get("step_spreads") or {}).items()},  # type: ignore[call-overload]
         "adjusted_step_ratio": _round(s.get("adjusted_step_ratio"), 6),  # type: ignore[arg-type]
+        "cpu_step_ratio": _round(s.get("cpu_step_ratio"), 6),  # type: ignore[arg-type]
+        "step_unconfirmed": bool(s.get("step_unconfirmed", False)),
         "cand_speed_ratio": _round(s.get("cand_speed_ratio"), 6),  # type: ignore[arg-type]
         "speed_reference_us": _us(s.get("speed_reference_ns")),  # type: ignore[arg-type]
         "speed_note": s.get("speed_note"),

@@ -139,13 +139,23 @@ def adjusted(units: pl.DataFrame, reference: float) -> pl.DataFrame:
     return units.with_columns((pl.col("step_ns") * reference / pl.col("probe_ns")).round(0).cast(pl.Int64).alias("step_ns"))
 
 
+def _capped_probe() -> pl.Expr:
+    return pl.min_horizontal(pl.col("probe_ns"), pl.col("probe_ns").median().over("rank") * PROBE_CAP)
+
+
+def cpu_per_step(units: pl.DataFrame) -> pl.DataFrame:
+    """``probed_units`` of one or more runs (ranks apart) -> (rank, step, step_ns) with ``step_ns``
+    the step's window of CPU time less its probe (a probe counts for at most ``PROBE_CAP`` times
+    the rank's median: a longer one was preempted, and the CPU clock beside it had stopped)."""
+    work = pl.max_horizontal(pl.col("window_cpu_ns") - _capped_probe(), pl.lit(0))
+    return units.select("rank", "step", work.round(0).cast(pl.Int64).alias("step_ns"))
+
+
 def cpu_at_speed(units: pl.DataFrame, reference: float) -> pl.DataFrame:
-    """``probed_units`` of one or more runs (ranks apart) -> (rank, step, step_ns) with
-    ``step_ns`` the step's window of CPU time less its probe, times ``reference`` over the probe.
+    """``cpu_per_step`` times ``reference`` over the step's probe (capped as there).
     Each step's own probe follows the machine's speed through the run (a neighbour on the
     other hyperthread of the core, the clock), but it is timed on the wall clock, and one
     preempted on a crowded machine reads a whole time slice long where the CPU clock beside it
-    had stopped: a probe counts for at most ``PROBE_CAP`` times the rank's median."""
-    probe = pl.min_horizontal(pl.col("probe_ns"), pl.col("probe_ns").median().over("rank") * PROBE_CAP)
-    work = pl.max_horizontal(pl.col("window_cpu_ns") - probe, pl.lit(0))
-    return units.select("rank", "step", (work * reference / probe).round(0).cast(pl.Int64).alias("step_ns"))
+    had stopped."""
+    work = pl.max_horizontal(pl.col("window_cpu_ns") - _capped_probe(), pl.lit(0))
+    return units.select("rank", "step", (work * reference / _capped_probe()).round(0).cast(pl.Int64).alias("step_ns"))
