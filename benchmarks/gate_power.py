@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -108,6 +109,7 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     db_path = args.db or str(Path(tmp.name) / "gate.db")
     counts: dict[tuple[int, str, str], list[int]] = {}  # (load, variant, gate) -> [caught, judged]
+    measures: dict[int, list[dict[str, Any]]] = {}  # load -> the history gate's diff summaries
     t0, load_before = time.time(), load_average()
     for load in loads:
         spinners = [] if args.rejudge else busy_processes(load)
@@ -132,10 +134,12 @@ def main() -> None:
                             ref = history_at(load, pair, args.history) if args.rejudge else f"tag:branch=main-{load}"
                             gates.append((f"history of {args.history}", ref))
                         for gate, ref in gates:
-                            hit = judge_ref(db, ref, cand, variant, args.history)
+                            caught, summary = judge_ref(db, ref, cand, variant, args.history)
                             c = counts.setdefault((load, variant, gate), [0, 0])
-                            c[0] += int(hit)
+                            c[0] += int(caught)
                             c[1] += 1
+                            if gate != "single base":
+                                measures.setdefault(load, []).append(summary)
                 print(f"load {load} pair {pair + 1}/{args.pairs} done ({time.time() - t0:.0f} s, "
                       f"load average {load_average()})", file=sys.stderr)
         finally:
@@ -150,6 +154,8 @@ def main() -> None:
     for (load, variant, gate), (hit, n) in sorted(counts.items(), key=lambda kv: (kv[0][0], variants.index(kv[0][1]), kv[0][2])):
         print(f"{load:>10}  {variant:<11} {gate:<22} {hit / n:>6.0%}  {hit}/{n}")
     print(json.dumps({f"{load}|{variant}|{gate}": c for (load, variant, gate), c in counts.items()}))
+    for load, summaries in sorted(measures.items()):
+        print(f"load {load}: {step_measures(summaries)}")
     tmp.cleanup()
 
 
@@ -160,9 +166,25 @@ def history_at(load: int, pair: int, window: int) -> list[str]:
     return names[:window]
 
 
-def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> bool:
-    """Whether the gate (base ``ref``: a run, or a tag selector) catches ``cand``; for A/A,
-    whether it fails: a false alarm."""
+def step_measures(summaries: list[dict[str, Any]]) -> str:
+    """What the history gate's step verdicts judged (``summary.step_measure``), how far apart the
+    history's runs lay on each measure weighed (``step_spreads``, medians), and how many step
+    verdicts the other measure did not confirm (``step_unconfirmed``)."""
+    judged: dict[str, int] = {}
+    spreads: dict[str, list[float]] = {}
+    for s in summaries:
+        judged[str(s.get("step_measure"))] = judged.get(str(s.get("step_measure")), 0) + 1
+        for m, v in (s.get("step_spreads") or {}).items():
+            spreads.setdefault(m, []).append(v)
+    spread = ", ".join(f"{m} {statistics.median(v):.1%}" for m, v in sorted(spreads.items()))
+    unconfirmed = sum(1 for s in summaries if s.get("step_unconfirmed"))
+    return (f"step judged on {', '.join(f'{m} {n}x' for m, n in sorted(judged.items()))}; the history's median "
+            f"spread {spread or 'none'}; {unconfirmed} step verdicts not confirmed by the other measure")
+
+
+def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> tuple[bool, dict[str, Any]]:
+    """Whether the gate (base ``ref``: a run, or a tag selector) catches ``cand`` (for A/A,
+    whether it fails: a false alarm), and the diff's summary."""
     result = db.diff(ref, cand, window=window)
     if variant == "A/A" and result.failed("regression"):  # say what raised the false alarm
         blamed = result.timing.filter(result.timing["verdict"] == "regression")
@@ -171,8 +193,8 @@ def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> bool:
               f"{list(zip(blamed['fqn'], blamed['phase'], blamed['self_ratio'], strict=True))}", file=sys.stderr)
     if VARIANTS[variant][1] == "block" and variant != "A/A":
         blamed = result.timing.filter(result.timing["verdict"] == "regression")["fqn"].to_list()
-        return any(f.endswith(f".{SLOW_BLOCK}") for f in blamed)
-    return bool(result.failed("regression"))
+        return any(f.endswith(f".{SLOW_BLOCK}") for f in blamed), result.summary
+    return bool(result.failed("regression")), result.summary
 
 
 if __name__ == "__main__":

@@ -352,8 +352,9 @@ def _long_steps() -> Iterator[None]:
     """The state the tests of long steps train in: one intra-op thread, and denormal floats
     flushed to zero.  The gradients through 150 tanh layers (a block 1.5 times LONG) reach
     denormals, and the CPU then ran that candidate 3x to 10x slower than LONG's, varying step by
-    step, unless an earlier import had set the thread to flush them (a library built with
-    fast-math does): these tests set it, the same for every run, and clear it after."""
+    step, unless the thread flushes them; something earlier in the full suite's process had set
+    that (a library built with fast-math does when it loads), so a test run alone differed.
+    These tests set it, the same for every run, and clear it after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
