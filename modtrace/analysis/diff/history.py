@@ -110,8 +110,8 @@ def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, o
     whose runs differ as much as load makes them does not cry wolf.
 
     ``at_speed``: the step times are a steadier measure (``_speed_adjusted``: at the history's
-    machine speed, or the thread's CPU time), the levels their medians (``ADJUSTED_QUANTILE``).  Those hold far stiller from run to run than raw
-    times, and the margin beyond the range is the larger of ``threshold`` and the range's width
+    machine speed, or the thread's CPU time), the levels their medians (``ADJUSTED_QUANTILE``).
+    Those hold far stiller from run to run than raw times, and the margin beyond the range is the larger of ``threshold`` and the range's width
     relative to its median, not both: above high * (1 + max(threshold, (high - low) / median))
     (the rule's choice, measured on recordings, is in docs/performance.md).
     """
@@ -205,10 +205,10 @@ def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame, cpu: bool) 
     (``speed.cpu_at_speed``: "cpu") and as measured (``speed.cpu_per_step``: "cpu_raw").  The
     verdict judges the one that spread less across the history's runs (``run_spread``; a tie
     keeps the probe), and the other must agree (``_corroborated``).  The probe follows a machine
-    whose speed changes (another tenant, the clock) but adds noise of its own: on two recordings
-    of 34 unchanged runs per load the runs' CPU time per step spread 3 to 10% and over the probe
-    6 to 11% (docs/performance.md, "Seventh measurement"); which one holds stiller is what the
-    history's own runs show.  Else one: their wall times at the history's speed
+    whose speed changes (another tenant, the clock) but adds noise of its own: on three
+    recordings of 34 unchanged runs per load the runs' CPU time per step spread 3 to 10% (sd of
+    log) and over the probe 6 to 11%, and which one held stiller changed with the day and the
+    load (docs/performance.md, "Seventh measurement"); the history's own runs show which.  Else one: their wall times at the history's speed
     (``speed.adjusted``: "wall")."""
     sides = [*history, cand]
     if unprobed(sides):
@@ -234,9 +234,9 @@ def _corroborated(verdict: str, other: _Measure | None, options: DiffOptions) ->
     """Whether the other CPU measure agrees with a step ``verdict``: the candidate's median on it
     above (regression) or below (improvement) the history's median by more than ``threshold``.
     A change of the code shows on both; a change of the machine's speed on the CPU time as
-    measured alone, a probe's noise on the CPU time over the probe alone.  Judged on two
-    recordings (docs/performance.md, "Seventh measurement"): without it, 2 A/A false alarms in
-    180 pairs; with it none, and 5 fewer of 180 uniform 1.3x slowdowns caught."""
+    measured alone, a probe's noise on the CPU time over the probe alone.  Judged on three
+    recordings (docs/performance.md, "Seventh measurement"): without it, 3 A/A false alarms in
+    270 pairs; with it none, and 4 fewer of 270 uniform 1.3x slowdowns caught."""
     ratio = None if other is None else other.ratio()
     if verdict not in ("regression", "improvement") or ratio is None:
         return True
