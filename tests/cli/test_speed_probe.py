@@ -439,10 +439,16 @@ def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move
     for key, over_probe in (("adjusted_step_ratio", True), ("cpu_step_ratio", False)):
         runs = _run_medians(db, ("h0", "h1", "h2"), over_probe)
         assert s[key] == pytest.approx(_run_medians(db, ("crowded",), over_probe)[0] / median(runs), rel=0.02)
-    # the judged one measured 0.81 to 0.98 over the probe on a machine whose unchanged runs moved
-    # about 5% from run to run
-    ratio = s["adjusted_step_ratio"] if judged == "cpu" else s["cpu_step_ratio"]
-    assert 0.75 < ratio < 1.2, _step_keys(s)
+    # Over the probe it measured 0.81 to 0.98 on a machine whose unchanged runs moved about 5% from
+    # run to run.  As measured it can read more than the margin: sharing one CPU with two busy
+    # processes, the thread's caches are refilled after every switch, and its CPU time per step read
+    # 1.23x in one CI run, where the history's runs lay 0.6% apart (1.3% over the probe) and so that
+    # measure was judged; the probe's 0.86 did not confirm it, so the step was no regression.
+    assert 0.75 < s["adjusted_step_ratio"] < 1.2, _step_keys(s)
+    raw = _run_medians(db, ("h0", "h1", "h2"), over_probe=False)
+    beyond = _run_medians(db, ("crowded",), over_probe=False)[0] > max(raw) * (1 + max(0.1, spreads["cpu_raw"]))
+    if judged == "cpu_raw" and beyond:  # the rule's margin on the judged measure, from the rows
+        assert s["step_unconfirmed"] is True, _step_keys(s)
     assert history and all(w > 0 for w in history)
     code, doc = _diff(run_cli, db, "tag:branch=main", "slow15")
     s = doc["summary"]
