@@ -311,7 +311,9 @@ def test_probes_are_divided_by_the_cpu_share_only_when_every_run_noted_it(tmp_pa
     # every run noted its share: each probe is divided by it (at most 1, so never made shorter)
     code, doc = _diff(run_cli, db, "tag:branch=main", "host", "--skip-steps", "1")
     s = doc["summary"]
-    assert (s["step_adjusted"], s["speed_note"]) == (True, None)
+    # judged on a measure from the probes (on one intra-op thread, the CPU time as measured may be
+    # the one: step_adjusted is then false)
+    assert (s["step_measure"] is not None, s["speed_note"]) == (True, None), _step_keys(s)
     assert s["speed_reference_us"] * 1000 >= median(probes("h0", "h1", "h2")) - 1
 
 
@@ -341,7 +343,8 @@ def test_probes_of_different_work_are_not_compared(tmp_path: Path, run_cli) -> N
     with con:
         con.execute("UPDATE step_speeds SET work = NULL")
     con.close()
-    assert _diff(run_cli, db, "tag:branch=main", "new")[1]["summary"]["step_adjusted"] is True
+    s = _diff(run_cli, db, "tag:branch=main", "new")[1]["summary"]
+    assert s["step_measure"] is not None and s["speed_note"] is None, _step_keys(s)
 
 
 LONG = 100  # a block's reps for steps longer than the scheduler's slice
@@ -453,8 +456,10 @@ def test_a_cpu_program_is_judged_on_its_cpu_time_and_a_crowded_cpu_does_not_move
     code, doc = _diff(run_cli, db, "tag:branch=main", "slow15")
     s = doc["summary"]
     assert (code, s["step_verdict"], s["step_measure"]) == (1, "regression", judged), _step_keys(s)
-    # measured 1.44 to 1.53 over the probe; both measures show it
-    assert 1.25 < s["adjusted_step_ratio"] < 1.75 and 1.25 < s["cpu_step_ratio"] < 1.75, _step_keys(s)
+    # measured 1.44 to 1.53 over the probe; both measures show it, the other beyond the 10% it must
+    # agree by (1.249 once)
+    ratios = {"cpu": s["adjusted_step_ratio"], "cpu_raw": s["cpu_step_ratio"]}
+    assert 1.2 < ratios[judged] < 1.75 and min(ratios.values()) > 1.1, (spreads, _step_keys(s))
     out = " ".join(run_cli("diff", "--db", db, "tag:branch=main", "slow15").out.split())
     assert "step times judged as the program's CPU time per step" in out
     # probes taken with two intra-op threads: the other thread's work is not on the recording
@@ -500,7 +505,7 @@ def test_the_steadier_cpu_measure_is_judged_and_the_other_must_agree(tmp_path: P
     history's runs say which holds stiller, and that one is judged; a step-wide change must show
     on the other too.  Three machines, from one real recording: probes that read noisy while the
     steps did not (the CPU time as measured is judged), a machine whose speed changed from run to
-    run (over the probe is judged), and a candidate on a machine 1.3 times as slow (as measured it
+    run (over the probe is judged), and a candidate on a machine 1.5 times as slow (as measured it
     is beyond the history, over the probe it is not: no regression, and the diff says why)."""
     import shutil
 
@@ -539,18 +544,24 @@ def test_the_steadier_cpu_measure_is_judged_and_the_other_must_agree(tmp_path: P
             _step_keys(s)
         cand = _run_medians(path, ("slow15",), over_probe=False)[0]
         assert s["cpu_step_ratio"] == pytest.approx(cand / median(_run_medians(path, history, False)), rel=0.02)
-        assert s["cpu_step_ratio"] > 1.25 and s["adjusted_step_ratio"] > 1.25, _step_keys(s)
+        # 1.5 times the work: judged well above, and the other measure beyond the 10% it must
+        # agree by (it varies more from run to run: over the probe here, or as measured on a
+        # machine whose speed moved, 1.20 once)
+        ratios = {"cpu": s["adjusted_step_ratio"], "cpu_raw": s["cpu_step_ratio"]}
+        assert ratios[judged] > 1.2 and min(ratios.values()) > 1.1, _step_keys(s)
     out = " ".join(run_cli("diff", "--db", noisy, "tag:branch=main", "slow15").out.split())
     assert ("step times judged as the program's CPU time per step, as measured: across the history's runs it held "
             "closer together than over the speed probe (the history's runs spread") in out
     assert "CPU time per step +" in out and "a step-wide regression" in out
-    # the same code on a machine 1.3x as slow, judged where the probes are noisy: the CPU time as
+    # the same code on a machine 1.5x as slow, judged where the probes are noisy: the CPU time as
     # measured lies beyond the history, over the probe it does not
-    _as_machine(noisy, {"same": 1.3})
+    _as_machine(noisy, {"same": 1.5})
     code, doc = _diff(run_cli, noisy, "tag:branch=main", "same")
     s = doc["summary"]
     assert (code, s["step_measure"], s["step_verdict"], s["step_unconfirmed"]) == (0, "cpu_raw", "unchanged", True), \
         _step_keys(s)
-    assert s["cpu_step_ratio"] > 1.2 and abs(s["adjusted_step_ratio"] - 1) < 0.1, _step_keys(s)
+    # as measured it carries the machine's 1.5x; over the probe it stays under the 10% it would
+    # need to confirm (0.88 to 1.0 measured: the probe's own noise)
+    assert s["cpu_step_ratio"] > 1.3 and s["adjusted_step_ratio"] < 1.1, _step_keys(s)
     out = " ".join(run_cli("diff", "--db", noisy, "tag:branch=main", "same").out.split())
     assert "but over the probe it moved" in out and "not judged a step-wide change" in out
