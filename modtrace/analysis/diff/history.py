@@ -205,8 +205,8 @@ def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame, cpu: bool) 
     (``speed.cpu_at_speed``: "cpu") and as measured (``speed.cpu_per_step``: "cpu_raw").  The
     verdict judges the one that spread less across the history's runs (``run_spread``; a tie
     keeps the probe), and the other must agree (``_corroborated``).  The probe follows a machine
-    whose speed changes (another tenant, the clock) but adds noise of its own: on three
-    recordings of 34 unchanged runs per load the runs' CPU time per step spread 3 to 10% (sd of
+    whose speed changes (another tenant, the clock) but adds noise of its own: on four
+    recordings of 34 unchanged runs per load the runs' CPU time per step spread 3 to 12% (sd of
     log) and over the probe 6 to 11%, and which one held stiller changed with the day and the
     load (docs/performance.md, "Seventh measurement"); the history's own runs show which.  Else one: their wall times at the history's speed
     (``speed.adjusted``: "wall")."""
@@ -234,9 +234,9 @@ def _corroborated(verdict: str, other: _Measure | None, options: DiffOptions) ->
     """Whether the other CPU measure agrees with a step ``verdict``: the candidate's median on it
     above (regression) or below (improvement) the history's median by more than ``threshold``.
     A change of the code shows on both; a change of the machine's speed on the CPU time as
-    measured alone, a probe's noise on the CPU time over the probe alone.  Judged on three
+    measured alone, a probe's noise on the CPU time over the probe alone.  Judged on four
     recordings (docs/performance.md, "Seventh measurement"): without it, 3 A/A false alarms in
-    270 pairs; with it none, and 4 fewer of 270 uniform 1.3x slowdowns caught."""
+    360 pairs; with it none, and 12 fewer of 360 uniform 1.3x slowdowns caught."""
     ratio = None if other is None else other.ratio()
     if verdict not in ("regression", "improvement") or ratio is None:
         return True
