@@ -118,7 +118,6 @@ def headline(doc: dict[str, Any]) -> list[str]:
             f"{what} at the history's machine speed (the speed probe before each step): the candidate's "
             f"probe time {fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
             f"{fmt_ratio(s['adjusted_step_ratio'])}" + _spread_note(spreads))
-        ratio = s["adjusted_step_ratio"]
     elif s.get("step_measure") == "cpu_raw":
         lines.append(
             "step times judged as the program's CPU time per step, as measured: across the history's runs "
@@ -126,12 +125,12 @@ def headline(doc: dict[str, Any]) -> list[str]:
             + f"; the candidate's CPU time per step {fmt_ratio(s['cpu_step_ratio'])}, its probe time "
             f"{fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
             f"{fmt_ratio(s['adjusted_step_ratio'])}")
-        ratio = s["cpu_step_ratio"]
+    if s.get("step_measure"):
+        ratio = judged_step_ratio(s)
     if s.get("step_unconfirmed"):
-        judged, other = ((s["cpu_step_ratio"], s["adjusted_step_ratio"]) if s.get("step_measure") == "cpu_raw"
-                         else (s["adjusted_step_ratio"], s["cpu_step_ratio"]))
+        other = s["adjusted_step_ratio"] if s.get("step_measure") == "cpu_raw" else s["cpu_step_ratio"]
         lines.append(
-            f"note: the step time {fmt_ratio(judged)} lay beyond the history's range, but "
+            f"note: the step time {fmt_ratio(ratio)} lay beyond the history's range, but "
             f"{'over the probe' if s.get('step_measure') == 'cpu_raw' else 'as measured'} it moved "
             f"{fmt_ratio(other)}, within {o['threshold_pct']:g}% of the history's median: not judged a "
             "step-wide change (the machine's speed, or the probe's noise)")

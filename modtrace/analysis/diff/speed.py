@@ -143,12 +143,16 @@ def _capped_probe() -> pl.Expr:
     return pl.min_horizontal(pl.col("probe_ns"), pl.col("probe_ns").median().over("rank") * PROBE_CAP)
 
 
+def _cpu_work() -> pl.Expr:
+    """A step's window of CPU time less its capped probe (``cpu_per_step``)."""
+    return pl.max_horizontal(pl.col("window_cpu_ns") - _capped_probe(), pl.lit(0))
+
+
 def cpu_per_step(units: pl.DataFrame) -> pl.DataFrame:
     """``probed_units`` of one or more runs (ranks apart) -> (rank, step, step_ns) with ``step_ns``
     the step's window of CPU time less its probe (a probe counts for at most ``PROBE_CAP`` times
     the rank's median: a longer one was preempted, and the CPU clock beside it had stopped)."""
-    work = pl.max_horizontal(pl.col("window_cpu_ns") - _capped_probe(), pl.lit(0))
-    return units.select("rank", "step", work.round(0).cast(pl.Int64).alias("step_ns"))
+    return units.select("rank", "step", _cpu_work().round(0).cast(pl.Int64).alias("step_ns"))
 
 
 def cpu_at_speed(units: pl.DataFrame, reference: float) -> pl.DataFrame:
@@ -157,5 +161,5 @@ def cpu_at_speed(units: pl.DataFrame, reference: float) -> pl.DataFrame:
     other hyperthread of the core, the clock), but it is timed on the wall clock, and one
     preempted on a crowded machine reads a whole time slice long where the CPU clock beside it
     had stopped."""
-    work = pl.max_horizontal(pl.col("window_cpu_ns") - _capped_probe(), pl.lit(0))
-    return units.select("rank", "step", (work * reference / _capped_probe()).round(0).cast(pl.Int64).alias("step_ns"))
+    return units.select("rank", "step", (_cpu_work() * reference / _capped_probe()).round(0).cast(pl.Int64)
+                        .alias("step_ns"))
