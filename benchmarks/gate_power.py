@@ -19,7 +19,11 @@ baseline run, and the history gate against the newest ``--history``
 baseline runs.  A/A: any failure of ``--fail-on
 regression`` is a false alarm.  Block 1 slower: detected when block 1 is
 blamed (a regression).  Everything slower: detected when the gate fails
-(a step regression, or any module's).  Prints a table (rates, counts) and
+(a step regression, or any module's).  The "work counters" row says whether
+``--fail-on counters`` fails: every slower candidate here does more work (its
+Linear applied more often), which the exact counters see whatever the
+machine's noise; a slowdown of the same work they cannot see, so the time
+rows are the gate's power.  Prints a table (rates, counts) and
 one JSON line; progress goes to stderr.  With ``--speed-probe`` every run is
 recorded with the speed probe, and the history gate judges step times at the
 history's machine speed (``modtrace.analysis.diff.speed``).  Sizes are arguments: on a shared
@@ -51,6 +55,9 @@ VARIANTS: dict[str, tuple[float, str]] = {  # name -> (slowdown, "block" (block 
     "all 1.3x": (1.3, "all"),
 }
 SLOW_BLOCK = 1
+# The gate row of the work counters (``--fail-on counters``): what the candidate did, not how long
+# it took; every run counts its first step (``Recorder(counters="first")``, the default).
+WORK_GATE = "work counters"
 
 
 def build(slowdown: float, where: str, blocks: int, width: int) -> Any:
@@ -134,12 +141,17 @@ def main() -> None:
                             ref = history_at(load, pair, args.history) if args.rejudge else f"tag:branch=main-{load}"
                             gates.append((f"history of {args.history}", ref))
                         for gate, ref in gates:
-                            caught, summary = judge_ref(db, ref, cand, variant, args.history)
+                            caught, result = judge_ref(db, ref, cand, variant, args.history)
                             c = counts.setdefault((load, variant, gate), [0, 0])
                             c[0] += int(caught)
                             c[1] += 1
                             if gate != "single base":
-                                measures.setdefault(load, []).append(summary)
+                                measures.setdefault(load, []).append(result.summary)
+                        # the work counters are exact and compared with the newest base run by
+                        # either gate: one row, --fail-on counters
+                        w = counts.setdefault((load, variant, WORK_GATE), [0, 0])
+                        w[0] += int(result.failed("counters"))
+                        w[1] += 1
                 print(f"load {load} pair {pair + 1}/{args.pairs} done ({time.time() - t0:.0f} s, "
                       f"load average {load_average()})", file=sys.stderr)
         finally:
@@ -182,9 +194,9 @@ def step_measures(summaries: list[dict[str, Any]]) -> str:
             f"spread {spread or 'none'}; {unconfirmed} step verdicts not confirmed by the other measure")
 
 
-def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> tuple[bool, dict[str, Any]]:
-    """Whether the gate (base ``ref``: a run, or a tag selector) catches ``cand`` (for A/A,
-    whether it fails: a false alarm), and the diff's summary."""
+def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> tuple[bool, Any]:
+    """Whether the gate (base ``ref``: a run, or a tag selector) catches ``cand`` on time (for A/A,
+    whether it fails ``--fail-on regression``: a false alarm), and the diff's result."""
     result = db.diff(ref, cand, window=window)
     if variant == "A/A" and result.failed("regression"):  # say what raised the false alarm
         blamed = result.timing.filter(result.timing["verdict"] == "regression")
@@ -193,8 +205,8 @@ def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> tuple[
               f"{list(zip(blamed['fqn'], blamed['phase'], blamed['self_ratio'], strict=True))}", file=sys.stderr)
     if VARIANTS[variant][1] == "block" and variant != "A/A":
         blamed = result.timing.filter(result.timing["verdict"] == "regression")["fqn"].to_list()
-        return any(f.endswith(f".{SLOW_BLOCK}") for f in blamed), result.summary
-    return bool(result.failed("regression")), result.summary
+        return any(f.endswith(f".{SLOW_BLOCK}") for f in blamed), result
+    return bool(result.failed("regression")), result
 
 
 if __name__ == "__main__":
