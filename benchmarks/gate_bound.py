@@ -5,7 +5,7 @@
 ``gate_power.py --speed-probe --db GATE.db`` leaves, per load, ``--history`` - 1
 older baseline runs, one baseline run per pair, and each pair's candidates.
 The history gate sees five baseline runs; this script looks at all of them
-(34 at 30 pairs), on the two measures the step verdict weighs for a CPU
+(34 at 30 pairs), on the two measures the step verdict weighs, computed here from the stored probes for a CPU
 program on one intra-op thread (``modtrace.analysis.diff.history``): the
 thread's CPU time per step as measured ("cpu_raw") and over the step's speed
 probe ("cpu").  Each run's level is its median step on the measure.
@@ -30,39 +30,30 @@ from __future__ import annotations
 
 import argparse
 import math
+import sqlite3
 import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # this tree's benchmarks and modtrace
-
 MEASURES = ("cpu_raw", "cpu")
+PROBE_CAP = 1.5  # as modtrace.analysis.diff.speed caps a preempted probe
 
 
-def run_levels(db: object, name: str) -> dict[str, float]:
-    """One run -> its median step on each measure, from the step verdict's own frames (``speed``):
-    "cpu_raw" in ns, "cpu" as CPU time over the step's capped probe (only ratios are read)."""
-    from modtrace.analysis.diff.samples import (
-        compared_calls,
-        module_keys,
-        module_lookup,
-        step_units,
-        with_mkey,
-    )
-    from modtrace.analysis.diff.speed import cpu_at_speed, cpu_per_step, probed_units
-    from modtrace.api._diff import like_with_like_all
-
-    side = db._side(name, None, None, "host")  # type: ignore[attr-defined]
-    calls = like_with_like_all([side], None)[0]
-    lookup = module_lookup(calls)
-    compared = with_mkey(compared_calls(calls.calls, 1), lookup, module_keys(lookup))
-    units = probed_units(compared, step_units(compared), calls.speeds)
-    if units.height == 0 or units["window_cpu_ns"].null_count() == units.height:
+def run_levels(conn: sqlite3.Connection, name: str, skip: int = 1) -> dict[str, float]:
+    """One run -> its median step on each measure, from its stored probes (``step_speeds``, the
+    schema's "Machine speed"): from the probe before a step to the next probe, the recording
+    thread's CPU time less the probe (a probe counts for at most ``PROBE_CAP`` times the run's
+    median), as measured ("cpu_raw", ns) and over that probe ("cpu"); the first ``skip`` steps
+    left out, as ``modtrace diff`` leaves them."""
+    rows = conn.execute("SELECT s.step, s.probe_ns, s.cpu_ns FROM step_speeds s JOIN runs r ON r.id = s.run_id "
+                        "WHERE r.name = ? AND s.rank = 0 ORDER BY s.step", (name,)).fetchall()
+    windows = [(c1 - c0, p) for (step, p, c0), (_, _, c1) in zip(rows, rows[1:], strict=False)
+               if step >= skip and c0 is not None and c1 is not None]
+    if not windows:
         raise SystemExit(f"run {name!r} has no probed step with its CPU time: record with --speed-probe")
-    # at a reference probe of 1000 ns: the level over the probe, scaled (only ratios are read)
-    return {"cpu_raw": float(cpu_per_step(units)["step_ns"].median()),  # type: ignore[arg-type]
-            "cpu": float(cpu_at_speed(units, 1000.0)["step_ns"].median())}  # type: ignore[arg-type]
+    cap = PROBE_CAP * statistics.median(p for _, p in windows)
+    work = [(max(cpu - min(p, cap), 0), min(p, cap)) for cpu, p in windows]
+    return {"cpu_raw": statistics.median(w for w, _ in work), "cpu": statistics.median(w / p for w, p in work)}
 
 
 def main() -> None:
@@ -71,10 +62,10 @@ def main() -> None:
     p.add_argument("--loads", default="0,1,2", help="the loads it recorded, comma-separated")
     p.add_argument("--sd", type=float, default=3.0, help="the oracle's bound, in sd of log above the median")
     args = p.parse_args()
-    import modtrace
-
-    with modtrace.open(args.db) as db:
-        names = set(db.runs()["name"].to_list())
+    if not Path(args.db).is_file():
+        raise SystemExit(f"no such database: {args.db}")
+    with sqlite3.connect(f"file:{args.db}?mode=ro", uri=True) as db:
+        names = {n for (n,) in db.execute("SELECT name FROM runs")}
         print(f"{'busy':>4}  {'measure':<8} {'sd log':>6}  {'1.3x/base':>9}  {'oracle caught':>13}  "
               f"{'A/A':>4}  {'in-sample bound':>15}  caught")
         for load in (int(x) for x in args.loads.split(",") if x):

@@ -127,6 +127,9 @@ def headline(doc: dict[str, Any]) -> list[str]:
             f"{fmt_ratio(s['adjusted_step_ratio'])}")
     if s.get("step_measure"):
         ratio = judged_step_ratio(s)
+    if history and s.get("step_bounds") and verdict not in ("regression", "improvement") \
+            and not s.get("step_unconfirmed"):
+        lines.append(_bounds_line(s["step_bounds"], bool(s.get("step_measure")), o))
     if s.get("step_unconfirmed"):
         other = s["adjusted_step_ratio"] if s.get("step_measure") == "cpu_raw" else s["cpu_step_ratio"]
         lines.append(
@@ -327,6 +330,18 @@ def _spread_note(spreads: dict[str, float | None]) -> str:
     parts = [f"{v * 100:.1f}% {names[m]}" for m, v in sorted(spreads.items(), key=lambda kv: kv[0] != "cpu_raw")
              if m in names and v is not None]
     return f" (the history's runs spread {', '.join(parts)})" if len(parts) > 1 else ""
+
+
+def _bounds_line(bounds: list[float], median: bool, o: dict[str, Any]) -> str:
+    """What the history can tell (``summary.step_bounds``): the step-wide changes beyond its noise.
+    ``median``: the step verdict judged medians (a probe-based measure), else the history's
+    ``level_pct`` percentiles."""
+    low, high = bounds
+    level = "median" if median else f"median {_ordinal(o['level_pct'])} percentile step time"
+    widened = ("its own spread or " if median else "its own width and ") + f"{o['threshold_pct']:g}%"
+    return (f"a step-wide change is told only beyond {fmt_ratio(high)} or {fmt_ratio(low)} of the history's {level} "
+            f"(its range widened by {widened}{', whichever is larger' if median else ''}): a smaller one lies "
+            "within the spread of its runs")
 
 
 def judged_step_ratio(s: dict[str, Any]) -> float | None:

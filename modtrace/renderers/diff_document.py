@@ -55,6 +55,15 @@ existing ones are not renamed or removed without bumping ``format``.
                   "cpu_raw", or "wall": the spread of the history's
                   runs' median step times on it, (highest - lowest) /
                   median; {} when none),
+                  step_bounds ([low, high]: against a history, the
+                  step verdict's bounds as ratios to the history's
+                  median level on the judged measure: a candidate
+                  above high is a step regression, below low an
+                  improvement (with the min_delta and significance
+                  conditions, and the other CPU measure's agreement);
+                  between them a step-wide change cannot be told from
+                  the spread of the history's runs; null for one base
+                  run),
                   step_unconfirmed (true: the judged measure lay beyond
                   the history's range but the other CPU measure moved
                   less than the threshold from the history's median, so
@@ -246,6 +255,7 @@ def document(
         "adjusted_step_ratio": _round(s.get("adjusted_step_ratio"), 6),  # type: ignore[arg-type]
         "cpu_step_ratio": _round(s.get("cpu_step_ratio"), 6),  # type: ignore[arg-type]
         "step_unconfirmed": bool(s.get("step_unconfirmed", False)),
+        "step_bounds": None if s.get("step_bounds") is None else [_round(v, 6) for v in s["step_bounds"]],  # type: ignore[attr-defined]
         "cand_speed_ratio": _round(s.get("cand_speed_ratio"), 6),  # type: ignore[arg-type]
         "speed_reference_us": _us(s.get("speed_reference_ns")),  # type: ignore[arg-type]
         "speed_note": s.get("speed_note"),

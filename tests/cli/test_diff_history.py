@@ -123,3 +123,33 @@ def test_a_history_on_any_database(any_db: str, run_cli) -> None:  # type: ignor
     doc = doc_of(res.out)
     assert [h["run"] for h in doc["base"]["history"]] == ["h1", "h0"]
     assert doc["summary"]["step_verdict"] == "regression"
+
+
+def test_the_history_says_what_step_wide_change_it_can_tell(history_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """The step verdict's bounds, as ratios to the history's median level, from the stored steps:
+    each base run's level is the 10th percentile of its step times (the first step skipped),
+    and the rule widens their range by its own width and 10%."""
+    import sqlite3
+    from statistics import median, quantiles
+
+    with sqlite3.connect(history_db) as conn:
+        levels = []
+        for i in range(len(LOADS)):
+            steps = [r[0] for r in conn.execute(
+                "SELECT s.step_ns FROM steps s JOIN runs r ON r.id = s.run_id WHERE r.name = ? AND s.step >= 1",
+                (f"base{i}",))]
+            assert len(steps) == STEPS - 1
+            levels.append(quantiles(steps, n=10, method="inclusive")[0])  # linear, as polars
+    low, high, mid = min(levels), max(levels), median(levels)
+    expected = [low * (low / high) * 0.9 / mid, high * (high / low) * 1.1 / mid]
+    s = doc_of(run_cli("diff", "--db", history_db, "tag:branch=main", "aa", "--format", "json").out)["summary"]
+    assert s["step_bounds"] == pytest.approx(expected, rel=1e-4)
+    assert s["history_step_level_low_us"] * 1000 == pytest.approx(low, rel=1e-4)
+    out = " ".join(run_cli("diff", "--db", history_db, "tag:branch=main", "aa").out.split())
+    assert (f"a step-wide change is told only beyond {(expected[1] - 1) * 100:+.1f}% or {(expected[0] - 1) * 100:+.1f}% "
+            "of the history's median 10th percentile step time (its range widened by its own width and 10%)") in out
+    # a step-wide regression says why instead; one base run has no bounds
+    slow = " ".join(run_cli("diff", "--db", history_db, "tag:branch=main", "slow3x").out.split())
+    assert "a step-wide regression" in slow and "is told only beyond" not in slow
+    one = doc_of(run_cli("diff", "--db", history_db, "base4", "aa", "--format", "json").out)["summary"]
+    assert one["step_bounds"] is None

@@ -538,6 +538,14 @@ def test_the_steadier_cpu_measure_is_judged_and_the_other_must_agree(tmp_path: P
         assert (code, s["step_measure"], s["step_verdict"]) == (0, judged, "unchanged"), _step_keys(s)
         assert s["step_spreads"] == pytest.approx(spreads, rel=0.02), _step_keys(s)
         assert s["step_adjusted"] is (judged == "cpu")
+        # what the history can tell: its range on the judged measure, widened by its spread or 10%
+        runs = _run_medians(path, history, over_probe=judged == "cpu")
+        margin = max(0.1, spread(runs))
+        bounds = [min(runs) * (1 - margin) / median(runs), max(runs) * (1 + margin) / median(runs)]
+        assert s["step_bounds"] == pytest.approx(bounds, rel=0.02), _step_keys(s)
+        out = " ".join(run_cli("diff", "--db", path, "tag:branch=main", "same").out.split())
+        assert (f"a step-wide change is told only beyond {(s['step_bounds'][1] - 1) * 100:+.1f}% or "
+                f"{(s['step_bounds'][0] - 1) * 100:+.1f}% of the history's median") in out
         code, doc = _diff(run_cli, path, "tag:branch=main", "slow15")
         s = doc["summary"]
         assert (code, s["step_measure"], s["step_verdict"], s["step_unconfirmed"]) == (1, judged, "regression", False), \
@@ -549,6 +557,7 @@ def test_the_steadier_cpu_measure_is_judged_and_the_other_must_agree(tmp_path: P
         # machine whose speed moved, 1.20 once)
         ratios = {"cpu": s["adjusted_step_ratio"], "cpu_raw": s["cpu_step_ratio"]}
         assert ratios[judged] > 1.2 and min(ratios.values()) > 1.1, _step_keys(s)
+        assert ratios[judged] > s["step_bounds"][1], _step_keys(s)
     out = " ".join(run_cli("diff", "--db", noisy, "tag:branch=main", "slow15").out.split())
     assert ("step times judged as the program's CPU time per step, as measured: across the history's runs it held "
             "closer together than over the speed probe (the history's runs spread") in out

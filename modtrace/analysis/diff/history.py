@@ -116,25 +116,31 @@ def step_verdict(history: Sequence[float], pooled: pl.Series, cand: pl.Series, o
     (the rule's choice, measured on recordings, is in docs/performance.md).
     """
     p = two_sample_p(pooled, cand)
-    if not history or cand.len() == 0 or p is None or p >= options.alpha:
+    bounds = step_bounds(history, options, at_speed)
+    if bounds is None or cand.len() == 0 or p is None or p >= options.alpha:
         return "unchanged", p
     quantile = ADJUSTED_QUANTILE if at_speed else options.low_quantile
     c = step_levels(pl.DataFrame({"rank": pl.zeros(cand.len(), pl.Int64, eager=True), "step_ns": cand}), quantile)[0]
-    low, high = min(history), max(history)
     mid = float(pl.Series(history).median())  # type: ignore[arg-type]
-    if low <= 0:
-        return "unchanged", p
-    if at_speed:
-        margin = max(options.threshold, (high - low) / mid)
-        above, below = high * (1 + margin), low * (1 - margin)
-    else:
-        above = high * (high / low) * (1 + options.threshold)
-        below = low * (low / high) * (1 - options.threshold)
+    below, above = bounds
     if c > above and c - mid > options.min_delta_ns:
         return "regression", p
     if c < below and mid - c > options.min_delta_ns:
         return "improvement", p
     return "unchanged", p
+
+
+def step_bounds(history: Sequence[float], options: DiffOptions, at_speed: bool) -> tuple[float, float] | None:
+    """(below, above): the candidate's level step time is a step-wide improvement below ``below``
+    and a regression above ``above`` (``step_verdict``'s rule, before its ``min_delta_ns`` and
+    significance conditions); None without a history of positive levels."""
+    if not history or min(history) <= 0:
+        return None
+    low, high = min(history), max(history)
+    if at_speed:
+        margin = max(options.threshold, (high - low) / float(pl.Series(history).median()))  # type: ignore[arg-type]
+        return low * (1 - margin), high * (1 + margin)
+    return low * (low / high) * (1 - options.threshold), high * (high / low) * (1 + options.threshold)
 
 
 @dataclass(frozen=True)
@@ -318,6 +324,8 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
     levels = step_levels(step_b_units, options.low_quantile if speed is None else ADJUSTED_QUANTILE)
     verdict, step_p = step_verdict(levels, step_b_units["step_ns"], step_c_units["step_ns"], options,
                                    at_speed=speed is not None)
+    bounds = step_bounds(levels, options, at_speed=speed is not None)
+    level_mid = float(pl.Series(levels).median()) if levels else 0.0  # type: ignore[arg-type]
     unconfirmed = speed is not None and not _corroborated(verdict, speed.other, options)
     if unconfirmed:
         verdict = "unchanged"
@@ -358,6 +366,9 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "step_spreads": {} if speed is None else speed.spreads(),
         # the judged measure found a step-wide change the other CPU measure did not confirm
         "step_unconfirmed": unconfirmed,
+        # the judged measure's bounds as ratios to the history's median level: a candidate
+        # between them cannot be told from the spread of the history's runs
+        "step_bounds": None if bounds is None or level_mid <= 0 else (bounds[0] / level_mid, bounds[1] / level_mid),
         "speed_reference_ns": None if speed is None else speed.reference,
         "cand_speed_ratio": None if speed is None else speed.cand_speed,
         # the candidate's median over the history's runs' median of its step time over the probe
