@@ -147,6 +147,7 @@ def headline(doc: dict[str, Any]) -> list[str]:
             "larger: "
             f"a step-wide {verdict}"
             + ("" if s["regressions"] or s["improvements"] else " (every module's share of the step alike)")
+            + _unconfirmable_note(s)
         )
     elif verdict in ("regression", "improvement"):
         lines.append(
@@ -342,6 +343,19 @@ def _bounds_line(bounds: list[float], median: bool, o: dict[str, Any]) -> str:
     return (f"a step-wide change is told only beyond {fmt_ratio(high)} or {fmt_ratio(low)} of the history's {level} "
             f"(its range widened by {widened}{', whichever is larger' if median else ''}): a smaller one lies "
             "within the spread of its runs")
+
+
+def _unconfirmable_note(s: dict[str, Any]) -> str:
+    """"; the other CPU measure ... too wide to confirm or deny it" when a step verdict stood on the
+    judged measure alone (``summary.step_confirming`` null beside two measures), else ""."""
+    spreads = {m: v for m, v in (s.get("step_spreads") or {}).items() if m in ("cpu", "cpu_raw") and v is not None}
+    judged = s.get("step_measure")
+    if s.get("step_confirming") or not isinstance(judged, str) or judged not in spreads or len(spreads) < 2:
+        return ""
+    other = next(m for m in spreads if m != judged)
+    names = {"cpu": "over the probe", "cpu_raw": "as measured"}
+    return (f"; the CPU time {names[other]} spread {spreads[other] * 100:.1f}% across the history against "
+            f"{spreads[judged] * 100:.1f}% {names[judged]}: too wide to confirm or deny it")
 
 
 def judged_step_ratio(s: dict[str, Any]) -> float | None:

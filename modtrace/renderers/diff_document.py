@@ -64,8 +64,14 @@ existing ones are not renamed or removed without bumping ``format``.
                   between them a step-wide change cannot be told from
                   the spread of the history's runs; null for one base
                   run),
+                  step_confirming (the CPU measure that had to agree
+                  with a step-wide change, "cpu" or "cpu_raw": the
+                  other one; "cpu_raw" only when it spread at most 3
+                  times as wide across the history as "cpu", judged;
+                  null when it spread wider, too noisy to confirm or
+                  deny, or on wall times),
                   step_unconfirmed (true: the judged measure lay beyond
-                  the history's range but the other CPU measure moved
+                  the history's range but the confirming measure moved
                   less than the threshold from the history's median, so
                   the step verdict is unchanged),
                   adjusted_step_ratio (cand/base median step time at the
@@ -254,6 +260,7 @@ def document(
         "step_spreads": {m: _round(v, 6) for m, v in dict(s.get("step_spreads") or {}).items()},  # type: ignore[call-overload]
         "adjusted_step_ratio": _round(s.get("adjusted_step_ratio"), 6),  # type: ignore[arg-type]
         "cpu_step_ratio": _round(s.get("cpu_step_ratio"), 6),  # type: ignore[arg-type]
+        "step_confirming": s.get("step_confirming"),
         "step_unconfirmed": bool(s.get("step_unconfirmed", False)),
         "step_bounds": None if s.get("step_bounds") is None else [_round(v, 6) for v in s["step_bounds"]],  # type: ignore[attr-defined]
         "cand_speed_ratio": _round(s.get("cand_speed_ratio"), 6),  # type: ignore[arg-type]

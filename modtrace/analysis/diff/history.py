@@ -22,7 +22,9 @@ with the few runs a CI keeps; no normal law assumed):
   judged on a steadier measure of its time (``_speed_adjusted``): on a CPU
   program on one intra-op thread the thread's CPU time per step, at the
   history's machine speed (over the probe) or as measured, whichever spread
-  less across the history's runs; else the wall time at the history's
+  less across the history's runs, the other agreeing (the CPU time as
+  measured only when it spread at most ``CONFIRM_SPREAD`` times as wide
+  as over the probe); else the wall time at the history's
   machine speed.  The level is then their median, beyond the range by its
   width or ``threshold``, the larger.
 
@@ -70,6 +72,13 @@ from modtrace.core.codes import ProbeWork
 # The level of step times adjusted for machine speed: their median (a probe hit by an interrupt
 # makes its step look fast, so their low quantiles are the probe's noise, not the step's).
 ADJUSTED_QUANTILE = 0.5
+# The CPU time as measured must confirm a step verdict judged over the probe only when it spread
+# across the history's runs at most this many times as wide: a wider one cannot tell a change of
+# the size the judged one can, and its veto would be its own noise (at 200 steps per run it spread
+# 16 to 31%, over the probe 5 to 6%, and vetoed 27 of 90 uniform 1.3x changes; docs/performance.md,
+# "Eighth measurement").  A verdict judged on the CPU time as measured is always to be confirmed
+# over the probe: a slower machine shows on the CPU time as measured alone.
+CONFIRM_SPREAD = 3.0
 # Base run i's ranks become i * RANK_STRIDE + rank in the pooled samples: every (run, rank, step) one sample.
 RANK_STRIDE = 1 << 16
 _METRICS = ("self", "incl", "self_share", "incl_share")
@@ -174,8 +183,20 @@ class _Adjusted:
 
     @property
     def other(self) -> _Measure | None:
-        """The other CPU measure, which must agree with a verdict (``_corroborated``); None on wall times."""
+        """The other CPU measure; None on wall times."""
         return next((m for name, m in self.measures.items() if name != self.measure), None)
+
+    @property
+    def confirming(self) -> str | None:
+        """The measure that must agree with a step verdict (``_corroborated``): the other CPU measure,
+        but the CPU time as measured ("cpu_raw") under a verdict over the probe only when its
+        history spread at most ``CONFIRM_SPREAD`` times as wide; None on wall times, or when that
+        one is too noisy to confirm or deny."""
+        other = next((name for name in self.measures if name != self.measure), None)
+        spreads = self.spreads()
+        if other != "cpu_raw" or spreads.get(other) is None or spreads.get(self.measure) is None:
+            return other
+        return other if spreads[other] <= CONFIRM_SPREAD * spreads[self.measure] else None
 
     def spreads(self) -> dict[str, float]:
         return {name: s for name, m in self.measures.items() if (s := run_spread(m.base)) is not None}
@@ -210,8 +231,9 @@ def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame, cpu: bool) 
     of CPU time noted, two: the steps' CPU times at the history's median probe speed
     (``speed.cpu_at_speed``: "cpu") and as measured (``speed.cpu_per_step``: "cpu_raw").  The
     verdict judges the one that spread less across the history's runs (``run_spread``; a tie
-    keeps the probe), and the other must agree (``_corroborated``).  The probe follows a machine
-    whose speed changes (another tenant, the clock) but adds noise of its own: on four
+    keeps the probe), and the other must agree (``_corroborated``; the CPU time as measured only
+    when it spread at most ``CONFIRM_SPREAD`` times as wide, ``_Adjusted.confirming``).  The
+    probe follows a machine whose speed changes (another tenant, the clock) but adds noise of its own: on four
     recordings of 34 unchanged runs per load the runs' CPU time per step spread 3 to 12% (sd of
     log) and over the probe 6 to 11%, and which one held stiller changed with the day and the
     load (docs/performance.md, "Seventh measurement"); the history's own runs show which.  Else one: their wall times at the history's speed
@@ -237,8 +259,9 @@ def _speed_adjusted(history: list[pl.DataFrame], cand: pl.DataFrame, cpu: bool) 
 
 
 def _corroborated(verdict: str, other: _Measure | None, options: DiffOptions) -> bool:
-    """Whether the other CPU measure agrees with a step ``verdict``: the candidate's median on it
-    above (regression) or below (improvement) the history's median by more than ``threshold``.
+    """Whether the other CPU measure (``_Adjusted.confirming``) agrees with a step ``verdict``: the
+    candidate's median on it above (regression) or below (improvement) the history's median by more
+    than ``threshold``.
     A change of the code shows on both; a change of the machine's speed on the CPU time as
     measured alone, a probe's noise on the CPU time over the probe alone.  Judged on four
     recordings (docs/performance.md, "Seventh measurement"): without it, 3 A/A false alarms in
@@ -326,7 +349,9 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
                                    at_speed=speed is not None)
     bounds = step_bounds(levels, options, at_speed=speed is not None)
     level_mid = float(pl.Series(levels).median()) if levels else 0.0  # type: ignore[arg-type]
-    unconfirmed = speed is not None and not _corroborated(verdict, speed.other, options)
+    confirming = None if speed is None else speed.confirming
+    unconfirmed = speed is not None and confirming is not None and not _corroborated(
+        verdict, speed.measures[confirming], options)
     if unconfirmed:
         verdict = "unchanged"
     probed = speed is not None and speed.measure != "cpu_raw"  # judged over the probe
@@ -364,7 +389,11 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "step_measure": None if speed is None else speed.measure,
         # per measure weighed, its spread across the history's runs ((highest - lowest) / median)
         "step_spreads": {} if speed is None else speed.spreads(),
-        # the judged measure found a step-wide change the other CPU measure did not confirm
+        # the measure that had to confirm a step-wide change ("cpu" or "cpu_raw"); None on wall
+        # times, or when the CPU time as measured spread over CONFIRM_SPREAD times as wide as the
+        # judged measure over the probe
+        "step_confirming": confirming,
+        # the judged measure found a step-wide change the confirming measure did not confirm
         "step_unconfirmed": unconfirmed,
         # the judged measure's bounds as ratios to the history's median level: a candidate
         # between them cannot be told from the spread of the history's runs
