@@ -35,8 +35,10 @@ import statistics
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this tree's modtrace
+
 MEASURES = ("cpu_raw", "cpu")
-PROBE_CAP = 1.5  # as modtrace.analysis.diff.speed caps a preempted probe
 
 
 def run_levels(conn: sqlite3.Connection, name: str, skip: int = 1) -> dict[str, float]:
@@ -45,6 +47,8 @@ def run_levels(conn: sqlite3.Connection, name: str, skip: int = 1) -> dict[str, 
     thread's CPU time less the probe (a probe counts for at most ``PROBE_CAP`` times the run's
     median), as measured ("cpu_raw", ns) and over that probe ("cpu"); the first ``skip`` steps
     left out, as ``modtrace diff`` leaves them."""
+    from modtrace.analysis.diff.speed import PROBE_CAP
+
     rows = conn.execute("SELECT s.step, s.probe_ns, s.cpu_ns FROM step_speeds s JOIN runs r ON r.id = s.run_id "
                         "WHERE r.name = ? AND s.rank = 0 ORDER BY s.step", (name,)).fetchall()
     windows = [(c1 - c0, p) for (step, p, c0), (_, _, c1) in zip(rows, rows[1:], strict=False)

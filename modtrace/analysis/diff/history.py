@@ -182,11 +182,6 @@ class _Adjusted:
         return self.measures[self.measure]
 
     @property
-    def other(self) -> _Measure | None:
-        """The other CPU measure; None on wall times."""
-        return next((m for name, m in self.measures.items() if name != self.measure), None)
-
-    @property
     def confirming(self) -> str | None:
         """The measure that must agree with a step verdict (``_corroborated``): the other CPU measure,
         but the CPU time as measured ("cpu_raw") under a verdict over the probe only when its
@@ -348,7 +343,6 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
     verdict, step_p = step_verdict(levels, step_b_units["step_ns"], step_c_units["step_ns"], options,
                                    at_speed=speed is not None)
     bounds = step_bounds(levels, options, at_speed=speed is not None)
-    level_mid = float(pl.Series(levels).median()) if levels else 0.0  # type: ignore[arg-type]
     confirming = None if speed is None else speed.confirming
     unconfirmed = speed is not None and confirming is not None and not _corroborated(
         verdict, speed.measures[confirming], options)
@@ -397,7 +391,8 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         "step_unconfirmed": unconfirmed,
         # the judged measure's bounds as ratios to the history's median level: a candidate
         # between them cannot be told from the spread of the history's runs
-        "step_bounds": None if bounds is None or level_mid <= 0 else (bounds[0] / level_mid, bounds[1] / level_mid),
+        # (step_bounds gives None unless every level is positive, so the median is too)
+        "step_bounds": None if bounds is None else tuple(b / float(pl.Series(levels).median()) for b in bounds),  # type: ignore[arg-type]
         "speed_reference_ns": None if speed is None else speed.reference,
         "cand_speed_ratio": None if speed is None else speed.cand_speed,
         # the candidate's median over the history's runs' median of its step time over the probe
