@@ -65,7 +65,8 @@ def diff(
     grew by more than --min-delta-us, its share of the step grew by more
     than --threshold percent beyond the base's, and by more than
     --share-threshold percent beyond the typical module's (so a machine that
-    got busier between the runs blames nobody). Steps follow --step-on; when the runs' steps come in several kinds
+    got busier between the runs blames nobody), and, against one base run,
+    its median self time per step grew by more than --threshold percent too. Steps follow --step-on; when the runs' steps come in several kinds
     (a generate() loop's prompt and its decode steps), steps of one kind are
     compared (--step-kind). Both runs are read on one --clock: device time
     by default when both have it, else host time.

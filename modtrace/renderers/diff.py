@@ -94,7 +94,7 @@ def headline(doc: dict[str, Any]) -> list[str]:
         shares = "every base run's" if history else "the base's"
         rule = (f"blame on {q}: > {o['min_delta_us']:g} us above {base}, its share of the step > "
                 f"{o['threshold_pct']:g}% beyond {shares} and > {o['share_threshold_pct']:g}% beyond the "
-                "typical module's")
+                "typical module's" + ("" if history else f", its median > {o['threshold_pct']:g}% beyond the base's"))
     lines = [
         f"base {_side(doc, 'base')}",
         f"cand {_side(doc, 'cand')}" + ("" if ratio is None else f": step time {fmt_ratio(ratio)}"),

@@ -279,3 +279,43 @@ def test_absolute_judges_absolute_times_only(runs_db: str, run_cli) -> None:  # 
     table = run_cli("diff", "--db", runs_db, "base", "slow", "--absolute").out
     assert "beyond the typical module" not in table
     assert "beyond the typical module" in run_cli("diff", "--db", runs_db, "base", "slow").out
+
+
+def test_a_module_preempted_in_most_steps_is_blamed_on_its_median_too(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """Against one base run.  A busy machine preempts block 1's work in most steps of both runs:
+    the base ran it unpreempted in 3 of its 9 compared steps, the candidate (the same code) in 1.
+    The candidate's level (the 10th percentile of its self time per step) is then a preempted
+    step's, far above the base's, while the two medians agree: no blame.  The same candidate
+    with block 1's work twice as long is blamed."""
+    import sqlite3
+    from statistics import median, quantiles
+
+    from tests.helpers.diff_runs import PreemptedClock
+
+    db = str(tmp_path / "preempted.db")
+    cost, wait = 100_001, 400_000  # block 1's own work, and a preemption's wait (ns)
+
+    def clock(work: int, quick: tuple[int, ...], seed: int) -> PreemptedClock:
+        return PreemptedClock(work, wait, [i not in quick for i in range(STEPS)], jitter=0.05, seed=seed)
+
+    record(db, "base", {1: cost}, clock=clock(cost, (2, 5, 8), 0))
+    record(db, "aa", {1: cost}, clock=clock(cost, (5,), 1))
+    record(db, "slow", {1: 2 * cost}, clock=clock(2 * cost, (5,), 2))
+    with sqlite3.connect(db) as conn:
+        def times(run: str) -> list[int]:  # block 1's work: self time per compared step
+            out = [r[0] for r in conn.execute(
+                "SELECT s.self_ns FROM spans s JOIN runs r ON r.id = s.run_id WHERE r.name = ? AND s.step >= 1 "
+                "AND s.fqn = 'Net.blocks.1.work' AND s.phase = 'forward'", (run,))]
+            assert len(out) == STEPS - 1
+            return out
+
+        base, aa = times("base"), times("aa")
+    # from the stored spans: the candidate's level lies far above the base's (the level rule alone
+    # would blame it), its median within 10% of the base's
+    level = {name: quantiles(t, n=10, method="inclusive")[0] for name, t in (("base", base), ("aa", aa))}
+    assert level["aa"] > 2 * level["base"] and abs(median(aa) / median(base) - 1) < 0.1
+    res = run_cli("diff", "--db", db, "base", "aa", "--format", "json")
+    doc = doc_of(res.out)
+    assert (res.code, regressions(doc), doc["summary"]["improvements"]) == (0, [], 0), res.out
+    res = run_cli("diff", "--db", db, "base", "slow", "--format", "json")
+    assert (res.code, regressions(doc_of(res.out))) == (1, [("Net.blocks.1.work", "forward")]), res.out

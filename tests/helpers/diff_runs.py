@@ -9,16 +9,18 @@ STEPS = 10
 
 def record(db: str, name: str, costs: dict[int, int] | None = None, *, steps: int = STEPS, rank: int = 0,
            world_size: int = 1, blocks: int = 3, analyze: bool = True, scale: float = 1.0, jitter: float = 0.0,
-           seed: int = 0, tags: dict[str, str] | None = None, speed_probe: bool = False) -> None:
+           seed: int = 0, tags: dict[str, str] | None = None, speed_probe: bool = False,
+           clock: WorkClock | None = None) -> None:
     """``scale`` stretches every duration alike (a busier machine, or slower code everywhere);
     ``jitter`` multiplies each module's cost by a random factor in [1 - jitter, 1 + jitter]
     (seeded by ``seed``): step-to-step noise.  With ``speed_probe`` the recorder's probe reads the
-    clock twice, so it takes one tick: ``scale`` slows it as it slows the steps (a slower machine)."""
+    clock twice, so it takes one tick: ``scale`` slows it as it slows the steps (a slower machine).
+    ``clock``: the test's own clock instead of one made of those three."""
     import torch
 
     from modtrace import Recorder
 
-    clock = WorkClock(scale=scale, jitter=jitter, seed=seed)
+    clock = clock or WorkClock(scale=scale, jitter=jitter, seed=seed)
     net = build_model(clock, costs or {}, blocks)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
@@ -50,6 +52,20 @@ class WorkClock:
     def work(self, ns: int) -> None:
         factor = self.scale * ((1 + self.rng.uniform(-self.jitter, self.jitter)) if self.jitter else 1.0)
         self.now += round(ns * factor)
+
+
+class PreemptedClock(WorkClock):
+    """A busy machine that preempts the process in one module: the ``i``-th call of the work
+    costing ``cost`` waits ``wait`` more when ``preempted[i]`` is true."""
+
+    def __init__(self, cost: int, wait: int, preempted: list[bool], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.cost, self.wait, self.preempted = cost, wait, iter(preempted)
+
+    def work(self, ns: int) -> None:
+        super().work(ns)
+        if ns == self.cost and next(self.preempted):
+            self.now += self.wait
 
 
 def build_model(clock: WorkClock, costs: dict[int, int], blocks: int = 3) -> Any:

@@ -20,8 +20,9 @@ that ratio across the modules compared.  A time *changed* (``_level_changed``)
 when its level moved by more than ``min_delta_ns`` from the base runs'
 median level, its share lies beyond every base run's share by more than
 ``threshold`` (relative), and ``vs_typical`` lies beyond 1 by more than
-``share_threshold``; and the runs have enough steps for a change seen in
-every step to reach p < ``alpha``.  The Mann-Whitney p, the median shares,
+``share_threshold``; against one base run, its median moved the same way
+by more than ``threshold`` too (``_median_agrees``); and the runs have
+enough steps for a change seen in every step to reach p < ``alpha``.  The Mann-Whitney p, the median shares,
 ``vs_rest`` and ``noise_p_adjusted`` (``_noise_p``) are reported, not judged.
 
 Why shares: when the machine gets busier or quieter between two
@@ -151,9 +152,10 @@ def compare_timing(
                             low_levels(cand, quantile))
     # with too few steps no change can be told from noise (the warning of ``min_p_value``)
     enough = min_p_value(n_base, n_cand) < options.alpha
+    one_base = history is None and not options.absolute
     frame = frame.join(levels, on="key", how="left").with_columns(
-        (_level_changed("self", options, SLOWER) & enough).alias("_sreg"),
-        (_level_changed("self", options, FASTER) & enough).alias("_simp"),
+        (_level_changed("self", options, SLOWER) & enough & _median_agrees(options, SLOWER, one_base)).alias("_sreg"),
+        (_level_changed("self", options, FASTER) & enough & _median_agrees(options, FASTER, one_base)).alias("_simp"),
         ((_level_changed("incl", options, SLOWER) | _level_changed("incl", options, FASTER)) & enough).alias("_inh"),
         ((_level_changed("incl", options, SLOWER, shares=False)
           | _level_changed("incl", options, FASTER, shares=False)) & enough).alias("_inh_abs"),
@@ -257,6 +259,21 @@ def _level_changed(metric: str, options: DiffOptions, direction: int, *, shares:
         significant = (pl.col(f"{m}_p_adjusted") < options.alpha).fill_null(False)
         return moved & significant & (delta > pl.col(f"_{m}_ref") * options.threshold).fill_null(False)
     return moved & share.fill_null(False) & typical.fill_null(False)
+
+
+def _median_agrees(options: DiffOptions, direction: int, one_base: bool) -> pl.Expr:
+    """Against one base run (``one_base``), a module's median self time per step must have moved
+    the same way as its level, by more than ``threshold``.  A level is one low quantile of a
+    run's few steps: when a busy machine preempts a module in most steps (an oversubscribed CPU,
+    modules about a scheduler's slice long), it falls on a preempted step in one run of the two
+    while their medians agree (11 A/A false alarms in 30 beside three busy processes, 1 with
+    this; docs/performance.md, "Ninth measurement").  A history's own spread of shares already
+    widens its bar."""
+    if not one_base:
+        return pl.lit(True)
+    ratio = pl.col("self_ratio")
+    moved = ratio > 1 + options.threshold if direction > 0 else ratio < 1 / (1 + options.threshold)
+    return moved.fill_null(False)
 
 
 def _empty_timing() -> pl.DataFrame:
