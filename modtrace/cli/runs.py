@@ -90,7 +90,13 @@ def runs(db: str | None, limit: int | None, tags: tuple[str, ...], status: str |
         columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on", "ranks",
                    "analysis", "tags"]
         out = [[r[c] if c != "tags" or fmt == "json" else _tag_text(r[c]) for c in columns] for r in rows]
-    click.echo(get_renderer("rows", fmt, terminal=stdout_terminal()).render(Table(columns, out)), nl=False)
+    table = Table(columns, out, droppable=_NARROW_DROPS if fmt == "table" else ())
+    click.echo(get_renderer("rows", fmt, terminal=stdout_terminal()).render(table), nl=False)
+
+
+# What a terminal too narrow for the runs table goes without, first to last: id, name, status
+# and steps say which run is which and how it ended; the rest is in `modtrace show RUN`.
+_NARROW_DROPS = ("step_on", "ranks", "analysis", "events", "tags", "duration", "started")
 
 
 @click.command()

@@ -22,6 +22,9 @@ class Table:
     title: str | None = None
     # A rich style per row (e.g. "red" for an error), shown only on a terminal that takes colour.
     row_styles: Sequence[str | None] = ()
+    # Columns a terminal too narrow for the whole rows may go without, least needed first: they
+    # are dropped in this order until the rows fit, before any cell is folded.
+    droppable: Sequence[str] = ()
 
 
 class RowsRenderer(Renderer[Table]):
@@ -39,9 +42,10 @@ def _cell(value: Any) -> str:
 class TableRenderer(RowsRenderer):
     """A borderless table drawn by rich.
 
-    On a terminal it fits the terminal's width (long cells fold within their
-    column) and styles rows; otherwise (a pipe, a file) every row is one
-    whole line, however long, so ``grep`` and ``cut`` see whole rows.
+    On a terminal it fits the terminal's width (the table's ``droppable``
+    columns go first, then long cells fold within their column) and styles
+    rows; otherwise (a pipe, a file) every row is one whole line, however
+    long, so ``grep`` and ``cut`` see whole rows.
     """
 
     name = "table"
@@ -51,6 +55,8 @@ class TableRenderer(RowsRenderer):
         from rich.table import Table as RichTable
 
         term = self.terminal
+        if term.width is not None:
+            model = _fitted(model, term.width)
         table = RichTable(title=model.title, show_lines=False, header_style="bold" if term.color else None,
                           box=None, pad_edge=False)
         for col in model.columns:
@@ -67,13 +73,39 @@ class TableRenderer(RowsRenderer):
         return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
-def _natural_width(model: Table) -> int:
-    # Each column's widest line plus the two spaces between columns, and room for the title.
+def _widths(model: Table) -> list[int]:
+    """Each column's widest line, its name's included."""
     widths = [len(c) for c in model.columns]
     for row in model.rows:
         for i, value in enumerate(row):
             widths[i] = max(widths[i], *(len(part) for part in _cell(value).splitlines() or [""]))
+    return widths
+
+
+def _natural_width(model: Table) -> int:
+    # Each column's widest line plus the two spaces between columns, and room for the title.
+    widths = _widths(model)
     return max(sum(widths) + 2 * len(widths), len(model.title or "")) + 1
+
+
+def _fitted(model: Table, width: int) -> Table:
+    """``model`` without its droppable columns, in their order, until its rows fit ``width``
+    (a cell folded to a few characters a line is unreadable; a column left out is not)."""
+    from dataclasses import replace
+
+    widths = dict(zip(model.columns, _widths(model), strict=True))
+    dropped: set[str] = set()
+    for col in model.droppable:
+        kept = [w for c, w in widths.items() if c not in dropped]
+        if sum(kept) + 2 * (len(kept) - 1) <= width:
+            break
+        if col in widths:
+            dropped.add(col)
+    if not dropped:
+        return model
+    keep = [i for i, c in enumerate(model.columns) if c not in dropped]
+    return replace(model, columns=[model.columns[i] for i in keep],
+                   rows=[[row[i] for i in keep] for row in model.rows], droppable=())
 
 
 class JsonRenderer(RowsRenderer):

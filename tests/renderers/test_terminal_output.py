@@ -166,3 +166,31 @@ def test_tree_names_nodes_below_their_parent_and_sorts_and_cuts(some_db: Path, r
     assert {(n["fqn"], n["phase"], n["level"]) for n in heaviest} <= shown
     assert all(n["self_total_ns"] >= cutoff or any(m["level"] > n["level"] for m in top) for n in top)
     assert len(top) < len(nodes)
+
+
+def test_runs_on_a_narrow_terminal_drops_columns_instead_of_folding_cells(some_db: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    wide = SGR.sub("", in_terminal(["runs"], some_db, 200)).splitlines()
+    assert wide[0].split() == ["id", "name", "status", "started", "duration", "events", "steps", "step_on", "ranks",
+                               "analysis", "tags"]
+    started = wide[1].split()[3]
+    for columns, env in ((60, {}), (100, {"COLUMNS": "60"})):
+        lines = SGR.sub("", in_terminal(["runs"], some_db, columns, **env)).splitlines()
+        assert len(lines) == 2 and all(len(line) <= 60 for line in lines), lines  # one line per run, whole cells
+        assert lines[0].split() == ["id", "name", "status", "started", "steps"], lines
+        assert lines[1].split()[1:] == ["net", "completed", started, "2"], lines
+    assert run_cli("runs").out.splitlines()[0].split() == wide[0].split()  # a pipe gets every column
+
+
+def test_a_table_drops_its_droppable_columns_in_order_until_it_fits() -> None:
+    from modtrace.renderers import Table, Terminal, get_renderer
+
+    table = Table(["key", "wide", "wider", "widest"], [["k", "w" * 10, "x" * 20, "y" * 30]],
+                  droppable=("wider", "wide", "widest"))
+
+    def shown(width: int | None) -> list[str]:
+        return get_renderer("rows", "table", terminal=Terminal(width=width)).render(table).splitlines()[0].split()
+
+    assert shown(None) == shown(200) == ["key", "wide", "wider", "widest"]
+    assert shown(60) == ["key", "wide", "widest"]  # 3 + 10 + 30 and two spaces apart: 47
+    assert shown(40) == ["key", "widest"]
+    assert shown(20) == ["key"]
