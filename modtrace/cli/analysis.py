@@ -7,6 +7,7 @@ the fly without writing: read commands never modify the database.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -37,6 +38,15 @@ _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 
 def _styles(rows: list[tuple[Any, ...]]) -> list[str | None]:
     return [_SEVERITY_STYLE.get(str(row[0])) for row in rows]
+
+
+def _ended(details: Mapping[str, Any]) -> str:
+    """`` (the run failed: ERROR)`` and the like for a run that did not complete: an empty
+    table of a run that failed before its first module call must not read as a healthy one."""
+    from modtrace.renderers.notes import ended_note
+
+    note = ended_note(details)
+    return "" if note is None else f" ({note})"
 
 
 @click.command()
@@ -128,7 +138,7 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     if sort_by is not None:
         rows = sort_nodes(rows, sort_by)
     if fmt == "table" and not rows:
-        click.echo(f"run {ref.name}: no module calls to show")
+        click.echo(f"run {ref.name}: no module calls to show{_ended(ref.details)}")
         return
     renderer = get_renderer("tree", fmt, terminal=stdout_terminal())
     click.echo(renderer.render(TreeView(rows, full_names=full_names)), nl=False)
@@ -164,7 +174,7 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str, show_all: bool
         out = issues.with_columns(pl.col("phase").cast(pl.String)).select(columns).rows()
         click.echo(get_renderer("rows", "json").render(Table(columns, out)), nl=False)
     elif issues.height == 0:
-        click.echo(f"run {ref.name}: no nesting issues")
+        click.echo(f"run {ref.name}: no nesting issues{_ended(ref.details)}")
     elif show_all:
         out = issues.select("severity", "kind", "rank", "seq", "message").rows()
         table = Table(["severity", "kind", "rank", "seq", "message"], out, row_styles=_styles(out))
