@@ -105,14 +105,64 @@ def no_common_step(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
 def diff_counters(base_store: Store, base: dict[str, Any], cand_store: Store, cand: dict[str, Any],
                   rank: int | None, phases: tuple[str, ...] | None) -> pl.DataFrame | None:
     """The work counters that differ between the sides (``analysis.diff.counters``), by
-    step kind; None when a side counted no step (each side's ``rank`` as it was chosen)."""
+    step kind; None when a side counted no step (each side's ``rank`` as it was chosen).
+
+    When the sides' steps share no kind (``unshared_kinds``: another batch size, another
+    prompt length), each side's commonest kind is compared with the other's, under the kind
+    ``BASE_KIND -> CAND_KIND``: twice the batch is twice the FLOPs of every module, a real
+    difference that ``--fail-on counters`` must see, not a comparison silently skipped."""
     from modtrace.analysis.diff.counters import counter_changes
     from modtrace.store.counters import has_counters, read_counted_spans
 
     if not has_counters(base_store, base["run_id"]) or not has_counters(cand_store, cand["run_id"]):
         return None
-    return counter_changes(read_counted_spans(base_store, base["run_id"], base.get("rank", rank)),
-                           read_counted_spans(cand_store, cand["run_id"], cand.get("rank", rank)), phases)
+    base_spans = read_counted_spans(base_store, base["run_id"], base.get("rank", rank))
+    cand_spans = read_counted_spans(cand_store, cand["run_id"], cand.get("rank", rank))
+    paired = unshared_kinds(base, cand)
+    if paired is not None:
+        base_spans, cand_spans = _relabelled(base_spans, paired[0], paired), _relabelled(cand_spans, paired[1], paired)
+    return counter_changes(base_spans, cand_spans, phases)
+
+
+def _kind_steps(info: dict[str, Any]) -> list[tuple[str, int]]:
+    """A side's step kinds with their steps, most first (``Stepped.describe``); steps without a
+    root call have no kind and are left out."""
+    return [(k["kind"], int(k["steps"])) for k in info.get("step_kinds") or () if k["kind"] is not None]
+
+
+def unshared_kinds(base: dict[str, Any], cand: dict[str, Any]) -> tuple[str, str] | None:
+    """(the base's kind, the candidate's) to compare with each other when the sides' steps
+    have kinds but none in common (each side's kind of the most steps); None when they share
+    one, or a side's steps have no kind.  The sides are described by ``like_with_like_all``."""
+    b, c = _kind_steps(base), _kind_steps(cand)
+    if not b or not c or {k for k, _ in b} & {k for k, _ in c}:
+        return None
+    return b[0][0], c[0][0]
+
+
+def _relabelled(spans: pl.DataFrame, kind: str, paired: tuple[str, str]) -> pl.DataFrame:
+    import polars as pl
+
+    label = f"{paired[0]} -> {paired[1]}"
+    return spans.with_columns(pl.when(pl.col("kind") == kind).then(pl.lit(label)).otherwise(pl.col("kind")).alias("kind"))
+
+
+def unshared_kinds_note(base: dict[str, Any], cand: dict[str, Any]) -> str | None:
+    """One line for ``DiffResult.notes`` when the sides' steps share no kind: each side's
+    kinds, and what was compared (``unshared_kinds``); else None."""
+    paired = unshared_kinds(base, cand)
+    if paired is None:
+        return None
+
+    def kinds(info: dict[str, Any]) -> str:
+        return ", ".join(f"{k} ({n} step{'' if n == 1 else 's'})" for k, n in _kind_steps(info))
+
+    others = len(_kind_steps(base)) + len(_kind_steps(cand)) > 2
+    return (f"the runs' steps share no kind (base {base['run']!r}: {kinds(base)}; cand {cand['run']!r}: "
+            f"{kinds(cand)}), so no step is compared with one of its own kind: structure and timing are "
+            "compared over every step (a change of the whole step's time is the work's, not the code's), "
+            f"work counters of kind {paired[0]} against kind {paired[1]}"
+            + ("; the counters of the other kinds are not compared" if others else ""))
 
 
 SELECTOR = "tag:"

@@ -121,7 +121,10 @@ def of_kind(run_name: str, stepped: Stepped, kind: str) -> pl.DataFrame:
 
 def like_with_like(runs: Sequence[tuple[str, Stepped]], kind: str | None) -> tuple[list[pl.DataFrame], str | None]:
     """The frames to compare: the steps of ``kind`` in each run (None: the kind most steps of the
-    runs share, when they have more than one; ``all``: every step), and the kind compared."""
+    runs share, when they have more than one; ``all``: every step), and the kind compared.  Runs
+    whose kinds are all different (another batch size) are compared over every step, kind None:
+    their structure is still comparable, and ``api._diff.unshared_kinds`` says so and pairs their
+    counters."""
     from modtrace.analysis.steps import ALL_KINDS, common_kind
 
     if kind == ALL_KINDS:

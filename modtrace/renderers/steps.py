@@ -21,7 +21,11 @@ def step_lines(base: Mapping[str, Any], cand: Mapping[str, Any]) -> list[str]:
                      f"cand's {RULE_TEXT.get(rc, rc)} (--step-on chooses one rule for both)")
     kb, kc = base.get("step_kinds") or [], cand.get("step_kinds") or []
     kind = base.get("step_kind")
-    if kind is not None or len(kb) > 1 or len(kc) > 1:
+    named = [{k["kind"] for k in kinds if k["kind"] is not None} for kinds in (kb, kc)]
+    unshared = all(named) and not named[0] & named[1]  # one kind each, but not the same one
+    if kind is not None or len(kb) > 1 or len(kc) > 1 or unshared:
         what = f"steps of kind {kind} compared" if kind is not None else "steps of every kind compared"
+        if unshared:
+            what = f"the runs share no step kind: {what}"
         lines.append(f"{what} (--step-kind); steps per kind: base {kinds_text(kb)}; cand {kinds_text(kc)}")
     return lines
