@@ -199,13 +199,13 @@ def test_code_passes_ruff() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_readme_record_synopsis_names_every_option() -> None:
+def test_record_synopsis_names_every_option() -> None:
     import click
 
     from modtrace.cli.record import record
 
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### `modtrace record`", 1)[1]
+    page = (REPO / "docs" / "recording.md").read_text()
+    section = page.split("## `modtrace record`", 1)[1]
     synopsis = section.split("```sh", 1)[1].split("```", 1)[0]
     words = set(synopsis.replace("[", " ").replace("]", " ").split())
     options = [p for p in record.get_params(click.Context(record)) if isinstance(p, click.Option) and "--help" not in p.opts]
@@ -213,8 +213,8 @@ def test_readme_record_synopsis_names_every_option() -> None:
     assert missing == []
 
 
-def test_readme_names_every_library_query() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### `modtrace query`", 1)[1].split("\n### ", 1)[0]
+def test_sql_page_names_every_library_query() -> None:
+    page = (REPO / "docs" / "sql.md").read_text()
+    section = page.split("## The query library", 1)[1].split("\n## ", 1)[0]
     names = sorted(p.stem for p in (REPO / "queries").glob("*.sql"))
     assert [n for n in names if f"`{n}`" not in section] == []
