@@ -373,7 +373,7 @@ def write_recording(url: str, n: int, name: str = "bench",
     return run_id
 
 
-if __name__ == "__main__":  # a recording for benchmarks that time an existing one (bench_tree)
+if __name__ == "__main__":  # a recording for benchmarks that time an existing one (bench_stored_tree)
     import argparse
 
     ap = argparse.ArgumentParser(description="Write a synthetic recording (run 'bench') for the benchmarks.")
@@ -385,9 +385,9 @@ if __name__ == "__main__":  # a recording for benchmarks that time an existing o
 
 
 def gate_model(blocks: int = 4, width: int = 128, reps: Callable[[int], int] = lambda i: 10) -> nn.Sequential:
-    """The regression gate's small model (``gate_power.py``, ``bench_speed_probe.py``,
-    ``probe_tracking.py``): ``blocks`` blocks, block i applying its Linear ``reps(i)`` times (its
-    own code: the weights applied directly, each application followed by tanh), with a residual."""
+    """The regression gate's small model (``gate_power.py``, ``bench_speed_probe.py``): ``blocks``
+    blocks, block i applying its Linear ``reps(i)`` times (its own code: the weights applied
+    directly, each application followed by tanh), with a residual."""
     import torch
     from torch import nn
 
@@ -410,26 +410,3 @@ def gate_model(blocks: int = 4, width: int = 128, reps: Callable[[int], int] = l
 def busy_processes(n: int) -> list[subprocess.Popen[bytes]]:
     """``n`` processes that do nothing but spin: a neighbour's load (kill and wait for them)."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
-def python_loop_probe(now: Callable[[], int] = time.perf_counter_ns) -> Callable[[], int]:
-    """A probe of the interpreter's speed alone (``probe_tracking.py``, ``module_clocks.py``): a
-    function that runs 400 small method calls (an attribute, a dict) and returns their time on
-    ``now``."""
-    class Calls:
-        def __init__(self) -> None:
-            self.base, self.seen = 1, {}
-
-        def add(self, i: int) -> int:
-            self.seen[i & 7] = self.base + i
-            return self.seen.get(i & 3, 0)
-
-    calls = Calls()
-
-    def probe() -> int:
-        t0, add, total = now(), calls.add, 0
-        for i in range(400):
-            total += add(i)
-        return now() - t0
-
-    return probe

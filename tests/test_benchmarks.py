@@ -1,10 +1,12 @@
-"""The benchmarks (benchmarks/) do not rot: each one's --help runs, none imports another
-benchmark or a private modtrace name, and the shared module's interleaved repeats are
-checked on an injected clock."""
+"""The benchmarks (benchmarks/) do not rot: each one's --help runs, each is listed in
+docs/development.md with its latest figure and a link to its section of docs/performance.md,
+none imports another benchmark or a private modtrace name, and the shared module's
+interleaved repeats are checked on an injected clock."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +15,51 @@ import pytest
 
 from benchmarks._common import interleave, medians, ratios
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
 
 
 def test_the_benchmarks_are_found() -> None:
     assert {p.name for p in SCRIPTS} >= {"bench_analysis.py", "bench_recorder.py", "bench_diff.py", "accuracy_diff.py"}
+
+
+def listed_benchmarks() -> dict[str, list[str]]:
+    """docs/development.md's "Benchmarks" table: script name -> its cells (measures, run, latest figure)."""
+    text = (REPO / "docs" / "development.md").read_text()
+    section = text.split("\n## Benchmarks\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        name = re.fullmatch(r"`([\w.]+\.py)`", cells[0])
+        if line.startswith("|") and name:
+            rows[name.group(1)] = cells[1:]
+    return rows
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings (outside code blocks): lower case, punctuation
+    but - and _ dropped, spaces as -."""
+    anchors, fenced = set(), False
+    for line in markdown.splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (m := re.match(r"#{1,6} (.+)", line)):
+            anchors.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def test_every_benchmark_is_documented_with_its_latest_figure() -> None:
+    rows = listed_benchmarks()
+    assert sorted(rows) == [p.name for p in SCRIPTS], "docs/development.md's Benchmarks table lists every script, no other"
+    anchors = heading_anchors((REPO / "docs" / "performance.md").read_text())
+    for name, cells in rows.items():
+        assert len(cells) == 3 and all(cells), f"{name}: what it measures, how to run it, its latest figure"
+        assert f"benchmarks/{name}" in cells[1], f"{name}: the command runs it"
+        figure = cells[2]
+        links = re.findall(r"\(performance\.md#([\w-]+)\)", figure)
+        assert re.search(r"\d", re.sub(r"\(performance\.md#[\w-]+\)", "", figure)), f"{name}: a number, the figure"
+        assert links, f"{name}: the figure links to its section of docs/performance.md"
+        assert set(links) <= anchors, f"{name}: no such section in docs/performance.md: {set(links) - anchors}"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -1,9 +1,9 @@
-"""Benchmark: one ``modtrace`` command run by this tree's code and by another checkout's, side by
-side, on the same database.
+"""Any ``modtrace`` command run by this checkout's code and by another checkout's, side by side,
+on the same database: whether a change paid end to end.
 
-    .venv/bin/python benchmarks/bench_trees.py --other-tree DIR [--repeats 7] -- diff base cand --db X
+    .venv/bin/python benchmarks/compare_checkouts.py --other-tree DIR [--repeats 7] -- diff base cand --db X
 
-Each repeat runs the command once with each tree first on ``PYTHONPATH`` (a fresh interpreter
+Each repeat runs the command once with each checkout first on ``PYTHONPATH`` (a fresh interpreter
 each time, imports included, as a user runs it), taking turns (``_common.interleave``), and
 prints the medians, the ratio this/other and the load average.  For a change that only moves
 time around (a thread removed, say): a ratio within noise of 1 means it did not pay.  The

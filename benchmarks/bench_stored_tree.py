@@ -7,7 +7,7 @@ analysed before the stored tree existed gets.  Repeats are interleaved and
 the figures are medians: under load compare the ratio, not the times.  Both
 outputs are checked equal.  The last line is a JSON summary.
 
-    python benchmarks/bench_tree.py --db DB [--db URL]... [--run bench] [--repeats 7] [--pause 1] [-- TREE OPTIONS]
+    python benchmarks/bench_stored_tree.py --db DB [--db URL]... [--run bench] [--repeats 7] [--pause 1] [-- TREE OPTIONS]
 
 Make a 1M-event analysed run of the analysis benchmarks' shape with
 ``python benchmarks/_common.py e2e.db --events 1000000``, then ``modtrace analyze bench --db e2e.db``.
