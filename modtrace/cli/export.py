@@ -210,7 +210,8 @@ def cycle_collector_paused() -> Iterator[None]:
     noticeable part of a large export, all of it on the thread that drives the work.
     When the process ends with the command (``modtrace.cli.ENDS_WITH_COMMAND``), what it made
     is frozen instead: the interpreter's last collection at exit skips it (that pass is
-    as costly after a large export) and the exit frees it all the same (docs/performance.md).
+    as costly after a large export) and the exit frees it all the same (docs/performance.md,
+    "Tree, check, export").
     """
     import modtrace.cli
 

@@ -5,7 +5,7 @@ A module's work per step is the median, over its counted steps, of its inclusive
 (bytes) summed over its calls in the step; its time per step is the median, over every
 step it ran in, of its inclusive time summed likewise (``tree``'s ``incl/step``).  The
 time is not that of the counted steps alone: counting routes every op through Python,
-which slows the counted steps themselves (docs/performance.md), and work counts repeat
+which slows the counted steps themselves (docs/performance.md, "Work counters"), and work counts repeat
 from step to step of the same shapes (``--counters first`` counts one step per kind).
 """
 

@@ -22,7 +22,8 @@ POLL_S = 0.1
 # (checked every POLL_S): handing one over costs the program only the
 # packing, and the final flush, which the program waits for, is then short.
 EAGER_BATCH = 4096
-# While the writer process starts (docs/performance.md), batches wait for it rather
+# While the writer process starts (docs/performance.md, "Writer process and event writes"),
+# batches wait for it rather
 # than being written by the program for a while and then not: the program's
 # timing stays the same from the first step to the last.  Up to this long,
 # and up to flush_every events.
@@ -44,7 +45,7 @@ class PendingBatch:
     frame: its event tuples are freed at once, while the step that made
     them is still in the caches (freed a step later, when the writer's
     answer comes, they cost the program several times as much:
-    docs/performance.md), and a
+    docs/performance.md, "Recorder hot path"), and a
     waiting batch holds its 31 bytes an event rather than some 250.
     ``rows`` unpacks it again if this process must write the batch itself."""
 

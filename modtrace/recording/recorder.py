@@ -88,9 +88,9 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
     times the kernels of code compiled by ``torch.compile`` (inductor, CPU)
     and records the inner modules' calls from them, status ``attributed``
     (``modtrace.tracking.compiled``).  ``speed_probe`` times a fixed piece of
-    CPU work before each recorded step (about 0.6 ms), so that a history gate
-    can tell a slower step from a slower machine
-    (``modtrace.recording.speed_probe``); it needs step boundaries
+    CPU work before each recorded step, so that a history gate can tell a
+    slower step from a slower machine (``modtrace.recording.speed_probe``; its
+    cost: docs/performance.md, "Speed probe"); it needs step boundaries
     (optimizer steps or ``rec.step()``).
     """
 

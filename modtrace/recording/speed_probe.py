@@ -2,8 +2,8 @@
 
 On a shared runner the same code runs at different speeds from one minute to
 the next (a neighbour's load, the CPU's clock): whole runs of unchanged code
-were measured 1.8x apart, more than the step-wide change a CI gate must find
-(docs/performance.md, "Regression gate").  Calibrating once per run does not
+can differ by more than the step-wide change a CI gate must find
+(docs/performance.md, "Speed probe").  Calibrating once per run does not
 remove it, since the speed changes within a run.  So, when asked
 (``Recorder(speed_probe=True)``, ``modtrace record --speed-probe``), the
 recorder times a fixed piece of work before each recorded step: the same
@@ -16,10 +16,10 @@ machine was is not a regression.
 The work is the shape of a small model's training step, dispatching small
 CPU ops forward and then through autograd backward: a few matmul + tanh
 layers on the same tensors every time.  A forward alone followed the steps
-less closely: across unchanged runs on one machine, whose step time moved
-1.8x from run to run, the step over a forward-only probe spread 1.4 to 2 times as wide
-as over this one (docs/performance.md, "Sixth measurement").  It costs about
-0.6 ms per step on the machine measured (benchmarks/bench_speed_probe.py).
+less closely: a busy neighbour slows a forward, a backward and an optimizer
+step unevenly, so the step over a forward-only probe spread wider across
+unchanged runs than over this one.  Both that and what the probe costs a step
+are measured in docs/performance.md, "Speed probe" (benchmarks/bench_speed_probe.py).
 Its rows are (step, seq, ts_ns, probe_ns, cpu_ns, real_ns, threads, work): the
 step it precedes, the seq the next event will take (so the probe lies between
 events seq - 1 and seq), when it started on the events' clock, how long it
@@ -56,7 +56,7 @@ class SpeedProbe:
     square weight followed by tanh, forward with autograd and then backward, on ``now`` (the
     events' clock, nanoseconds), as one block: the stalls a slow stretch of the machine brings (a
     neighbour's work, the hypervisor's) are part of its speed, and a probe that left them out
-    stopped following the steps (docs/performance.md, "speed probe").  It runs with autograd
+    stopped following the steps (docs/performance.md, "Speed probe").  It runs with autograd
     whatever the program's mode (an optimizer's step runs without it; an inference loop may run
     under inference mode), and touches no module, so no hook sees it."""
 

@@ -44,7 +44,8 @@ def main() -> None:
 
     It keeps the program's scheduling priority: niced (tried at 5 and 15 on
     a loaded 2-core machine) it fell behind the program, the flush the
-    program waits for at the end took several times as long (docs/performance.md), and a writer
+    program waits for at the end took several times as long (docs/performance.md, "Writer
+    process and event writes"), and a writer
     that falls behind for good ends in dropped steps (``max_buffered``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -89,7 +90,7 @@ def _bind_none_fast() -> None:
     other value, None included, through its adapter lookup first: a key tuple,
     a registry miss and two attribute searches per None, which made the
     NULLs of an average event (stream, graph_task) a large part of binding
-    it (docs/performance.md).  An adapter registered for None is found at the first lookup
+    it (docs/performance.md, "Writer process and event writes").  An adapter registered for None is found at the first lookup
     and returns None itself, which binds as NULL as before: the same rows.
     The registry is the process's; this process is the writer's alone."""
     import sqlite3

@@ -4,7 +4,7 @@ A frame is an 8-byte little-endian length and a pickle.  A batch of events
 is pickled with the pickler's memo off (``Pickler.fast``): the events are
 flat tuples of ints and None that never refer to each other, so the memo,
 a dict insert for every tuple, only cost time (a good part of the packing,
-which the program pays between steps; docs/performance.md).
+which the program pays between steps; docs/performance.md, "Recorder hot path").
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class Inbox:
     Reads go into one buffer of ``chunk`` bytes allocated here, not into a
     new bytes object per read: ``os.read(fd, 1 MiB)`` allocates and frees a
     megabyte each time, which costs more than the read itself (once a
-    step on the program's side, once a batch on the child's; docs/performance.md)."""
+    step on the program's side, once a batch on the child's; docs/performance.md,
+    "Recorder hot path")."""
 
     def __init__(self, fd: int, chunk: int = 1 << 16) -> None:
         self.fd = fd

@@ -3,7 +3,7 @@
 A recording's hot path only appends tuples; writing them (binding every
 value, the database's own work) costs CPU for every event (less in the
 writer process, which binds None faster, ``writer_child``;
-docs/performance.md).  Done by a thread of the recorded program, that work
+docs/performance.md, "Writer process and event writes").  Done by a thread of the recorded program, that work
 holds the interpreter lock while the program runs: a flush after every step then slowed a CPU-bound
 step by more than the write itself, and the time landed in whichever module
 was running.  A writer process (``modtrace.recording.writer_child``) has its

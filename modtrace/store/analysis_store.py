@@ -36,7 +36,8 @@ SPAN_STORED_COLUMNS = SPAN_STORED_ROW.names
 ISSUE_ROW_COLUMNS = ISSUE_ROW.names
 
 # SQLite: rows per INSERT statement, their values in one flat parameter list
-# (one Python tuple per statement, not per row: less binding work; docs/performance.md).
+# (one Python tuple per statement, not per row: less binding work; docs/performance.md,
+# "Span write").
 ROWS_PER_INSERT = 256
 # SQLite: the write transaction's page cache (negative: KiB), see ``_write_transaction``.
 WRITE_CACHE_KIB = -65536
@@ -161,7 +162,7 @@ def _write_transaction(store: Store) -> Iterator[Connection]:
     and span_device_rows keep theirs).  And with a page cache of
     ``WRITE_CACHE_KIB`` for the transaction: the B-trees of a run's spans
     outgrow SQLite's default 2 MiB, and pages spilled before the commit are
-    written twice (docs/performance.md)."""
+    written twice (docs/performance.md, "Span write")."""
     if store.dialect != "sqlite":
         with store.engine.begin() as conn:
             yield conn
@@ -259,7 +260,7 @@ def write_analysis_rounds(
     their enter events' columns may be read from there rather than sent again.
 
     Each part is written as it comes, in this thread (writing beside the reads in a thread
-    of its own did not pay end to end: docs/performance.md).
+    of its own did not pay end to end: docs/performance.md, "Concurrency: which threads pay").
 
     ``steps``, called on the transaction's connection once every part is written, makes
     the run's (rank's) rows of ``step_rows`` and ``step_starts``, stored in the same

@@ -4,7 +4,7 @@ A new database needs no history: ``create_at_head`` builds the tables and
 indexes from ``schema.metadata`` and the views below, and stamps the
 Alembic version table at ``HEAD``, all in one transaction (Alembic's
 upgrade through every revision takes a commit per step and is much slower;
-docs/performance.md).
+docs/performance.md, "Writer process and event writes").
 The migrations keep their own copies of each view as it was released;
 tests/store/test_migrations.py proves a database created here equals one upgraded
 through every migration.

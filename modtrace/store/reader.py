@@ -5,7 +5,7 @@ Events come back in the analysis input contract
 chunks, so memory holds the frame and one chunk in transit at most, each
 chunk as one CSV text the database formats (PostgreSQL: string_agg; SQLite:
 printf, group_concat); polars parses it (faster than a Python tuple per
-row; ADBC's SQLite driver was no faster: docs/performance.md).
+row; ADBC's SQLite driver was no faster: docs/performance.md, "Analysis").
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _FETCHED_SCHEMA = {c: _EVENT_FRAME_SCHEMA[c] for c in _FETCHED}
 # transaction's only).  Without statistics (a table never analysed, autovacuum off or not
 # yet run) the planner guesses a few rows and picks a bitmap scan and a sort of every row
 # matched, spilled to disk past work_mem -- much slower than the ordered index scan these
-# settings leave it (docs/performance.md).
+# settings leave it (docs/performance.md, "Analysis").
 _KEY_ORDER = "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off"
 
 
@@ -162,7 +162,8 @@ def csv_text(store: Store, select: str, columns: list[str], *, key_order: bool =
     field as polars reads it), in ``select``'s order, without a header; empty when no row.
     One row comes back: a ``COPY`` sends a message per row, each a step of Python's
     (this moves CPU from the client to the server for about the same wall time; the
-    client's is the CPU the analysis and the writes share: docs/performance.md).  ``key_order`` as for ``copy_csv``."""
+    client's is the CPU the analysis and the writes share: docs/performance.md, "Analysis").
+    ``key_order`` as for ``copy_csv``."""
     line = " || ',' || ".join(f"coalesce({c}::text, '')" for c in columns)
     with driver_cursor(store) as cur:
         if key_order:

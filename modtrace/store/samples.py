@@ -7,7 +7,7 @@ is built for speed: a run of a million events has half a million spans.
 
 Why not fetch rows, or aggregate per step in SQL?  Fetching 11 columns as
 Python rows costs most of the read's CPU in building a Python int per value
-(docs/performance.md); ``GROUP BY step, module_id,
+(docs/performance.md, "Diff speed"); ``GROUP BY step, module_id,
 phase`` in SQLite costs more than it saves, because SQLite groups by sorting
 and a real model calls most modules once per step, so there is about one
 span per group.  What is cheap is letting the database write the values as

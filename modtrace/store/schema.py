@@ -329,7 +329,8 @@ span_rows = Table(
     Column("exit_gap", BigInteger, nullable=True, comment="seq of the exit event minus span_id (the spans view's exit_seq); NULL when never exited."),
     PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_rows"),
     # No foreign key to runs: PostgreSQL checks one with a trigger per inserted row, most of
-    # the time of writing a run's spans (docs/performance.md).  Only modtrace analyze writes here, for
+    # the time of writing a run's spans (docs/performance.md, "Span write").  Only modtrace analyze
+    # writes here, for
     # a run it checks once (store.analysis_store); deleting a run deletes its spans by the
     # trigger RUN_SPANS_TRIGGER (modtrace.store.create), as the cascade did.
     sqlite_with_rowid=False,

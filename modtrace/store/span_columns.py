@@ -8,7 +8,7 @@ The same frame as ``analysis_store.read_span_rows`` (span rows in
   parses a part's texts, one after another, as one column of values, cut
   back into columns.  SQLite spends less CPU on that than on formatting each
   row as a CSV line with ``printf`` (and deriving columns in SQL;
-  docs/performance.md); all of a part's columns come from one scan, so their lines
+  docs/performance.md, "Tree, check, export"); all of a part's columns come from one scan, so their lines
   line up.
 * PostgreSQL: the same, with ``string_agg`` over the part's rows by span id (one row of
   texts: a ``COPY`` sends a message per row, each a step of Python's, more client CPU).
@@ -16,7 +16,7 @@ The same frame as ``analysis_store.read_span_rows`` (span rows in
 Parts are read by two threads, each with its own connection: SQLite and
 PostgreSQL work (and polars parses) without Python's lock, so the reads
 overlap the caller's work and each other (it paid end to end for ``export``:
-docs/performance.md).  ``end_ns``,
+docs/performance.md, "Concurrency: which threads pay").  ``end_ns``,
 ``parent_span_id`` and ``exit_seq`` come back from the stored columns they
 derive from (``modtrace.core.contracts.SPAN_STORED_AS``) and are derived here.  Rows
 this read cannot vouch for -- a rank the run does not list, a sum past 64

@@ -17,7 +17,8 @@ once a row: every row it writes names the same run (``run_id`` is written
 into the statements), so one look for the run inside the batch's write
 transaction, which no other writer can enter, answers for all of them, as
 SQLite's own check would (the same ``IntegrityError``); the per-row check
-was a measurable part of the writer's work (docs/performance.md).  PostgreSQL checks
+was a measurable part of the writer's work (docs/performance.md, "Writer process and event
+writes").  PostgreSQL checks
 every row as before.
 """
 
