@@ -102,6 +102,9 @@ def main() -> None:
                    help="record every run with the speed probe (Recorder(speed_probe=True)): the history gate "
                         "judges step times adjusted for the machine's speed")
     p.add_argument("--db", default=None, help="database (default: a temporary file)")
+    p.add_argument("--without", default="", metavar="CHECK,...",
+                   help="judge with these checks of the rule left out (docs/diff.md): what each one earns, "
+                        "with --rejudge on the same recordings")
     p.add_argument("--rejudge", action="store_true",
                    help="record nothing: judge the runs an earlier run of this script left in --db (a new rule on "
                         "the same recordings)")
@@ -109,6 +112,7 @@ def main() -> None:
     import torch
 
     import modtrace
+    import modtrace.api
 
     torch.set_num_threads(args.threads)
     variants = [v for v in args.variants.split(",") if v]
@@ -118,6 +122,7 @@ def main() -> None:
     counts: dict[tuple[int, str, str], list[int]] = {}  # (load, variant, gate) -> [caught, judged]
     measures: dict[int, list[dict[str, Any]]] = {}  # load -> the history gate's diff summaries
     t0, load_before = time.time(), load_average()
+    options = modtrace.api.DiffOptions(skip_checks=frozenset(c for c in args.without.split(",") if c))
     for load in loads:
         spinners = [] if args.rejudge else busy_processes(load)
         try:
@@ -141,12 +146,12 @@ def main() -> None:
                             ref = history_at(load, pair, args.history) if args.rejudge else f"tag:branch=main-{load}"
                             gates.append((f"history of {args.history}", ref))
                         for gate, ref in gates:
-                            caught, result = judge_ref(db, ref, cand, variant, args.history)
+                            caught, result = judge_ref(db, ref, cand, variant, args.history, options)
                             c = counts.setdefault((load, variant, gate), [0, 0])
                             c[0] += int(caught)
                             c[1] += 1
                             if gate != "single base":
-                                measures.setdefault(load, []).append(result.summary)
+                                measures.setdefault(load, []).append(result.step)
                         # the work counters are exact and compared with the newest base run by
                         # either gate: one row, --fail-on counters
                         w = counts.setdefault((load, variant, WORK_GATE), [0, 0])
@@ -159,7 +164,8 @@ def main() -> None:
                 s.kill()
                 s.wait()
     print(f"steps {args.steps}, history {args.history}, pairs per load {args.pairs}, blocks {args.blocks}, "
-          f"width {args.width}, batch {args.batch}, threads {args.threads}, speed probe {args.speed_probe}; "
+          f"width {args.width}, batch {args.batch}, threads {args.threads}, speed probe {args.speed_probe}, "
+          f"without {args.without or 'none'}; "
           f"load average before {load_before}, "
           f"after {load_average()}; {time.time() - t0:.0f} s")
     print(f"{'busy procs':>10}  {'candidate':<11} {'gate':<22} {'rate':>6}  caught/judged  (A/A: false alarms)")
@@ -178,30 +184,30 @@ def history_at(load: int, pair: int, window: int) -> list[str]:
     return names[:window]
 
 
-def step_measures(summaries: list[dict[str, Any]]) -> str:
-    """What the history gate's step verdicts judged (``summary.step_measure``), how far apart the
-    history's runs lay on each measure weighed (``step_spreads``, medians), and how many step
-    verdicts the other measure did not confirm (``step_unconfirmed``)."""
+def step_measures(steps: list[Any]) -> str:
+    """What the history gate's step verdicts judged (``StepVerdict.measure``), how far apart the
+    history's runs lay on each measure weighed (``spreads``, medians), and how many step verdicts
+    the ``confirmed`` check alone kept from a step-wide change."""
     judged: dict[str, int] = {}
     spreads: dict[str, list[float]] = {}
-    for s in summaries:
-        judged[str(s.get("step_measure"))] = judged.get(str(s.get("step_measure")), 0) + 1
-        for m, v in (s.get("step_spreads") or {}).items():
+    for s in steps:
+        judged[s.measure] = judged.get(s.measure, 0) + 1
+        for m, v in s.spreads.items():
             spreads.setdefault(m, []).append(v)
     spread = ", ".join(f"{m} {statistics.median(v):.1%}" for m, v in sorted(spreads.items()))
-    unconfirmed = sum(1 for s in summaries if s.get("step_unconfirmed"))
+    vetoed = sum(1 for s in steps if [c.name for c in s.checks if not c.passed] == ["confirmed"])
     return (f"step judged on {', '.join(f'{m} {n}x' for m, n in sorted(judged.items()))}; the history's median "
-            f"spread {spread or 'none'}; {unconfirmed} step verdicts not confirmed by the other measure")
+            f"spread {spread or 'none'}; {vetoed} step verdicts not confirmed by the other measure")
 
 
-def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int) -> tuple[bool, Any]:
+def judge_ref(db: Any, ref: str, cand: str, variant: str, window: int, options: Any) -> tuple[bool, Any]:
     """Whether the gate (base ``ref``: a run, or a tag selector) catches ``cand`` on time (for A/A,
     whether it fails ``--fail-on regression``: a false alarm), and the diff's result."""
-    result = db.diff(ref, cand, window=window)
+    result = db.diff(ref, cand, options, window=window)
     if variant == "A/A" and result.failed("regression"):  # say what raised the false alarm
         blamed = result.timing.filter(result.timing["verdict"] == "regression")
-        print(f"false alarm: {cand} against {ref}: step {result.summary.get('step_verdict')} "
-              f"(ratio {result.summary.get('step_ratio')}), modules "
+        print(f"false alarm: {cand} against {ref}: step {result.step.verdict} "
+              f"(ratio {result.step.ratio}), modules "
               f"{list(zip(blamed['fqn'], blamed['phase'], blamed['self_ratio'], strict=True))}", file=sys.stderr)
     if VARIANTS[variant][1] == "block" and variant != "A/A":
         blamed = result.timing.filter(result.timing["verdict"] == "regression")["fqn"].to_list()

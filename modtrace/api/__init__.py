@@ -25,7 +25,7 @@ example.  Module-level functions cover the database itself (``upgrade``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
@@ -44,20 +44,34 @@ if TYPE_CHECKING:
     import polars as pl
 
     from modtrace.analysis import Analysis
-    from modtrace.analysis.diff import DiffOptions, DiffResult, RunCalls
+    from modtrace.analysis.diff import (
+        Check,
+        DiffOptions,
+        DiffResult,
+        DiffSummary,
+        ModuleVerdict,
+        RunCalls,
+        StepVerdict,
+    )
     from modtrace.api._steps import Stepped
+    from modtrace.api._tree import TreeOptions
     from modtrace.store.deletion import DeletedRun
     from modtrace.store.engine import Store
+    from modtrace.store.runs import RunFilter
 
 __all__ = [
-    "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "check_schema", "current_revision", "open",
+    "AnalyzeSummary", "Check", "Database", "DiffOptions", "DiffResult", "DiffSummary", "ModuleVerdict", "Run",
+    "StepVerdict", "check_schema", "current_revision", "open",
     "query", "query_library", "resolve_query", "upgrade",
 ]
 
 
+_DIFF_TYPES = ("Check", "DiffOptions", "DiffResult", "DiffSummary", "ModuleVerdict", "StepVerdict")
+
+
 def __getattr__(name: str) -> Any:
     # The diff's option and result types, without importing polars with this module.
-    if name in ("DiffOptions", "DiffResult"):
+    if name in _DIFF_TYPES:
         import modtrace.analysis.diff
 
         return getattr(modtrace.analysis.diff, name)
@@ -170,11 +184,11 @@ class Database:
         """
         import polars as pl
 
-        from modtrace.api._cli import run_filter, run_list
+        from modtrace.api._runs import run_filter
 
         columns = ["id", "name", "status", "started_at", "ended_at", "duration_s", "events", "steps", "step_on",
                    "step_rule", "ranks", "analysis"]
-        rows = run_list(self, limit, run_filter(tags, status, older_than))
+        rows = self._run_rows(limit, run_filter(tags, status, older_than))
         frame = pl.DataFrame([[r.get(c) for c in columns] for r in rows], schema=columns, orient="row")
         tag_type = pl.List(pl.Struct({"key": pl.String, "value": pl.String}))
         tags_column = [[{"key": k, "value": str(v)} for k, v in sorted(r["tags"].items())] for r in rows]
@@ -233,9 +247,7 @@ class Database:
         if named:
             import polars as pl
 
-            from modtrace.api._cli import event_log
-
-            frame = pl.concat(list(event_log(self, run)), how="vertical")
+            frame = pl.concat(list(self._event_log(self._ref(run))), how="vertical")
             return frame if rank is None else frame.filter(pl.col("rank") == rank)
         from modtrace.store.reader import read_events
 
@@ -285,9 +297,8 @@ class Database:
         if not named:
             return spans
         from modtrace.api._tables import spans_table
-        from modtrace.store.runs import read_anchors
 
-        return spans_table(spans, read_anchors(self._store, ref.id))
+        return spans_table(spans, self._anchors(ref))
 
     def issues(self, run: RunLike, *, summary: bool = False) -> pl.DataFrame:
         """The run's nesting issues: events that do not nest (lost, repeated or crossed events,
@@ -406,11 +417,11 @@ class Database:
         --------
         >>> db.tree("@", phase="forward", max_depth=2)  # doctest: +SKIP
         """
-        from modtrace.api._tree import TreeOptions, tree_nodes
+        from modtrace.api._tree import TreeOptions
         from modtrace.results.tree import nodes_frame
 
         opts = TreeOptions(phase, step, rank, max_depth, min_percent, step_on, step_kind, peak_tflops)
-        return nodes_frame(tree_nodes(self, run, opts, clock))
+        return nodes_frame(self._tree_rows(run, opts, clock))
 
     # -- writes and comparisons ------------------------------------------------------
 
@@ -465,9 +476,11 @@ class Database:
         Returns
         -------
         DiffResult
-            ``timing`` and ``structure`` frames, the first ``divergence``, the data-dependent
-            ``calls`` per step, a ``summary``, the two sides' descriptions (``sides``; the base's
-            ``history`` lists the runs used) and ``notes``; ``exit_code(fail_on)`` is what
+            ``timing`` (a row per module and phase with its ``checks``) and ``structure`` frames,
+            the ``step`` verdict with its checks, a ``summary`` of counts, the first
+            ``divergence``, the data-dependent ``calls`` per step, the sides' descriptions
+            (``sides``; the base's ``history`` lists the runs used) and ``notes``;
+            ``module(fqn)`` gives one module's verdicts and checks; ``exit_code(fail_on)`` is what
             ``modtrace diff`` exits with.
 
         Examples
@@ -476,81 +489,10 @@ class Database:
         >>> result.timing.filter(pl.col("verdict") == "regression")  # doctest: +SKIP
         >>> db.diff("tag:branch=main", "@", window=5).exit_code("regression")  # doctest: +SKIP
         """
-        from concurrent.futures import ThreadPoolExecutor
-        from dataclasses import replace
+        from modtrace.api._diff import diff
 
-        from modtrace.api._clock import common_clock
-        from modtrace.api._diff import (
-            SELECTOR,
-            diff_counters,
-            history_runs,
-            like_with_like,
-            like_with_like_all,
-            no_common_step,
-            parse_selector,
-            split_ref,
-        )
-        from modtrace.core.errors import UsageError
-
-        other = cand_db or self
-        terms: list[RunLike] = [base] if isinstance(base, (str, int, Run)) else list(base)
-        if not terms:
-            raise UsageError("no base run to compare with")
-        texts = [t for t in terms if isinstance(t, str)]
-        tags = parse_selector(texts) if texts else None
-        if tags is not None and len(texts) != len(terms):
-            raise UsageError("give either runs or tag:KEY=VALUE selectors as the base, not both")
-        phases = None if options is None else options.phases
-        if tags is None and len(terms) == 1:
-            chosen = self._diff_clock(terms[0], cand, other, clock)
-            # Both runs are read side by side (the database driver works without Python's lock)
-            # while this thread imports the comparison: it paid end to end (docs/performance.md).
-            import modtrace.store.samples  # noqa: F401 -- before the threads, which both import it
-
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="modtrace-diff") as pool:
-                base_read = pool.submit(self._side, terms[0], rank, step_on, chosen)
-                cand_read = pool.submit(other._side, cand, rank, step_on, chosen)
-                from modtrace.analysis.diff import diff_runs
-
-                base_side, cand_side = base_read.result(), cand_read.result()
-            base_calls, cand_calls = like_with_like(base_side, cand_side, step_kind)
-            result = diff_runs(base_calls, cand_calls, options)
-            disjoint = no_common_step(base_side[1], cand_side[1])
-            counters = diff_counters(self._store, base_side[1], other._store, cand_side[1], rank, phases)
-            summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
-            return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,),
-                           counters=counters, summary=summary)
-        from modtrace.analysis.diff import diff_history
-
-        cand_run = split_ref(other, cand)[0]
-        bases: list[RunLike] = list(terms) if tags is None else [
-            Run(r.id, r.name) for r in history_runs(self._store, tags, window, cand_run.id if other is self else None)]
-        runs = [split_ref(self, b)[0] for b in bases]
-        chosen = common_clock([(self._store, r.id, r.name) for r in runs]
-                              + [(other._store, cand_run.id, cand_run.name)], clock)
-        sides = [self._side(b, rank, step_on, chosen) for b in bases] + [other._side(cand, rank, step_on, chosen)]
-        calls = like_with_like_all(sides, step_kind)
-        result = diff_history(calls[:-1], calls[-1], options)
-        base_info, cand_info = dict(sides[0][1]), sides[-1][1]
-        per_run = result.summary.get("history_run_step_ns")
-        step_ns = list(per_run) if isinstance(per_run, list) and len(per_run) == len(bases) else [None] * len(bases)
-        base_info["history"] = [
-            {"run": info["run"], "run_id": info["run_id"],
-             "step_us": None if ns is None else round(float(ns) / 1000.0, 3)}
-            for (_, info), ns in zip(sides[:-1], step_ns, strict=True)
-        ]
-        base_info["selector"] = None if tags is None else " ".join(f"{SELECTOR}{k}={v}" for k, v in tags.items())
-        notes: list[str] = []
-        if len(bases) == 1:
-            notes.append(f"one base run matched {base_info['selector']}: a step-wide change cannot be told from "
-                         "machine load with one base run; record more baseline runs")
-        disjoint = no_common_step(sides[0][1], cand_info)
-        if disjoint is not None:
-            notes.append(disjoint)
-        # Work counters are exact: the candidate against the newest base run.
-        counters = diff_counters(self._store, sides[0][1], other._store, cand_info, rank, phases)
-        summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
-        return replace(result, sides=(base_info, cand_info), notes=tuple(notes), counters=counters, summary=summary)
+        return diff(self, base, cand, options, cand_db=cand_db, rank=rank, step_on=step_on, step_kind=step_kind,
+                    clock=clock, window=window)
 
     def delete(self, runs: RunLike | Sequence[RunLike], *, force: bool = False) -> list[DeletedRun]:
         """Delete runs with every row that belongs to them (events, spans, issues, trees, device
@@ -583,6 +525,8 @@ class Database:
         return delete_runs(self._store, ids, force=force)
 
     # -- for this package's own modules (api._tree, api._diff, api._cli) --------------
+    # Other modules ask through these methods rather than reading ``_store``; functions that
+    # read the store take it as an argument (api._tree, api._steps, api._clock, api._tables).
 
     def _ref(self, ref: RunLike) -> Run:
         """Resolve a run reference (raises ``RunNotFound``), without reading its details."""
@@ -616,6 +560,62 @@ class Database:
         from modtrace.api._steps import restep
 
         return restep(self._store, run.id, run.name, frame, step_on, ranks)
+
+    def _run_rows(self, limit: int | None, which: RunFilter | None) -> list[dict[str, Any]]:
+        """Runs newest first as dicts (``store.runs.list_runs``), steps under each run's own rule."""
+        from modtrace.api._steps import with_steps
+        from modtrace.store.runs import list_runs
+
+        return with_steps(self._store, list_runs(self._store, limit, which))
+
+    def _anchors(self, run: Run) -> dict[int, int]:
+        """rank -> wall-clock nanoseconds at that rank's ``ts_ns = 0``."""
+        from modtrace.store.runs import read_anchors
+
+        return read_anchors(self._store, run.id)
+
+    def _thread_names(self, run: Run) -> dict[tuple[int, int], str | None]:
+        """(rank, thread_id) -> thread name."""
+        from modtrace.store.runs import read_thread_names
+
+        return read_thread_names(self._store, run.id)
+
+    def _event_log(self, run: Run) -> Iterator[pl.DataFrame]:
+        """The run's events with names and ``wall_ns``, in chunks, rank by rank (``api._tables``)."""
+        from modtrace.api._tables import event_log
+
+        return event_log(self._store, run.id, self._anchors(run))
+
+    def _has_analysis(self, run: Run) -> bool:
+        """Whether the run's spans and issues are stored."""
+        from modtrace.store.analysis_store import has_analysis
+
+        return has_analysis(self._store, run.id)
+
+    def _start_spans(self, run: Run, columns: tuple[str, ...]) -> Callable[[], pl.DataFrame]:
+        """The run's spans with at least ``columns`` filled, begun now (the spans held, else
+        ``results.materialize.start_spans``); calling the result gives the frame."""
+        from modtrace.results.materialize import start_spans
+
+        if run.id in self._analyses:
+            held = self._analyses[run.id].spans
+            return lambda: held
+        return start_spans(self._store, run.id, columns)
+
+    def _tree_rows(self, run: RunLike, opts: TreeOptions, clock: str | None) -> list[dict[str, Any]]:
+        """``tree``'s nodes as plain dicts in pre-order (``api._tree.tree_nodes``), on ``clock``
+        resolved; the spans, when the stored tree cannot answer, are the device clock's (the whole
+        analysis) or the host's (held, else only the columns the tree reads)."""
+        from modtrace.api._tree import tree_nodes
+
+        opts.check()
+        ref = self._ref(run)
+        chosen = self._clock(ref, clock)
+
+        def spans(columns: tuple[str, ...]) -> pl.DataFrame:
+            return self._spans_on(ref, chosen) if chosen != "host" else self._start_spans(ref, columns)()
+
+        return tree_nodes(self._store, ref.id, ref.name, chosen, opts, spans)
 
     def _diff_clock(self, base: RunLike, cand: RunLike, other: Database, clock: str | None) -> str:
         from modtrace.api._clock import common_clock

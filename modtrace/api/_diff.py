@@ -13,7 +13,7 @@ from modtrace.core.errors import RunNotFound, UsageError
 if TYPE_CHECKING:
     import polars as pl
 
-    from modtrace.analysis.diff import RunCalls
+    from modtrace.analysis.diff import DiffOptions, DiffResult, RunCalls
     from modtrace.api import Database, Run, RunLike
     from modtrace.store.engine import Store
     from modtrace.store.runs import RunRef
@@ -220,3 +220,72 @@ def like_with_like_all(sides: Sequence[tuple[RunCalls, dict[str, Any]]], kind: s
     for (_, info), (_, st) in zip(sides, stepped, strict=True):
         info.update(st.describe(), step_kind=chosen)
     return [replace(calls, calls=frame) for (calls, _), frame in zip(sides, frames, strict=True)]
+
+
+def diff(db: Database, base: RunLike | Sequence[RunLike], cand: RunLike, options: DiffOptions | None, *,
+         cand_db: Database | None, rank: int | None, step_on: str | None, step_kind: str | None,
+         clock: str | None, window: int) -> DiffResult:
+    """``Database.diff``: read the base runs and the candidate, each on one clock and in steps of
+    one kind, judge them (``analysis.diff.diff_history``), and add what the store knows: the sides'
+    descriptions, the notes, the work counters."""
+    from dataclasses import replace
+
+    from modtrace.analysis.diff import diff_history
+    from modtrace.api import Run
+    from modtrace.api._clock import common_clock
+
+    other = cand_db or db
+    terms: list[RunLike] = [base] if isinstance(base, (str, int, Run)) else list(base)
+    if not terms:
+        raise UsageError("no base run to compare with")
+    texts = [t for t in terms if isinstance(t, str)]
+    tags = parse_selector(texts) if texts else None
+    if tags is not None and len(texts) != len(terms):
+        raise UsageError("give either runs or tag:KEY=VALUE selectors as the base, not both")
+    cand_run = split_ref(other, cand)[0]
+    bases: list[RunLike] = list(terms) if tags is None else [
+        Run(r.id, r.name) for r in history_runs(db._store, tags, window, cand_run.id if other is db else None)]
+    runs = [split_ref(db, b)[0] for b in bases]
+    chosen = common_clock([(db._store, r.id, r.name) for r in runs] + [(other._store, cand_run.id, cand_run.name)],
+                          clock)
+    sides = _read_sides(db, other, bases, cand, rank, step_on, chosen)
+    calls = like_with_like_all(sides, step_kind)
+    result = diff_history(calls[:-1], calls[-1], options)
+    base_info, cand_info = dict(sides[0][1]), sides[-1][1]
+    if len(bases) > 1:
+        base_info["history"] = [{"run": info["run"], "run_id": info["run_id"], "step_us": round(ns / 1000.0, 3)}
+                                for (_, info), ns in zip(sides[:-1], result.summary.history_run_step_ns, strict=True)]
+    base_info["selector"] = None if tags is None else " ".join(f"{SELECTOR}{k}={v}" for k, v in tags.items())
+    notes: list[str] = []
+    if tags is not None and len(bases) == 1:
+        notes.append(f"one base run matched {base_info['selector']}: a step-wide change cannot be told from "
+                     "machine load with one base run; record more baseline runs")
+    disjoint = no_common_step(sides[0][1], cand_info)
+    if disjoint is not None:
+        notes.append(disjoint)
+    unshared = unshared_kinds_note(sides[0][1], cand_info)
+    if unshared is not None:
+        notes.append(unshared)
+    # Work counters are exact: the candidate against the newest base run.
+    phases = None if options is None else options.phases
+    counters = diff_counters(db._store, sides[0][1], other._store, cand_info, rank, phases)
+    summary = replace(result.summary, counter_changes=0 if counters is None else counters.height)
+    return replace(result, sides=(base_info, cand_info), notes=tuple(notes), counters=counters, summary=summary)
+
+
+def _read_sides(db: Database, other: Database, bases: Sequence[RunLike], cand: RunLike, rank: int | None,
+                step_on: str | None, clock: str) -> list[tuple[RunCalls, dict[str, Any]]]:
+    """Every side's calls and description; two sides are read side by side (the database driver
+    works without Python's lock: it paid end to end, docs/performance.md)."""
+    if len(bases) != 1:
+        return [db._side(b, rank, step_on, clock) for b in bases] + [other._side(cand, rank, step_on, clock)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    import modtrace.store.samples  # noqa: F401 -- before the threads, which both import it
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="modtrace-diff") as pool:
+        base_read = pool.submit(db._side, bases[0], rank, step_on, clock)
+        cand_read = pool.submit(other._side, cand, rank, step_on, clock)
+        import modtrace.analysis.diff  # noqa: F401 -- this thread imports the comparison meanwhile
+
+        return [base_read.result(), cand_read.result()]

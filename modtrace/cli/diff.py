@@ -25,19 +25,32 @@ from modtrace.core.contracts import PHASES
               help="Compare only this phase (repeatable; default: all).")
 @rank_option("Restrict both runs to this rank (RUN:RANK sets one side's rank).")
 @click.option("--threshold", "threshold_pct", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              metavar="PCT", help="How far a module's share of the step must lie beyond every base run's (with --absolute: its time beyond the base's), in percent.")
+              metavar="PCT", help="Every margin below left unset, in percent (a shorthand).")
+@click.option("--share-margin", "share_margin_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
+              help="Check share_ratio: how far a module's share of the step must lie beyond every base run's.")
 @click.option("--share-threshold", "share_threshold_pct", type=click.FloatRange(min=0), default=50.0,
               show_default=True, metavar="PCT",
-              help="How much slower than the typical module of the step a module must get to be blamed, in percent.")
+              help="Check vs_typical: how much more of the step than the typical module's a module must take.")
+@click.option("--median-margin", "median_margin_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
+              help="Check median_ratio: how far a module's median self time per step must move.")
+@click.option("--level-margin", "level_margin_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
+              help="Check level_ratio (--absolute): how far a module's level must move.")
+@click.option("--step-margin", "step_margin_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
+              help="Check beyond_history: how far beyond the base runs' range the step's level must lie.")
+@click.option("--confirm-margin", "confirm_margin_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
+              help="Check confirmed: how far the other CPU measure of the step must move the same way.")
 @click.option("--min-delta-us", type=click.FloatRange(min=0), default=20.0, show_default=True, metavar="N",
-              help="Smallest change of a module's time per step (its 10th percentile) that counts, in microseconds.")
+              help="Checks level_delta_us and step_delta_us: the smallest change of a level that counts, in "
+                   "microseconds.")
+@click.option("--level-pct", type=click.FloatRange(min=0, max=100, min_open=True), default=10.0, show_default=True,
+              metavar="PCT", help="A module's level: this percentile of its time per step.")
 @click.option("--alpha", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), default=0.01,
-              show_default=True, help="Significance level of the Mann-Whitney test over steps.")
+              show_default=True, help="Checks steps, step_p, p_holm: the significance level.")
 @click.option("--skip-steps", type=click.IntRange(min=0), default=1, show_default=True, metavar="N",
               help="Leave out the first N steps of each rank (warm-up).")
 @click.option("--absolute", is_flag=True,
-              help="Judge absolute times only: do not also require a module's share of the step to change "
-                   "(for runs recorded on an equally quiet machine).")
+              help="Judge absolute times: checks p_holm and level_ratio instead of the shares' (runs recorded on "
+                   "an equally quiet machine).")
 @step_on_option
 @step_kind_option("the kind most steps of both runs share, when they have more than one")
 @clock_option
@@ -47,38 +60,31 @@ from modtrace.core.contracts import PHASES
               help="Which findings make the exit status 1 (counters: a module's FLOPs, bytes or ops on a "
                    "counted step of the same kind differ; any: every kind of finding).")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged modules (table and markdown).")
+@click.option("--explain", "explain", multiple=True, metavar="FQN",
+              help="List every check of this module, blamed or not (repeatable; table and markdown).")
 @click.option("--window", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
               help="With tag:KEY=VALUE as BASE: how many of the newest matching runs form the history.")
 def diff(
     refs: tuple[str, ...], db: str | None, cand_db: str | None, phases: tuple[str, ...], rank: int | None,
-    threshold_pct: float, share_threshold_pct: float, min_delta_us: float, alpha: float, skip_steps: int, absolute: bool,
+    threshold_pct: float, share_margin_pct: float | None, share_threshold_pct: float, median_margin_pct: float | None,
+    level_margin_pct: float | None, step_margin_pct: float | None, confirm_margin_pct: float | None,
+    min_delta_us: float, level_pct: float, alpha: float, skip_steps: int, absolute: bool,
     step_on: str | None, step_kind: str | None, clock: str | None, fmt: str, fail_on: str, show_all: bool,
-    window: int,
+    explain: tuple[str, ...], window: int,
 ) -> None:
     """Compare run CAND against run BASE, or against a history of baseline runs: structure
     changes and timing regressions per module.
 
     BASE and CAND are run references (name, id, @, @~N), optionally with
-    :RANK to pick one rank, so `modtrace diff RUN:0 RUN:1` compares two ranks
-    of one run (stragglers). A module's time in a run is the 10th percentile
-    of its self time per step (load only adds time). It is blamed when that
-    grew by more than --min-delta-us, its share of the step grew by more
-    than --threshold percent beyond the base's, and by more than
-    --share-threshold percent beyond the typical module's (so a machine that
-    got busier between the runs blames nobody), and, against one base run,
-    its median self time per step grew by more than --threshold percent too. Steps follow --step-on; when the runs' steps come in several kinds
-    (a generate() loop's prompt and its decode steps), steps of one kind are
-    compared (--step-kind). Both runs are read on one --clock: device time
-    by default when both have it, else host time.
-
+    :RANK to pick one rank (`modtrace diff RUN:0 RUN:1` compares two ranks).
     A history as the base: `modtrace diff 'tag:branch=main' CAND` takes the
-    newest --window completed runs whose tags match (several tag:KEY=VALUE
-    terms are AND-ed; CAND is left out), or list the runs: `modtrace diff
-    B1 B2 B3 CAND`. What varies between the base runs is noise: a module's
-    share must lie beyond every base run's, and the step time's 10th
-    percentile beyond the history's range by the range's own width and
-    --threshold (significantly) is a step-wide regression. Exit status: 0
-    clean, 1 findings (per --fail-on), 2 usage error.
+    newest --window completed runs whose tags match (terms are AND-ed), or
+    list the runs: `modtrace diff B1 B2 B3 CAND`.
+
+    A module is blamed when every check of the rule passes; each verdict
+    shows its checks, and --explain FQN shows a module's when it was not
+    blamed. The rule, its checks and their options: docs/diff.md. Exit
+    status: 0 clean, 1 findings (per --fail-on), 2 usage error.
     """
     import modtrace.api
     from modtrace.api import DiffOptions
@@ -91,8 +97,17 @@ def diff(
         raise UsageError("give the base (a run, several runs, or tag:KEY=VALUE) and then the candidate run: "
                          "modtrace diff BASE... CAND")
     *bases, cand = refs
+    def pct(value: float | None) -> float | None:
+        return None if value is None else value / 100.0
+
     options = DiffOptions(
         threshold=threshold_pct / 100.0,
+        share_margin=pct(share_margin_pct),
+        median_margin=pct(median_margin_pct),
+        level_margin=pct(level_margin_pct),
+        step_margin=pct(step_margin_pct),
+        confirm_margin=pct(confirm_margin_pct),
+        low_quantile=level_pct / 100.0,
         min_delta_ns=int(round(min_delta_us * 1000)),
         alpha=alpha,
         skip_steps=skip_steps,
@@ -110,13 +125,13 @@ def diff(
     assert result.sides is not None
     base_info, cand_info = result.sides
     for side, info in (("base_steps", base_info), ("cand_steps", cand_info)):
-        if not result.summary[side]:
+        if not getattr(result.summary, side):
             raise UsageError(
                 f"run {info['run']!r} has no steps left to compare after skipping {skip_steps} "
                 "(use --skip-steps 0)"
             )
     doc = document(result, base_info, cand_info, options, fail_on)
-    click.echo(get_renderer("diff", fmt, terminal=stdout_terminal()).render(DiffView(doc, show_all)), nl=False)
+    click.echo(get_renderer("diff", fmt, terminal=stdout_terminal()).render(DiffView(doc, show_all, explain)), nl=False)
     code = result.exit_code(fail_on)
     if code:
         raise click.exceptions.Exit(code)

@@ -21,6 +21,7 @@ from modtrace.renderers.steps import step_lines
 class DiffView:
     doc: dict[str, Any]  # diff_document.document
     show_all: bool = False  # also list unchanged modules (table and markdown)
+    explain: tuple[str, ...] = ()  # modules whose every check is listed, blamed or not (--explain)
 
 
 # -- text helpers ---------------------------------------------------------------
@@ -64,113 +65,136 @@ def _side(doc: dict[str, Any], side: str) -> str:
     rank = "" if info.get("rank") is None else f" rank {info['rank']}"
     history = info.get("history")
     if history and len(history) > 1:
-        s = doc["summary"]
         chosen = f"{info['selector']}, " if info.get("selector") else ""
         runs = ", ".join(repr(h["run"]) for h in history)
+        per_run = [h["step_us"] for h in history]
         return (f"history of {len(history)} runs ({chosen}newest first: {runs}{rank}; {info['steps']} steps; "
-                f"median step time per run {fmt_time(s.get('history_step_low_us'))} to "
-                f"{fmt_time(s.get('history_step_high_us'))})")
+                f"median step time per run {fmt_time(min(per_run))} to {fmt_time(max(per_run))})")
     return f"{info['run']!r} (run {info['run_id']}{rank}, {info['steps']} steps, median step time {fmt_time(info['step_us'])})"
 
 
-def _ordinal(pct: float) -> str:
-    n = f"{pct:g}"
-    if not n.isdigit():
-        return n
-    suffix = "th" if 10 <= int(n) % 100 <= 20 else {"1": "st", "2": "nd", "3": "rd"}.get(n[-1], "th")
-    return n + suffix
+# Checks passed by a value below their bar (p-values); history_runs by one at or above it.
+_BELOW = ("steps", "p_holm", "step_p")
+
+
+def fmt_check(check: dict[str, Any], mark: bool = False) -> str:
+    """``name value > bar`` as the rule judged it; ``mark``: followed by pass or FAIL."""
+    name, value, bar, passed = check["name"], check["value"], check["bar"], check["passed"]
+    if name == "history_runs":
+        above = True
+    elif name in _BELOW:
+        above = False
+    else:
+        above = bar is not None and bar >= (0 if name.endswith("_us") else 1)
+
+    def num(v: float | None) -> str:
+        if v is None:
+            return "n/a"
+        if name in _BELOW:
+            return fmt_p(v)
+        if name.endswith("_us"):
+            return f"{v:+.3g}"
+        return f"{v:.3g}" if name == "history_runs" else f"{v:.3f}"
+
+    if name == "history_runs":
+        op = ">=" if passed else "<"
+    elif passed:
+        op = ">" if above else "<"
+    else:
+        op = "<=" if above else ">="
+    text = f"{name} {num(value)} {op} {num(bar)}"
+    return f"{text} {'pass' if passed else 'FAIL'}" if mark else text
+
+
+def module_checks_line(row: dict[str, Any]) -> str:
+    """"fqn phase: check, check, ...": the checks that blamed a module."""
+    return f"{row['fqn']} {row['phase']}: " + ", ".join(fmt_check(c) for c in row["checks"])
+
+
+_MEASURES = {
+    "raw": "step time",
+    "wall": "step time at the history's machine speed",
+    "cpu": "CPU time per step at the history's machine speed",
+    "cpu_raw": "CPU time per step as measured",
+}
+
+
+def step_line(doc: dict[str, Any]) -> str | None:
+    """The step verdict in one line, with the check that decided it (all of them for a step-wide
+    change); None for one base run when the step's own checks did not all pass (nothing to say)."""
+    step = doc["step"]
+    verdict, checks = step["verdict"], step["checks"]
+    if not checks:
+        return None
+    what = f"{_MEASURES[step['measure']]} {fmt_ratio(step['ratio'])}"
+    if verdict in ("regression", "improvement"):
+        return f"step: a step-wide {verdict}, {what}: " + ", ".join(fmt_check(c) for c in checks)
+    failed = [c for c in checks if not c["passed"]]
+    if verdict == "unknown":
+        if len(failed) > 1:
+            return None  # one base run, and the step did not move beyond it either
+        return (f"step: unknown, {what}: {fmt_check(failed[0])} (one base run cannot tell a step-wide change from "
+                "machine load; judge against a history: modtrace diff 'tag:KEY=VALUE' CAND)")
+    return f"step: unchanged, {what}: {fmt_check(failed[0])}"
+
+
+def _few_steps(doc: dict[str, Any]) -> str | None:
+    """A warning when the runs have too few steps for the rule to blame anything (check steps)."""
+    s, o = doc["summary"], doc["options"]
+    p = s["min_p_value"]
+    if p is None or not s["compared"]:
+        return None
+    n_b, n_c = doc["base"]["steps"], doc["cand"]["steps"]
+    if p >= o["alpha"]:
+        need = min_steps(o["alpha"])
+        return (f"warning: too few steps ({n_b} and {n_c} compared): the smallest p the test can reach is "
+                f"{fmt_p(p)}, not below alpha {o['alpha']:g}, so no module can be blamed; record at least "
+                f"{need + o['skip_steps']} steps per run ({need} compared after --skip-steps {o['skip_steps']})")
+    if o.get("absolute") and p * s["compared"] >= o["alpha"]:
+        return (f"warning: few steps ({n_b} and {n_c}) for {s['compared']} comparisons: with --absolute only a "
+                "change seen in every step can be significant after Holm; record more steps")
+    return None
+
+
+def min_steps(alpha: float) -> int:
+    """The fewest compared steps per run for which the Mann-Whitney test can reach p < ``alpha``."""
+    from modtrace.analysis.diff.stats import min_p_value
+
+    n = 1
+    while min_p_value(n, n) >= alpha and n < 10_000:
+        n += 1
+    return n
 
 
 def headline(doc: dict[str, Any]) -> list[str]:
     s, o = doc["summary"], doc["options"]
     ratio = s["step_ratio"]
-    history = bool(doc["base"].get("history")) and len(doc["base"]["history"]) > 1
-    q = f"the {_ordinal(o['level_pct'])} percentile of self time per step"
-    if o.get("absolute"):
-        rule = (f"blame on {q}: > {o['threshold_pct']:g}% and > {o['min_delta_us']:g} us, "
-                f"Mann-Whitney p < {o['alpha']:g} after Holm")
-    else:
-        base = "the base runs' median" if history else "the base's"
-        shares = "every base run's" if history else "the base's"
-        rule = (f"blame on {q}: > {o['min_delta_us']:g} us above {base}, its share of the step > "
-                f"{o['threshold_pct']:g}% beyond {shares} and > {o['share_threshold_pct']:g}% beyond the "
-                "typical module's" + ("" if history else f", its median > {o['threshold_pct']:g}% beyond the base's"))
     lines = [
         f"base {_side(doc, 'base')}",
         f"cand {_side(doc, 'cand')}" + ("" if ratio is None else f": step time {fmt_ratio(ratio)}"),
         (
             f"{_count(s['regressions'], 'regression')}, {_count(s['improvements'], 'improvement')}, "
             f"{_count(s['structure_changes'], 'structure change')} "
-            f"({s['compared']} module/phase pairs compared; {rule}; "
-            f"first {o['skip_steps']} step(s) skipped; {doc['base'].get('clock', 'host')} clock)"
+            f"({s['compared']} module/phase pairs compared"
+            + ("; absolute times" if o.get("absolute") else "")
+            + f"; first {o['skip_steps']} step(s) skipped; {doc['base'].get('clock', 'host')} clock; "
+            "the rule: docs/diff.md)"
         ),
     ]
     lines.extend(step_lines(doc["base"], doc["cand"]))
     if doc.get("counters") is not None:
         lines.append(f"{_count(s.get('counter_changes', 0), 'work counter change')} (FLOPs, bytes, ops per module "
                      "and phase on the first counted step of each kind, exact)")
-    verdict = s.get("step_verdict")
-    spreads = s.get("step_spreads") or {}
-    if s.get("step_adjusted"):
-        what = ("step times judged as the program's CPU time per step" if s.get("step_measure") == "cpu"
-                else "step times judged")
-        lines.append(
-            f"{what} at the history's machine speed (the speed probe before each step): the candidate's "
-            f"probe time {fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
-            f"{fmt_ratio(s['adjusted_step_ratio'])}" + _spread_note(spreads))
-    elif s.get("step_measure") == "cpu_raw":
-        lines.append(
-            "step times judged as the program's CPU time per step, as measured: across the history's runs "
-            "it held closer together than over the speed probe" + _spread_note(spreads)
-            + f"; the candidate's CPU time per step {fmt_ratio(s['cpu_step_ratio'])}, its probe time "
-            f"{fmt_ratio(s['cand_speed_ratio'])}, its step time at the history's speed "
-            f"{fmt_ratio(s['adjusted_step_ratio'])}")
-    if s.get("step_measure"):
-        ratio = judged_step_ratio(s)
-    if history and s.get("step_bounds") and verdict not in ("regression", "improvement") \
-            and not s.get("step_unconfirmed"):
-        lines.append(_bounds_line(s["step_bounds"], bool(s.get("step_measure")), o))
-    if s.get("step_unconfirmed"):
-        other = s["adjusted_step_ratio"] if s.get("step_measure") == "cpu_raw" else s["cpu_step_ratio"]
-        lines.append(
-            f"note: the step time {fmt_ratio(ratio)} lay beyond the history's range, but "
-            f"{'over the probe' if s.get('step_measure') == 'cpu_raw' else 'as measured'} it moved "
-            f"{fmt_ratio(other)}, within {o['threshold_pct']:g}% of the history's median: not judged a "
-            "step-wide change (the machine's speed, or the probe's noise)")
-    if s.get("speed_note"):
-        lines.append(f"note: {s['speed_note']}")
-    if verdict in ("regression", "improvement") and s.get("step_measure"):
-        at = "CPU time per step" if s["step_measure"] == "cpu_raw" else "step time at the history's speed"
-        lines.append(
-            f"{at} {fmt_ratio(ratio)}: its median {'above' if verdict == 'regression' else 'below'} "
-            f"the history's range by more than the range's own width or {o['threshold_pct']:g}%, whichever is "
-            "larger: "
-            f"a step-wide {verdict}"
-            + ("" if s["regressions"] or s["improvements"] else " (every module's share of the step alike)")
-            + _unconfirmable_note(s)
-        )
-    elif verdict in ("regression", "improvement"):
-        lines.append(
-            f"step time {fmt_ratio(ratio)}: its {_ordinal(o['level_pct'])} percentile {'above' if verdict == 'regression' else 'below'} "
-            f"the history's range by the range's own width and more than {o['threshold_pct']:g}%: "
-            f"a step-wide {verdict}"
-            + ("" if s["regressions"] or s["improvements"] else " (every module's share of the step alike)")
-        )
-    elif verdict is None and s.get("step_changed") and not o.get("absolute") and not s["regressions"] \
-            and not s["improvements"]:
-        lines.append(
-            f"note: the step time changed ({fmt_ratio(ratio)}) but no module's share of the step did: "
-            "everything slowed or sped up alike, and with one base run a step-wide change cannot be told from "
-            "machine load; judge it against a history of baseline runs (modtrace diff 'tag:KEY=VALUE' CAND), "
-            "or --absolute judges absolute times only"
-        )
+    step = step_line(doc)
+    if step is not None:
+        lines.append(step)
+    if doc["step"].get("note"):
+        lines.append(f"note: {doc['step']['note']}")
     if s.get("order_varies"):
         lines.append("note: call order varies from step to step within a run (data-dependent): order not compared")
-    if s["min_p_value"] is not None and s["compared"] and s["min_p_value"] * s["compared"] >= o["alpha"]:
-        lines.append(
-            f"warning: few steps ({doc['base']['steps']} and {doc['cand']['steps']}) for {s['compared']} "
-            "comparisons: only a change seen in every step can be significant; record more steps"
-        )
+    few = _few_steps(doc)
+    if few is not None:
+        lines.append(few)
     return lines
 
 
@@ -294,7 +318,9 @@ def counter_rows(doc: dict[str, Any]) -> list[list[Any]]:
 
 
 class DiffTableRenderer(DiffRenderer):
-    """Terminal output: a headline, then one table per kind of finding."""
+    """Terminal output: a headline, then one table per kind of finding; under the regressions and
+    improvements, the checks that blamed each module; with ``explain``, every check of those
+    modules."""
 
     name = "table"
 
@@ -309,8 +335,13 @@ class DiffTableRenderer(DiffRenderer):
             if rows:
                 styles = [VERDICT_STYLE.get(verdict)] * len(rows)
                 out.append(f"\n{title}\n" + table.render(Table(TIMING_HEADERS, rows, row_styles=styles)))
+                if verdict in BLAMED:
+                    lines = [module_checks_line(r) for r in doc["timing"] if r["verdict"] == verdict]
+                    out.append("checks: " + "\n".join(wrap_headline(lines, self.terminal.width)) + "\n"
+                               if len(lines) == 1 else
+                               "checks:\n" + "\n".join(wrap_headline(["  " + x for x in lines], self.terminal.width)) + "\n")
         if doc["structure"]:
-            rows = [[s["kind"], s["fqn"] or "", s["phase"] or "", s["message"]] for s in doc["structure"]]
+            rows = [[s["kind"], s["fqn"] or "", s["phase"] or "", structure_detail(s)] for s in doc["structure"]]
             out.append("\nStructure\n" + table.render(Table(("change", "module", "phase", "detail"), rows)))
         if doc.get("counters"):
             out.append("\nWork counters (exact, self)\n" + table.render(Table(COUNTER_HEADERS, counter_rows(doc))))
@@ -318,53 +349,37 @@ class DiffTableRenderer(DiffRenderer):
             out.append(f"\n{CALLS_TITLE}\n" + table.render(Table(CALLS_HEADERS, calls_rows(doc))))
         if doc["order"] is not None:
             out.append(f"\n{order_title(doc)}\n" + "\n".join(order_lines(doc)) + "\n")
+        for fqn in model.explain:
+            out.append("\n" + "\n".join(explain_lines(doc, fqn)) + "\n")
         if not any(doc["summary"].get(k) for k in ("regressions", "improvements", "structure_changes", "counter_changes")) \
-                and doc["summary"].get("step_verdict") in (None, "unchanged"):
+                and doc["step"]["verdict"] not in ("regression", "improvement"):
             out.append("\nno changes found\n")
         return "".join(out)
 
 
-def _spread_note(spreads: dict[str, float | None]) -> str:
-    """" (the history's runs spread 3.1% on CPU time, 8.0% over the probe)": what the choice of
-    measure weighed (``summary.step_spreads``); "" when it weighed fewer than two."""
-    names = {"cpu": "over the probe", "cpu_raw": "on CPU time"}
-    parts = [f"{v * 100:.1f}% {names[m]}" for m, v in sorted(spreads.items(), key=lambda kv: kv[0] != "cpu_raw")
-             if m in names and v is not None]
-    return f" (the history's runs spread {', '.join(parts)})" if len(parts) > 1 else ""
+BLAMED = ("regression", "improvement")
 
 
-def _bounds_line(bounds: list[float], median: bool, o: dict[str, Any]) -> str:
-    """What the history can tell (``summary.step_bounds``): the step-wide changes beyond its noise.
-    ``median``: the step verdict judged medians (a probe-based measure), else the history's
-    ``level_pct`` percentiles."""
-    low, high = bounds
-    level = "median" if median else f"median {_ordinal(o['level_pct'])} percentile step time"
-    widened = ("its own spread or " if median else "its own width and ") + f"{o['threshold_pct']:g}%"
-    return (f"a step-wide change is told only beyond {fmt_ratio(high)} or {fmt_ratio(low)} of the history's {level} "
-            f"(its range widened by {widened}{', whichever is larger' if median else ''}): a smaller one lies "
-            "within the spread of its runs")
+def explain_lines(doc: dict[str, Any], fqn: str) -> list[str]:
+    """Every check of module ``fqn`` in each phase compared, blamed or not (``--explain``)."""
+    rows = [r for r in doc["timing"] if r["fqn"] == fqn]
+    if not rows:
+        return [f"{fqn}: not compared (not called in both runs, or no such module)"]
+    out = []
+    for r in rows:
+        out.append(f"{fqn} {r['phase']}: {r['verdict']}")
+        out.append("  self time: " + ", ".join(fmt_check(c, mark=True) for c in r["checks"]))
+        out.append("  inclusive time: " + ", ".join(fmt_check(c, mark=True) for c in r["inclusive_checks"]))
+    return out
 
 
-def _unconfirmable_note(s: dict[str, Any]) -> str:
-    """"; the other CPU measure ... too wide to confirm or deny it" when a step verdict stood on the
-    judged measure alone (``summary.step_confirming`` null beside two measures), else ""."""
-    spreads = {m: v for m, v in (s.get("step_spreads") or {}).items() if m in ("cpu", "cpu_raw") and v is not None}
-    judged = s.get("step_measure")
-    if s.get("step_confirming") or not isinstance(judged, str) or judged not in spreads or len(spreads) < 2:
-        return ""
-    other = next(m for m in spreads if m != judged)
-    names = {"cpu": "over the probe", "cpu_raw": "as measured"}
-    return (f"; the CPU time {names[other]} spread {spreads[other] * 100:.1f}% across the history against "
-            f"{spreads[judged] * 100:.1f}% {names[judged]}: too wide to confirm or deny it")
-
-
-def judged_step_ratio(s: dict[str, Any]) -> float | None:
-    """The candidate's step time over the history's on the measure the step verdict judged."""
-    if s.get("step_adjusted"):
-        return s.get("adjusted_step_ratio")
-    if s.get("step_measure") == "cpu_raw":
-        return s.get("cpu_step_ratio")
-    return s.get("step_ratio")
+def structure_detail(s: dict[str, Any]) -> str:
+    """A structure finding's message without the module and phase its own columns show."""
+    message = str(s["message"])
+    for prefix in (f"{s['fqn']} {s['phase']}: ", f"{s['fqn']} ({s['phase']}): ", f"{s['fqn']}: ", f"{s['fqn']} "):
+        if s["fqn"] and message.startswith(prefix):
+            return message[len(prefix):]
+    return message
 
 
 def verdict_line(doc: dict[str, Any]) -> str:
@@ -374,9 +389,8 @@ def verdict_line(doc: dict[str, Any]) -> str:
     mark = "❌" if s["failed"] else "✅"
     counts = [_count(s["regressions"], "regression") if s["regressions"] else "no regression",
               _count(s["structure_changes"], "structure change") if s["structure_changes"] else "no structure change"]
-    if s.get("step_verdict") == "regression":  # judged against a history: the whole step is blamed
-        ratio = judged_step_ratio(s)
-        step = f"step-wide regression (step time {fmt_ratio(ratio)})"
+    if doc["step"]["verdict"] == "regression":  # judged against a history: the whole step is blamed
+        step = f"step-wide regression ({_MEASURES[doc['step']['measure']]} {fmt_ratio(doc['step']['ratio'])})"
         counts[0] = step if not s["regressions"] else f"{step}, {counts[0]}"
     worst = [r for r in doc["timing"] if r["verdict"] == "regression"][:1]
     blamed = ""
@@ -427,8 +441,10 @@ class DiffMarkdownRenderer(DiffRenderer):
         regressions = timing_rows(doc, "regression", "self")
         if regressions:
             out.append("\n" + md.render(Table(TIMING_HEADERS, regressions, SECTIONS[0][2])))
+            out.append("\nWhy each was blamed (docs/diff.md):\n\n" + "".join(
+                f"- {module_checks_line(r)}\n" for r in doc["timing"] if r["verdict"] == "regression"))
         if doc["structure"]:
-            rows = [[*r, x["message"]] for r, x in zip(structure_rows(doc), doc["structure"], strict=True)]
+            rows = [[*r, structure_detail(x)] for r, x in zip(structure_rows(doc), doc["structure"], strict=True)]
             out.append("\n" + md.render(Table(("change", "module", "phase", "base", "cand", "detail"), rows, "Structure")))
         if doc.get("counters"):
             out.append("\n" + md.render(Table(COUNTER_HEADERS, counter_rows(doc), "Work counters (exact, self)")))
@@ -452,6 +468,11 @@ class DiffMarkdownRenderer(DiffRenderer):
             rows = timing_rows(doc, verdict, metric)
             if rows:
                 out.append("\n" + md.render(Table(TIMING_HEADERS, rows, title)))
+                if verdict in BLAMED:
+                    out.append("\n" + "".join(f"- {module_checks_line(r)}\n" for r in doc["timing"]
+                                               if r["verdict"] == verdict))
+        for fqn in model.explain:
+            out.append(f"\n### Checks of {fqn}\n\n" + "".join(f"- {line.strip()}\n" for line in explain_lines(doc, fqn)))
         return "".join(out)
 
 

@@ -211,12 +211,12 @@ def trend_data(doc: Mapping[str, Any], limit: int = TREND_MODULES) -> dict[str, 
     With one base run that is two points.  Against a history (``base.history``: its runs
     newest first, as ``renderers.diff.baseline_lines`` reads it) N + 1: each row then carries
     ``self.history_us``, the module's median self time per step in each history run, in the
-    order of ``history``.  A step-wide regression (``summary.step_verdict``) is charted first,
+    order of ``history``.  A step-wide regression (``step.verdict``) is charted first,
     as the median step time of each run (``STEP_SERIES``).  Returns None when nothing was blamed.
     """
     blamed = [r for r in doc["timing"] if r["verdict"] == "regression"][:limit]
     history = base_history(doc) or []
-    step_wide = doc.get("summary", {}).get("step_verdict") == "regression" and bool(history)
+    step_wide = doc.get("step", {}).get("verdict") == "regression" and bool(history)
     if not blamed and not step_wide:
         return None
     baseline = list(reversed(history)) if history else [doc["base"]]

@@ -143,7 +143,7 @@ def test_identical_runs_have_no_findings() -> None:
     assert result.divergence is None
     assert result.timing["self_delta_ns"].abs().max() == 0
     assert set(result.timing["self_p_value"].to_list()) == {1.0}
-    assert result.summary["step_ratio"] == 1.0
+    assert result.summary.step_ratio == 1.0
 
 
 def test_same_configuration_with_independent_noise_is_not_a_regression() -> None:
@@ -185,7 +185,9 @@ def test_a_machine_wide_slowdown_blames_nobody_but_is_reported() -> None:
 
     result = diff_spans(synth(seed=1), synth(self_us=busy, seed=2))
     assert flagged(result) == [] and flagged(result, "improvement") == [] and flagged(result, "inherited") == []
-    assert result.summary["step_changed"] is True and result.summary["step_p_value"] < 1e-6
+    # the step's own checks pass, but one base run cannot tell a busier machine: unknown, not failed
+    assert [c.name for c in result.step.checks if not c.passed] == ["history_runs"]
+    assert result.step.verdict == "unknown" and result.step.p_value is not None and result.step.p_value < 1e-6
     row = result.timing.filter(pl.col("fqn") == "Net.head").row(0, named=True)
     assert row["self_ratio"] == pytest.approx(1.6, rel=0.05)
     assert row["self_vs_rest"] == pytest.approx(1.0, abs=0.06)
@@ -307,7 +309,7 @@ def test_regressions_are_sorted_by_impact_and_improvements_reported() -> None:
     # head: +200 us per step, block0.attn: +180 us per step
     assert regressions["fqn"].to_list() == ["Net.head", "Net.block0.attn"]
     assert flagged(result, "improvement") == [("Net.embed", "forward")]
-    assert result.summary["regressions"] == 2 and result.summary["improvements"] == 1
+    assert result.summary.regressions == 2 and result.summary.improvements == 1
 
 
 def test_threshold_and_min_delta_gate_a_real_but_small_change() -> None:
@@ -351,7 +353,7 @@ def test_a_median_shift_from_a_few_outliers_is_not_significant() -> None:
 def test_too_few_steps_cannot_be_significant_and_says_so() -> None:
     result = diff_spans(synth(steps=4, seed=1), synth(steps=4, self_us=slower("Net.head", 3.0), seed=2))
     assert flagged(result) == []
-    assert result.summary["min_p_value"] >= 0.01
+    assert result.summary.min_p_value >= 0.01
     assert min_p_value(3, 3) == pytest.approx(0.0809, abs=1e-3)
     assert min_p_value(29, 29) < 1e-9
 
@@ -631,7 +633,7 @@ def test_data_dependent_calls_are_compared_as_ranges() -> None:
     same = synth(seed=2, calls=routed(2, (1, 2, 3)))
     result = diff_spans(base, same)
     assert result.structure.height == 0 and result.divergence is None
-    assert result.summary["order_varies"] is True
+    assert result.summary.order_varies is True
     rows = {(r["fqn"], r["phase"]): r for r in result.calls.iter_rows(named=True)}
     head = rows[("Net.head", "forward")]
     assert (head["base_min"], head["base_max"], head["changed"]) == (1.0, 3.0, False)
@@ -660,13 +662,15 @@ def test_a_history_tells_a_step_wide_slowdown_from_load() -> None:
 
     bases = history()
     aa = diff_history(bases, calls_of_spans(synth(self_us=scaled(1.08), seed=20)))
-    assert aa.summary["step_verdict"] == "unchanged" and not aa.failed("regression")
-    assert aa.summary["history_runs"] == 4 and aa.timing["verdict"].unique().to_list() == ["unchanged"]
+    assert aa.step.verdict == "unchanged" and not aa.failed("regression")
+    assert aa.summary.history_runs == 4 and aa.timing["verdict"].unique().to_list() == ["unchanged"]
     slow = calls_of_spans(synth(self_us=scaled(1.5), seed=21))
     found = diff_history(bases, slow)
-    assert found.summary["step_verdict"] == "regression" and found.failed("regression")
+    assert found.step.verdict == "regression" and found.failed("regression")
     # the range is the history's: 1.5 / 1.1 beyond every base run by more than 10%
-    assert found.summary["history_step_high_ns"] / found.summary["history_step_low_ns"] > 1.1  # type: ignore[operator]
+    per_run = found.summary.history_run_step_ns
+    assert max(per_run) / min(per_run) > 1.1
+    assert all(c.passed for c in found.step.checks)
     # one base run cannot tell it from a busier machine, and does not fail
     assert not diff_runs(bases[0], slow).failed("regression")
 

@@ -100,7 +100,7 @@ def test_diff_blames_the_slower_module_and_is_typed(recorded: str) -> None:
         same = db.diff("base", "base")
         assert same.timing.filter(pl.col("verdict") == "regression").height == 0
         # a run never analysed is diffed from its events
-        assert db.diff("base", "raw").summary["cand_steps"]
+        assert db.diff("base", "raw").summary.cand_steps
 
 
 def test_event_log_and_spans_table_carry_names_and_wall_clock(recorded: str) -> None:

@@ -35,6 +35,7 @@ def test_a_block_twice_as_slow_as_everything_else_is_blamed_alone_exactly(any_db
         assert row["self_ratio"] == pytest.approx(4.0, rel=0.02)  # 102 us -> 404 us per step
         assert row["self_vs_typical"] == pytest.approx(2.0, rel=0.02)
         # the step doubled and more: one base run cannot tell that from load, so it is only noted
-        assert result.summary["step_ratio"] > 2 and result.summary["step_verdict"] is None
+        assert result.summary.step_ratio is not None and result.summary.step_ratio > 2
+        assert result.step.verdict == "unknown" and not result.step.check("history_runs").passed  # type: ignore[union-attr]
         # 2x against the typical module is under a share threshold of 150%
         assert _verdicts(db.diff("base", "cand", DiffOptions(share_threshold=1.5)), "regression") == set()

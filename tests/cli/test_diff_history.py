@@ -44,12 +44,12 @@ def test_a_to_a_against_a_history_passes(history_db: str, run_cli) -> None:  # t
     assert [h["run"] for h in doc["base"]["history"]] == ["base4", "base3", "base2", "base1", "base0"]
     assert doc["base"]["selector"] == "tag:branch=main" and doc["base"]["run"] == "base4"
     s = doc["summary"]
-    assert s["history_runs"] == 5 and s["step_verdict"] == "unchanged"
+    assert s["history_runs"] == 5 and doc["step"]["verdict"] == "unchanged"
     assert s["regressions"] == s["improvements"] == s["structure_changes"] == 0
     assert doc["base"]["steps"] == 5 * (STEPS - 1)
     # the history's spread is the base runs' own median step times
-    low, high = s["history_step_low_us"], s["history_step_high_us"]
-    assert low == min(h["step_us"] for h in doc["base"]["history"]) and high > low * 1.1
+    per_run = [h["step_us"] for h in doc["base"]["history"]]
+    assert max(per_run) > min(per_run) * 1.1
     table = run_cli("diff", "--db", history_db, "tag:branch=main", "aa")
     assert table.code == 0 and "history of 5 runs (tag:branch=main, newest first: 'base4'" in table.out
     assert "no changes found" in table.out
@@ -58,8 +58,10 @@ def test_a_to_a_against_a_history_passes(history_db: str, run_cli) -> None:  # t
 def test_a_uniform_slowdown_fails_against_a_history(history_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
     res = run_cli("diff", "--db", history_db, "tag:branch=main", "slow3x", "--format", "json")
     assert res.code == 1, res.out + res.err
-    s = doc_of(res.out)["summary"]
-    assert s["step_verdict"] == "regression" and s["failed"] is True
+    doc = doc_of(res.out)
+    s = doc["summary"]
+    assert doc["step"]["verdict"] == "regression" and s["failed"] is True
+    assert all(c["passed"] for c in doc["step"]["checks"])
     assert s["regressions"] == 0  # every module's share of the step is unchanged: the step is blamed
     assert 2.5 < s["step_ratio"] < 3.5
     table = run_cli("diff", "--db", history_db, "tag:branch=main", "slow3x")
@@ -67,7 +69,7 @@ def test_a_uniform_slowdown_fails_against_a_history(history_db: str, run_cli) ->
     # a single base run cannot tell it from load, and says so plainly
     one = run_cli("diff", "--db", history_db, "base4", "slow3x")
     assert one.code == 0
-    assert "cannot be told from machine load" in " ".join(one.out.split())
+    assert "one base run cannot tell a step-wide change from machine load" in " ".join(one.out.split())
 
 
 def test_one_slower_module_is_blamed_against_a_history(history_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
@@ -122,7 +124,7 @@ def test_a_history_on_any_database(any_db: str, run_cli) -> None:  # type: ignor
     assert res.code == 1, res.out + res.err
     doc = doc_of(res.out)
     assert [h["run"] for h in doc["base"]["history"]] == ["h1", "h0"]
-    assert doc["summary"]["step_verdict"] == "regression"
+    assert doc["step"]["verdict"] == "regression"
 
 
 def test_the_history_says_what_step_wide_change_it_can_tell(history_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
@@ -142,14 +144,19 @@ def test_the_history_says_what_step_wide_change_it_can_tell(history_db: str, run
             levels.append(quantiles(steps, n=10, method="inclusive")[0])  # linear, as polars
     low, high, mid = min(levels), max(levels), median(levels)
     expected = [low * (low / high) * 0.9 / mid, high * (high / low) * 1.1 / mid]
-    s = doc_of(run_cli("diff", "--db", history_db, "tag:branch=main", "aa", "--format", "json").out)["summary"]
-    assert s["step_bounds"] == pytest.approx(expected, rel=1e-4)
-    assert s["history_step_level_low_us"] * 1000 == pytest.approx(low, rel=1e-4)
+    step = doc_of(run_cli("diff", "--db", history_db, "tag:branch=main", "aa", "--format", "json").out)["step"]
+    assert step["bounds"] == pytest.approx(expected, rel=1e-4)
+    assert step["level_low_us"] * 1000 == pytest.approx(low, rel=1e-4)
+    # the check that decided it, with the bar of the way the candidate moved
+    beyond = next(c for c in step["checks"] if c["name"] == "beyond_history")
+    assert not beyond["passed"]
+    assert beyond["bar"] == pytest.approx(expected[1] if step["ratio"] > 1 else expected[0], rel=1e-4)
     out = " ".join(run_cli("diff", "--db", history_db, "tag:branch=main", "aa").out.split())
-    assert (f"a step-wide change is told only beyond {(expected[1] - 1) * 100:+.1f}% or {(expected[0] - 1) * 100:+.1f}% "
-            "of the history's median 10th percentile step time (its range widened by its own width and 10%)") in out
-    # a step-wide regression says why instead; one base run has no bounds
+    deciding = next(c["name"] for c in step["checks"] if not c["passed"])
+    assert f"step: unchanged, step time {(step['ratio'] - 1) * 100:+.1f}%: {deciding} " in out
+    # a step-wide regression lists every check that made it one
     slow = " ".join(run_cli("diff", "--db", history_db, "tag:branch=main", "slow3x").out.split())
-    assert "a step-wide regression" in slow and "is told only beyond" not in slow
-    one = doc_of(run_cli("diff", "--db", history_db, "base4", "aa", "--format", "json").out)["summary"]
-    assert one["step_bounds"] is None
+    assert "step: a step-wide regression" in slow and "beyond_history" in slow and "history_runs 5 >= 2" in slow
+    one = doc_of(run_cli("diff", "--db", history_db, "base4", "aa", "--format", "json").out)["step"]
+    assert one["verdict"] == "unknown" and one["checks"][0] == {"name": "history_runs", "value": 1.0, "bar": 2.0,
+                                                                "passed": False}

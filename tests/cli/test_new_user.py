@@ -52,6 +52,7 @@ def test_a_diff_of_two_batch_sizes_names_the_kinds_and_compares_their_counters(d
     kinds = ("pixel_values=2x3x8x8", "pixel_values=4x3x8x8")
 
     table = run_cli("diff", "b2", "b4", "--db", db, "--fail-on", "counters")
+    assert any("share no kind" in n and kinds[0] in n and kinds[1] in n for n in table.err.splitlines()), table.err
     assert table.code == 1, table  # twice the batch is twice the work: not "no changes found"
     line = next(x for x in table.out.splitlines() if "share no step kind" in x)
     assert f"base {kinds[0]}: 4; cand {kinds[1]}: 4" in line, line

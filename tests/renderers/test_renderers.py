@@ -41,11 +41,16 @@ def test_a_rows_renderer_and_a_csv_of_none() -> None:
     assert get_renderer("rows", "markdown").render(Table(["a"], [["x|y"]], "T")) == "### T\n\n| a |\n|---|\n| x\\|y |\n"
 
 
-def _result(regressions: int, structure_changes: int) -> DiffResult:
-    return DiffResult(
-        timing=pl.DataFrame(), structure=pl.DataFrame(schema=STRUCTURE_SCHEMA), divergence=None,
-        summary={"regressions": regressions, "structure_changes": structure_changes},
-    )
+def _result(regressions: int, structure_changes: int, step: str = "unchanged") -> DiffResult:
+    from modtrace.analysis.diff import DiffSummary, StepVerdict
+
+    summary = DiffSummary(base_steps=5, cand_steps=5, base_step_ns=1e6, cand_step_ns=1e6, compared=3,
+                          regressions=regressions, improvements=0, inherited=0, structure_changes=structure_changes,
+                          min_p_value=0.008, order_varies=False, history_runs=2)
+    verdict = StepVerdict(verdict=step, measure="raw", checks=(), ratio=1.0, p_value=0.5, bounds=None,
+                          level_low_ns=1e6, level_high_ns=1e6)
+    return DiffResult(timing=pl.DataFrame(), structure=pl.DataFrame(schema=STRUCTURE_SCHEMA), divergence=None,
+                      summary=summary, step=verdict)
 
 
 @pytest.mark.parametrize(
@@ -61,6 +66,11 @@ def test_the_diff_result_decides_the_exit_status(regressions: int, structure: in
     result = _result(regressions, structure)
     assert result.exit_code(fail_on) == code
     assert result.failed(fail_on) is bool(code)
+
+
+def test_a_step_wide_regression_fails_the_gate_alone() -> None:
+    assert _result(0, 0, "regression").exit_code("regression") == 1
+    assert _result(0, 0, "unknown").exit_code("regression") == 0
 
 
 def test_an_unknown_fail_on_is_refused() -> None:

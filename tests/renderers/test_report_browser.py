@@ -422,7 +422,7 @@ def test_trend_chart_draws_each_blamed_module_across_the_runs(browser: WebDriver
     assert [d["cx"] for d in dots] == sorted(d["cx"] for d in dots)
     assert min(dots, key=lambda d: d["cy"])["run"] == "slow"
     diff = json.loads(run_cli("diff", "tag:branch=main", "slow", "--db", db, "--format", "json").out)
-    assert diff["summary"]["step_verdict"] == "regression"
+    assert diff["step"]["verdict"] == "regression"
     row = next(r for r in diff["timing"] if r["fqn"] == "Toy.body.2" and r["phase"] == "forward")
     assert [d["us"] for d in dots] == [*reversed(row["self"]["history_us"]), row["self"]["cand_us"]]
     assert [d["us"] for d in step_dots] == [*(h["step_us"] for h in reversed(diff["base"]["history"])),

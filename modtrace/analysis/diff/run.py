@@ -1,13 +1,18 @@
-"""The whole diff: two runs' calls -> timing verdicts, structure findings, the first order divergence.
+"""The whole diff: base runs' and a candidate's calls -> timing verdicts, the step verdict,
+structure findings, the first order divergence.
 
-``diff_runs`` prepares each run (compared steps, filled samples, placement,
-call sequence; the two runs side by side), then compares them: ``verdicts``
-for timing, ``structure`` and ``order`` for the rest, and sums it up.
-``diff_spans`` does the same from two spans frames.
+One path for one base run and for a history of them (``diff_history``; ``diff_runs`` is a history
+of one): each run is prepared (compared steps, filled samples, placement, call sequence), the base
+runs' samples pooled with their ranks apart (``step.RANK_STRIDE``), then ``verdicts`` judges the
+modules, ``step`` the step, ``structure`` and ``order`` the rest.  What varies from one base run
+to the next is noise, so a history widens every bar by its own spread (docs/diff.md, "The rule").
+Structure is compared against the pooled steps of the base runs (a module is removed when some
+base run called it and the candidate did not), call order against the newest base run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import polars as pl
@@ -16,6 +21,7 @@ from modtrace.analysis.diff.frames import (
     STRUCTURE_SCHEMA,
     DiffOptions,
     DiffResult,
+    DiffSummary,
     Divergence,
     RunCalls,
 )
@@ -35,75 +41,112 @@ from modtrace.analysis.diff.samples import (
     step_units,
     with_mkey,
 )
-from modtrace.analysis.diff.speed import probed_units
-from modtrace.analysis.diff.stats import min_p_value, two_sample_p
+from modtrace.analysis.diff.speed import probe_works, probed_units
+from modtrace.analysis.diff.stats import min_p_value
+from modtrace.analysis.diff.step import RANK_STRIDE, judge_step, measure_step, median, speed_note
 from modtrace.analysis.diff.structure import calls_per_step, compare_structure, placement
-from modtrace.analysis.diff.verdicts import compare_timing
+from modtrace.analysis.diff.verdicts import compare_timing, low_levels
+
+_METRICS = {"self": "self_ns", "incl": "incl_ns", "self_share": "self_share", "incl_share": "incl_share"}
 
 
 @dataclass(frozen=True)
 class _Side:
     units: pl.DataFrame  # rank, step, step_ns
+    raw: pl.DataFrame  # samples as called (compared_samples)
     samples: pl.DataFrame  # filled samples with shares
-    placed: pl.DataFrame  # mkey, device, stream
-    sequence: pl.DataFrame  # call_sequences
-    probed: pl.DataFrame | None = None  # units with probe_ns (speed.probed_units), when asked for
+    placed: pl.DataFrame | None  # mkey, device, stream (the newest base run's and the candidate's)
+    sequence: pl.DataFrame | None  # call_sequences (idem)
+    probed: pl.DataFrame  # units with probe_ns (speed.probed_units)
 
 
-def _prepare(run: RunCalls, lookup: pl.DataFrame, names: pl.DataFrame, options: DiffOptions,
-             probed: bool = False) -> _Side:
-    """One side's compared steps, samples, placement and call sequence; with ``probed`` (a
-    history's candidate, whose step verdict may use them) its units with their probes too."""
+def _prepare(run: RunCalls, lookup: pl.DataFrame, names: pl.DataFrame, options: DiffOptions, offset: int = 0) -> _Side:
+    """One run's compared steps, samples, placement, call sequence and probes, its ranks moved by
+    ``offset`` (a base run's place in the pool)."""
     compared = with_mkey(compared_calls(run.calls, options.skip_steps), lookup, names)
     units = step_units(compared)
-    samples = fill_steps(compared_samples(compared, options.phases), units)
-    return _Side(
-        units=units,
-        samples=samples,
-        placed=placement(compared, run.devices, options.phases),
-        sequence=call_sequences(compared, options.phases),
-        probed=probed_units(compared, units, run.speeds) if probed else None,
+    raw = compared_samples(compared, options.phases)
+    probed = probed_units(compared, units, run.speeds)
+    if offset:
+        moved = (pl.col("rank") + offset).cast(pl.Int32)
+        units, raw, probed = (f.with_columns(moved) for f in (units, raw, probed))
+    return _Side(units=units, raw=raw, samples=fill_steps(raw, units), placed=placement(compared, run.devices, options.phases),
+                 sequence=call_sequences(compared, options.phases), probed=probed)
+
+
+def run_ranges(pooled: pl.DataFrame) -> pl.DataFrame:
+    """Pooled filled samples -> per key the lowest and highest of the base runs' medians per step of
+    each metric ({metric}_low, {metric}_high), and ``self_runs``, each run's median self time per
+    step in run order (the report's trend chart)."""
+    run = (pl.col("rank") // RANK_STRIDE).alias("_run")
+    medians = pooled.group_by("key", run).agg(pl.col(c).median().alias(m) for m, c in _METRICS.items())
+    return medians.group_by("key").agg(
+        *(pl.col(m).min().alias(f"{m}_low") for m in _METRICS),
+        *(pl.col(m).max().alias(f"{m}_high") for m in _METRICS),
+        pl.col("self").cast(pl.Float64).sort_by("_run").alias("self_runs"),
     )
 
 
-def diff_runs(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
-    """Two runs' calls -> timing comparison, structure findings, first order divergence, summary."""
+def on_one_thread(runs: Sequence[RunCalls]) -> bool:
+    """Whether every run's work is on its recording thread's CPU clock: it ran on the CPU alone (a
+    device's work is not on it) and took every probe with one intra-op thread (with more, the
+    other threads' work is not on it)."""
+    def one(r: RunCalls) -> bool:
+        cpu_only = r.devices.height == 0 or bool(r.devices["name"].str.starts_with("cpu").all())
+        return (cpu_only and r.speeds is not None and r.speeds.height > 0
+                and bool((r.speeds["threads"].fill_null(0) == 1).all()))  # null: recorded before 0018
+
+    return all(one(r) for r in runs)
+
+
+def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
+    """The candidate against one or more base runs (newest first): module verdicts and the step
+    verdict as checks, structure against the base runs' pooled steps, call order against the
+    newest."""
     options = options or DiffOptions()
-    lookup_b, lookup_c = module_lookup(base), module_lookup(cand)
-    names = module_keys(lookup_b, lookup_c)
-    b = _prepare(base, lookup_b, names, options)
+    if not bases:
+        raise ValueError("a diff needs at least one base run")
+    lookups = [module_lookup(b) for b in bases]
+    lookup_c = module_lookup(cand)
+    names = module_keys(*lookups, lookup_c)
+    sides = [_prepare(run, lookup, names, options, i * RANK_STRIDE)
+             for i, (run, lookup) in enumerate(zip(bases, lookups, strict=True))]
     c = _prepare(cand, lookup_c, names, options)
-    n_b, n_c = b.units.height, c.units.height
-    step_b = _median(b.units["step_ns"])
-    step_c = _median(c.units["step_ns"])
-    timing = compare_timing(b.samples, c.samples, names, options, n_base=n_b, n_cand=n_c, step_ns=step_b)
+    units = pl.concat([s.units for s in sides])
+    # filled over the pool: a module some base run never called counts 0 in that run's steps
+    pooled = sides[0].samples if len(sides) == 1 else fill_steps(pl.concat([s.raw for s in sides]), units)
+    b = _Side(units=units, raw=pl.concat([s.raw for s in sides]), samples=pooled, placed=sides[0].placed, sequence=sides[0].sequence,
+              probed=pl.concat([s.probed for s in sides]))
+    per_run = [float(m) for m in units.group_by(pl.col("rank") // RANK_STRIDE, maintain_order=True).agg(
+        pl.col("step_ns").median())["step_ns"].to_list() if m is not None]
+    n_b, n_c = units.height, c.units.height
+    step_b = median(per_run)
+    step_c = median(c.units["step_ns"].cast(pl.Float64).to_list())
+    several = len(bases) > 1
+    timing = compare_timing(pooled, c.samples, names, options, n_base=n_b, n_cand=n_c, step_ns=step_b,
+                            history=run_ranges(pooled) if several else None,
+                            base_levels=low_levels(pooled, options.low_quantile, pl.col("rank") // RANK_STRIDE))
     structure, divergence, calls, varies = compare_rest(b, c, names, options)
-    counts = timing["verdict"].value_counts()
-    by_verdict = dict(zip(counts["verdict"].to_list(), counts["count"].to_list(), strict=True))
-    step_ratio = (step_c / step_b) if step_b and step_c is not None else None
-    step_p = two_sample_p(b.units["step_ns"], c.units["step_ns"])
-    summary: dict[str, object] = {
-        "base_steps": n_b,
-        "cand_steps": n_c,
-        "base_step_ns": step_b,
-        "cand_step_ns": step_c,
-        "step_ratio": step_ratio,
-        "step_p_value": step_p,
-        "step_changed": bool(
-            step_p is not None and step_p < options.alpha and step_ratio is not None
-            and abs(step_ratio - 1) > options.threshold
-        ),
-        "compared": timing.height,
-        "regressions": int(by_verdict.get("regression", 0)),
-        "improvements": int(by_verdict.get("improvement", 0)),
-        "inherited": int(by_verdict.get("inherited", 0)),
-        "structure_changes": structure.height,
-        "min_p_value": min_p_value(n_b, n_c),
-        "order_varies": varies,
-        "history_runs": 1,
-        "step_verdict": None,  # judged against a history only (``history``)
-    }
-    return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, calls=calls)
+    works = probe_works([r.speeds for r in (*bases, cand)])
+    probed = [s.probed for s in sides]
+    measures = measure_step(units, c.units, probed, c.probed, cpu=on_one_thread([*bases, cand]),
+                            same_work=len(set(works)) <= 1)
+    step = judge_step(len(bases), measures, options, speed_note(probed, c.probed, measures.judged, works))
+    counts = dict(timing["verdict"].value_counts().iter_rows())
+    summary = DiffSummary(
+        base_steps=n_b, cand_steps=n_c, base_step_ns=step_b, cand_step_ns=step_c, compared=timing.height,
+        regressions=int(counts.get("regression", 0)), improvements=int(counts.get("improvement", 0)),
+        inherited=int(counts.get("inherited", 0)), structure_changes=structure.height,
+        min_p_value=min_p_value(n_b, n_c), order_varies=varies, history_runs=len(bases),
+        history_run_step_ns=tuple(per_run),
+    )
+    return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, step=step,
+                      calls=calls)
+
+
+def diff_runs(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
+    """The candidate against one base run: ``diff_history`` of a history of one."""
+    return diff_history([base], cand, options)
 
 
 def compare_rest(b: _Side, c: _Side, names: pl.DataFrame, options: DiffOptions
@@ -111,6 +154,7 @@ def compare_rest(b: _Side, c: _Side, names: pl.DataFrame, options: DiffOptions
     """Structure findings, the first order divergence, the data-dependent calls per step, and
     whether either run's call order varies from step to step (then order is not compared: a
     divergence between the runs is what their own steps already do)."""
+    assert b.placed is not None and c.placed is not None and b.sequence is not None and c.sequence is not None
     structure = compare_structure(b.samples, c.samples, names, b.placed, c.placed)
     varies = order_varies(b.sequence) or order_varies(c.sequence)
     divergence = None if varies else first_divergence(b.sequence, c.sequence, names, options)
@@ -122,10 +166,3 @@ def compare_rest(b: _Side, c: _Side, names: pl.DataFrame, options: DiffOptions
 def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions | None = None) -> DiffResult:
     """``diff_runs`` of two spans frames."""
     return diff_runs(calls_of_spans(base_spans), calls_of_spans(cand_spans), options)
-
-
-def _median(values: pl.Series) -> float | None:
-    if values.len() == 0:
-        return None
-    m = values.median()
-    return float(m) if m is not None else None  # type: ignore[arg-type]

@@ -1,52 +1,12 @@
-"""Timing: the filled samples of two runs -> per (module, phase) statistics and a verdict.
+"""Timing: the filled samples of the base run(s) and the candidate -> per (module, phase)
+statistics, the rule's checks, and a verdict.
 
-``compare_timing`` gives one row per (fqn, phase) present in both runs.
-Four metrics: self and inclusive time per step, and their shares of the
-step.  For each: the median per step in each run, their difference
-(``delta``) and ratio, a confidence interval of the difference (each
-median's standard error from order statistics, McKean-Schrader, combined),
-and a two-sided Mann-Whitney U test over the per-step samples, its p-value
-Holm-adjusted over all the keys compared (``stats``).
-
-The verdict is judged on *levels* (``low_levels``), not on those medians:
-a module's level in a run is the ``low_quantile`` (10th percentile) of its
-time per step, its level share that level over the sum of every module's
-self level.  A busy machine only ever adds time: it preempts the process
-for milliseconds in whichever module runs, in most steps of a run when it
-is busy enough, so the upper part of a module's times is the machine's and
-a low quantile is the module's own.  ``compare_levels`` gives ``vs_typical``:
-the candidate's share over the base runs' median share, over the median of
-that ratio across the modules compared.  A time *changed* (``_level_changed``)
-when its level moved by more than ``min_delta_ns`` from the base runs'
-median level, its share lies beyond every base run's share by more than
-``threshold`` (relative), and ``vs_typical`` lies beyond 1 by more than
-``share_threshold``; against one base run, its median moved the same way
-by more than ``threshold`` too (``_median_agrees``); and the runs have
-enough steps for a change seen in every step to reach p < ``alpha``.  The Mann-Whitney p, the median shares,
-``vs_rest`` and ``noise_p_adjusted`` (``_noise_p``) are reported, not judged.
-
-Why shares: when the machine gets busier or quieter between two
-recordings, every module and the step slow down or speed up alike, so
-absolute times change everywhere while shares do not move; a module that
-really got slower takes a larger share of the step (and every other module
-a smaller one: hence against the typical module, not against 1).  So
-``verdict``:
-
-- ``regression``: self time got slower by those criteria;
-- ``improvement``: the same, faster and smaller;
-- ``inherited``: self time did not change, inclusive time did by the same
-  criteria, or by the absolute ones above a descendant that is a
-  regression or improvement: the change belongs to a descendant (context,
-  not blame);
-- ``unchanged``.
-
-With ``absolute=True`` only absolute criteria count (runs recorded on an
-equally quiet machine, or a change that slows every module alike and should
-be blamed on each): the level moved by more than ``threshold`` and
-``min_delta_ns`` and the Mann-Whitney p after Holm is below ``alpha``.
-``impact_ns`` is the change of median self time per step: what the module
-itself adds to (or saves from) every step.  Rows are sorted regressions first (largest impact first), then improvements,
-inherited, unchanged.
+``compare_timing`` gives one row per (fqn, phase) present on both sides: the medians of four
+metrics (self and inclusive time per step, and their shares of the step) with a confidence
+interval and a Holm-adjusted Mann-Whitney p each (shown, not judged), and the checks of the
+rule on *levels* (a low quantile of the time per step) and their shares of the step.  The rule
+and every check's name, value and bar are stated once, in docs/diff.md ("The rule"); each check
+here is one expression named as there.
 """
 
 from __future__ import annotations
@@ -56,6 +16,7 @@ import math
 import polars as pl
 
 from modtrace.analysis.diff.frames import (
+    CHECK_TYPE,
     PPB,
     SHARE_METRICS,
     TIMING_COLUMNS,
@@ -75,7 +36,6 @@ from modtrace.analysis.diff.stats import (
 
 # The four metrics of a key: (name, sample column).
 _METRIC_COLUMNS = (("self", "self_ns"), ("incl", "incl_ns"), ("self_share", "self_share"), ("incl_share", "incl_share"))
-SLOWER, FASTER = 1, -1
 
 
 def compare_timing(
@@ -147,24 +107,23 @@ def compare_timing(
             *((pl.col(f"self_share_{b}") / PPB).alias(f"self_share_history_{b}") for b in ("low", "high")),
             pl.col("self_runs").alias("self_history_ns"),
         )
-    quantile = options.low_quantile
-    levels = compare_levels(low_levels(base, quantile) if base_levels is None else base_levels,
-                            low_levels(cand, quantile))
-    # with too few steps no change can be told from noise (the warning of ``min_p_value``)
-    enough = min_p_value(n_base, n_cand) < options.alpha
-    one_base = history is None and not options.absolute
+    levels = compare_levels(low_levels(base, options.low_quantile) if base_levels is None else base_levels,
+                            low_levels(cand, options.low_quantile))
     frame = frame.join(levels, on="key", how="left").with_columns(
-        (_level_changed("self", options, SLOWER) & enough & _median_agrees(options, SLOWER, one_base)).alias("_sreg"),
-        (_level_changed("self", options, FASTER) & enough & _median_agrees(options, FASTER, one_base)).alias("_simp"),
-        ((_level_changed("incl", options, SLOWER) | _level_changed("incl", options, FASTER)) & enough).alias("_inh"),
-        ((_level_changed("incl", options, SLOWER, shares=False)
-          | _level_changed("incl", options, FASTER, shares=False)) & enough).alias("_inh_abs"),
         # the rule's ratio to the typical module (``compare_levels``) is the one shown
         *(pl.col(f"_{m}_vt").alias(f"{m}_vs_typical") for m in ("self", "incl")),
     )
+    min_p = min_p_value(n_base, n_cand)
     frame = frame.with_columns(
-        (pl.col("_inh") | (pl.col("_inh_abs") & _above_blamed(frame))).alias("_inh")
-    ).with_columns(
+        module_checks("self", options, min_p).alias("checks"),
+        module_checks("incl", options, min_p).alias("inclusive_checks"),
+        _direction("self").alias("_sd"),
+    )
+    blamed = _all_passed("checks")
+    frame = frame.with_columns(
+        (blamed & (pl.col("_sd") > 0)).alias("_sreg"), (blamed & (pl.col("_sd") < 0)).alias("_simp"))
+    frame = frame.with_columns(_inherited(frame, options).alias("_inh"))
+    frame = frame.with_columns(
         pl.when("_sreg").then(pl.lit("regression"))
         .when("_simp").then(pl.lit("improvement"))
         .when("_inh").then(pl.lit("inherited"))
@@ -178,8 +137,8 @@ def compare_timing(
         .when(pl.col("verdict") == "inherited").then(-pl.col("incl_delta_ns").abs())
         .otherwise(-pl.col("impact_ns").abs())
     )
-    frame = frame.with_columns(order.alias("_vo"), sort_key.alias("_sk"))
-    frame = frame.sort("_vo", "_sk", "fqn", "phase").with_columns(
+    frame = frame.with_columns(order.alias("_order"), sort_key.alias("_impact"))
+    frame = frame.sort("_order", "_impact", "fqn", "phase").with_columns(
         (pl.col("impact_ns") / step_ns * 100 if step_ns else pl.lit(None, dtype=pl.Float64)).alias("impact_pct")
     )
     return frame.select(list(TIMING_COLUMNS)).with_columns(
@@ -233,53 +192,83 @@ def compare_levels(base: pl.DataFrame, cand: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _level_changed(metric: str, options: DiffOptions, direction: int, *, shares: bool = True) -> pl.Expr:
-    """Slower (+1) or faster (-1) than the base run(s), on the levels of ``compare_levels``: the
-    candidate's level differs from the base runs' median level by more than ``min_delta_ns``
-    the same way, and, unless ``options.absolute`` (or not ``shares``), its level share lies
-    beyond every base run's by more than ``threshold`` (against a history, by more than the
-    spread of the base runs' shares, (highest - lowest) / median, when that is larger) and it
-    grew (shrank) against the typical module by more than ``share_threshold``.  With ``absolute`` the share is not
-    judged: the level must differ by more than ``threshold`` too, and the Mann-Whitney test of
-    the steps be significant (Holm)."""
-    m = metric
-    delta = (pl.col(f"_{m}_cand") - pl.col(f"_{m}_ref")) * direction
-    moved = (delta > options.min_delta_ns).fill_null(False)
-    # Beyond the base runs' shares by ``threshold``, or by their own spread when that is wider:
-    # what varies from one base run to the next is noise (one base run: no spread, the threshold).
-    spread = (pl.col(f"_{m}_share_hi") - pl.col(f"_{m}_share_lo")) / pl.col(f"_{m}_share_mid")
-    margin = pl.max_horizontal(pl.lit(options.threshold), spread.fill_nan(0.0).fill_null(0.0))
-    if direction > 0:
-        share = pl.col(f"_{m}_share_cand") > pl.col(f"_{m}_share_hi") * (1 + margin)
-        typical = pl.col(f"_{m}_vt") > 1 + options.share_threshold
+def _direction(metric: str) -> pl.Expr:
+    """+1 where the candidate's level lies above the base runs' median level, else -1: the way
+    each check of the key is judged (slower needs every value above its bar, faster below)."""
+    return pl.when(pl.col(f"_{metric}_cand") > pl.col(f"_{metric}_ref")).then(1).otherwise(-1)
+
+
+def _check(name: str, value: pl.Expr, bar_up: pl.Expr, bar_down: pl.Expr, direction: pl.Expr) -> pl.Expr:
+    """One check as a ``CHECK_TYPE`` struct: passed when ``value`` lies beyond the bar of the
+    key's direction (above ``bar_up`` when slower, below ``bar_down`` when faster)."""
+    bar = pl.when(direction > 0).then(bar_up).otherwise(bar_down).cast(pl.Float64)
+    value = value.cast(pl.Float64).fill_nan(None)  # polars orders NaN above every number
+    passed = pl.when(direction > 0).then(value > bar).otherwise(value < bar).fill_null(False)
+    return pl.struct(pl.lit(name).alias("name"), value.alias("value"), bar.alias("bar"), passed.alias("passed"))
+
+
+def module_checks(metric: str, options: DiffOptions, min_p: float) -> pl.Expr:
+    """The rule's checks of ``metric`` (self, incl) of every key, as a list (docs/diff.md, "The
+    rule"), from the columns of ``compare_levels`` and the medians."""
+    m, d = metric, _direction(metric)
+    ref, cand = pl.col(f"_{m}_ref"), pl.col(f"_{m}_cand")
+    delta_us = options.min_delta_ns / 1000
+    checks: dict[str, pl.Expr] = {
+        # any p needs enough steps on both sides: the smallest the test can reach, below alpha
+        "steps": pl.struct(pl.lit("steps").alias("name"), pl.lit(min_p, pl.Float64).alias("value"),
+                           pl.lit(options.alpha, pl.Float64).alias("bar"), pl.lit(min_p < options.alpha).alias("passed")),
+        "level_delta_us": _check("level_delta_us", (cand - ref) / 1000, pl.lit(delta_us), pl.lit(-delta_us), d),
+    }
+    if options.absolute:
+        p = pl.col(f"{m}_p_adjusted")
+        checks["p_holm"] = _check("p_holm", p, pl.lit(options.alpha), pl.lit(options.alpha), -pl.lit(1))
+        level = options.margin("level")
+        checks["level_ratio"] = _check("level_ratio", pl.when(ref > 0).then(cand / ref), pl.lit(1 + level),
+                                       pl.lit(1 - level), d)
     else:
-        share = pl.col(f"_{m}_share_cand") < pl.col(f"_{m}_share_lo") * (1 - margin)
-        typical = pl.col(f"_{m}_vt") < 1 / (1 + options.share_threshold)
-    if options.absolute or not shares:
-        significant = (pl.col(f"{m}_p_adjusted") < options.alpha).fill_null(False)
-        return moved & significant & (delta > pl.col(f"_{m}_ref") * options.threshold).fill_null(False)
-    return moved & share.fill_null(False) & typical.fill_null(False)
+        # beyond every base run's share by the margin, or by the base runs' own spread when wider
+        spread = (pl.col(f"_{m}_share_hi") - pl.col(f"_{m}_share_lo")) / pl.col(f"_{m}_share_mid")
+        margin = pl.max_horizontal(pl.lit(options.margin("share")), spread.fill_nan(0.0).fill_null(0.0))
+        share = pl.col(f"_{m}_share_cand")
+        nearest = pl.when(d > 0).then(pl.col(f"_{m}_share_hi")).otherwise(pl.col(f"_{m}_share_lo"))
+        checks["share_ratio"] = _check("share_ratio", pl.when(nearest > 0).then(share / nearest), 1 + margin,
+                                       1 - margin, d)
+        typical = options.share_threshold
+        checks["vs_typical"] = _check("vs_typical", pl.col(f"_{m}_vt"), pl.lit(1 + typical),
+                                      pl.lit(1 / (1 + typical)), d)
+        median = options.margin("median")
+        checks["median_ratio"] = _check("median_ratio", pl.col(f"{m}_ratio"), pl.lit(1 + median),
+                                        pl.lit(1 / (1 + median)), d)
+    return pl.concat_list([e for name, e in checks.items() if name not in options.skip_checks])
 
 
-def _median_agrees(options: DiffOptions, direction: int, one_base: bool) -> pl.Expr:
-    """Against one base run (``one_base``), a module's median self time per step must have moved
-    the same way as its level, by more than ``threshold``.  A level is one low quantile of a
-    run's few steps: when a busy machine preempts a module in most steps (an oversubscribed CPU,
-    modules about a scheduler's slice long), it falls on a preempted step in one run of the two
-    while their medians agree (11 A/A false alarms in 30 beside three busy processes, 1 with
-    this; docs/performance.md, "Ninth measurement").  A history's own spread of shares already
-    widens its bar."""
-    if not one_base:
-        return pl.lit(True)
-    ratio = pl.col("self_ratio")
-    moved = ratio > 1 + options.threshold if direction > 0 else ratio < 1 / (1 + options.threshold)
-    return moved.fill_null(False)
+def _all_passed(column: str) -> pl.Expr:
+    return pl.col(column).list.eval(pl.element().struct.field("passed")).list.all()
+
+
+def _inherited(frame: pl.DataFrame, options: DiffOptions) -> pl.Series:
+    """Per row: not blamed itself, but the context of a change below it: a module with a compared
+    descendant (by name, same phase) whose inclusive time passed every check, or whose inclusive
+    level moved by ``min_delta_ns`` above a descendant that is blamed."""
+    inclusive = frame.select(_all_passed("inclusive_checks"))["inclusive_checks"].to_list()
+    moved = frame.select((pl.col("_incl_cand") - pl.col("_incl_ref")).abs() > options.min_delta_ns)
+    moved_list = moved.to_series().fill_null(False).to_list()
+    keys = list(frame.select("fqn", "phase", "_sreg", "_simp").iter_rows())
+    by_phase: dict[str, list[tuple[str, bool]]] = {}
+    for fqn, phase, reg, imp in keys:
+        by_phase.setdefault(phase, []).append((fqn + ".", bool(reg or imp)))
+    out = []
+    for (fqn, phase, reg, imp), incl, mv in zip(keys, inclusive, moved_list, strict=True):
+        below = [b for name, b in by_phase[phase] if name.startswith(fqn + ".")]
+        out.append(bool(below) and not (reg or imp) and (bool(incl) or (mv and any(below))))
+    return pl.Series(out, dtype=pl.Boolean)
 
 
 def _empty_timing() -> pl.DataFrame:
     schema: dict[str, pl.DataType] = {c: pl.Float64() for c in TIMING_COLUMNS}
     schema.update({"fqn": pl.String(), "phase": pl.String(), "verdict": pl.String(),
-                   "n_base": pl.Int64(), "n_cand": pl.Int64()})
+                   "n_base": pl.Int64(), "n_cand": pl.Int64(), "self_history_ns": pl.List(pl.Float64()),
+                   "checks": pl.List(CHECK_TYPE), "inclusive_checks": pl.List(CHECK_TYPE)})
     return pl.DataFrame(schema=schema)
 
 
@@ -289,24 +278,6 @@ def _vs_rest(metric: str) -> pl.Expr:
     sb, sc = pl.col(f"{metric}_base"), pl.col(f"{metric}_cand")
     ok = (sb > 0) & (sb < 1) & (sc < 1)
     return pl.when(ok).then((sc / (1 - sc)) / (sb / (1 - sb)))
-
-
-def _above_blamed(frame: pl.DataFrame) -> pl.Series:
-    """Per row: whether a descendant (by name, same phase) is a regression or an improvement.
-
-    An ancestor's inclusive time carries its descendant's change; its share
-    of the step may still not move (the root's forward share, when the
-    forward and backward of a descendant grew alike), yet it is the context
-    of the blamed module.
-    """
-    blamed: dict[str, list[str]] = {}
-    for fqn, phase in frame.filter(pl.col("_sreg") | pl.col("_simp")).select("fqn", "phase").iter_rows():
-        blamed.setdefault(phase, []).append(fqn + ".")
-    out = [
-        inh and any(b.startswith(fqn + ".") for b in blamed.get(phase, ()))
-        for fqn, phase, inh in frame.select("fqn", "phase", "_inh_abs").iter_rows()
-    ]
-    return pl.Series(out, dtype=pl.Boolean)
 
 
 def _noise_p(frame: pl.DataFrame, metric: str) -> pl.Series:

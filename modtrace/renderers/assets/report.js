@@ -239,7 +239,7 @@
     var s = DATA.diff.summary;
     cards.push(["regressions", fmtNum(s.regressions), s.regressions ? "bad" : ""]);
     if (s.step_ratio !== null) {
-      cards.push(["step time vs base", fmtRatio(s.step_ratio), s.step_changed && s.step_ratio > 1 ? "bad" : "",
+      cards.push(["step time vs base", fmtRatio(s.step_ratio), DATA.diff.step.verdict === "regression" ? "bad" : "",
         "median step time over the compared steps, candidate against base (as modtrace diff's headline)"]);
     }
   }
