@@ -77,6 +77,14 @@ def _side(doc: dict[str, Any], side: str) -> str:
 _BELOW = ("steps", "p_holm", "step_p")
 
 
+def _ordinal(pct: float) -> str:
+    n = f"{pct:g}"
+    if not n.isdigit():
+        return n
+    suffix = "th" if 10 <= int(n) % 100 <= 20 else {"1": "st", "2": "nd", "3": "rd"}.get(n[-1], "th")
+    return n + suffix
+
+
 def fmt_check(check: dict[str, Any], mark: bool = False) -> str:
     """``name value > bar`` as the rule judged it; ``mark``: followed by pass or FAIL."""
     name, value, bar, passed = check["name"], check["value"], check["bar"], check["passed"]
@@ -93,7 +101,7 @@ def fmt_check(check: dict[str, Any], mark: bool = False) -> str:
         if name in _BELOW:
             return fmt_p(v)
         if name.endswith("_us"):
-            return f"{v:+.3g}"
+            return f"{v:+,.0f}" if abs(v) >= 100 else f"{v:+.3g}"
         return f"{v:.3g}" if name == "history_runs" else f"{v:.3f}"
 
     if name == "history_runs":
@@ -126,7 +134,10 @@ def step_line(doc: dict[str, Any]) -> str | None:
     verdict, checks = step["verdict"], step["checks"]
     if not checks:
         return None
-    what = f"{_MEASURES[step['measure']]} {fmt_ratio(step['ratio'])}"
+    measure = _MEASURES[step["measure"]]
+    if step["measure"] == "raw":  # judged at the level, not the median the cand line shows
+        measure = f"step time's {_ordinal(doc['options']['level_pct'])} percentile"
+    what = f"{measure} {fmt_ratio(step['ratio'])}"
     if verdict in ("regression", "improvement"):
         return f"step: a step-wide {verdict}, {what}: " + ", ".join(fmt_check(c) for c in checks)
     failed = [c for c in checks if not c["passed"]]
@@ -146,7 +157,7 @@ def _few_steps(doc: dict[str, Any]) -> str | None:
         return None
     n_b, n_c = doc["base"]["steps"], doc["cand"]["steps"]
     if p >= o["alpha"]:
-        need = min_steps(o["alpha"])
+        need = s["min_steps"]
         return (f"warning: too few steps ({n_b} and {n_c} compared): the smallest p the test can reach is "
                 f"{fmt_p(p)}, not below alpha {o['alpha']:g}, so no module can be blamed; record at least "
                 f"{need + o['skip_steps']} steps per run ({need} compared after --skip-steps {o['skip_steps']})")
@@ -154,16 +165,6 @@ def _few_steps(doc: dict[str, Any]) -> str | None:
         return (f"warning: few steps ({n_b} and {n_c}) for {s['compared']} comparisons: with --absolute only a "
                 "change seen in every step can be significant after Holm; record more steps")
     return None
-
-
-def min_steps(alpha: float) -> int:
-    """The fewest compared steps per run for which the Mann-Whitney test can reach p < ``alpha``."""
-    from modtrace.analysis.diff.stats import min_p_value
-
-    n = 1
-    while min_p_value(n, n) >= alpha and n < 10_000:
-        n += 1
-    return n
 
 
 def headline(doc: dict[str, Any]) -> list[str]:
@@ -205,6 +206,9 @@ def _count(n: int, noun: str) -> str:
 TIMING_HEADERS = (
     "module", "phase", "base", "cand", "delta", "change", "CI of delta", "p (Holm)", "share of step", "impact/step",
 )
+# On a narrow terminal the timing tables leave these out first, in this order (the checks under
+# the table say what was judged; a pipe keeps every column).
+TIMING_DROPS = ("CI of delta", "p (Holm)", "delta", "share of step")
 
 
 def fmt_share(share: dict[str, Any]) -> str:
@@ -334,7 +338,8 @@ class DiffTableRenderer(DiffRenderer):
             rows = timing_rows(doc, verdict, metric)
             if rows:
                 styles = [VERDICT_STYLE.get(verdict)] * len(rows)
-                out.append(f"\n{title}\n" + table.render(Table(TIMING_HEADERS, rows, row_styles=styles)))
+                out.append(f"\n{title}\n" + table.render(Table(TIMING_HEADERS, rows, row_styles=styles,
+                                                                 droppable=TIMING_DROPS)))
                 if verdict in BLAMED:
                     lines = [module_checks_line(r) for r in doc["timing"] if r["verdict"] == verdict]
                     out.append("checks: " + "\n".join(wrap_headline(lines, self.terminal.width)) + "\n"

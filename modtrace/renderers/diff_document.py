@@ -140,6 +140,7 @@ def document(
         "counter_changes": s.counter_changes,
         "step_ratio": _round(s.step_ratio, 6),
         "min_p_value": _round(s.min_p_value),
+        "min_steps": s.min_steps,
         "history_runs": s.history_runs,
         "order_varies": s.order_varies,
         "failed": result.failed(fail_on),

@@ -153,7 +153,7 @@ def test_the_history_says_what_step_wide_change_it_can_tell(history_db: str, run
     assert beyond["bar"] == pytest.approx(expected[1] if step["ratio"] > 1 else expected[0], rel=1e-4)
     out = " ".join(run_cli("diff", "--db", history_db, "tag:branch=main", "aa").out.split())
     deciding = next(c["name"] for c in step["checks"] if not c["passed"])
-    assert f"step: unchanged, step time {(step['ratio'] - 1) * 100:+.1f}%: {deciding} " in out
+    assert f"step: unchanged, step time's 10th percentile {(step['ratio'] - 1) * 100:+.1f}%: {deciding} " in out
     # a step-wide regression lists every check that made it one
     slow = " ".join(run_cli("diff", "--db", history_db, "tag:branch=main", "slow3x").out.split())
     assert "step: a step-wide regression" in slow and "beyond_history" in slow and "history_runs 5 >= 2" in slow

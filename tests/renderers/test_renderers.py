@@ -46,7 +46,7 @@ def _result(regressions: int, structure_changes: int, step: str = "unchanged") -
 
     summary = DiffSummary(base_steps=5, cand_steps=5, base_step_ns=1e6, cand_step_ns=1e6, compared=3,
                           regressions=regressions, improvements=0, inherited=0, structure_changes=structure_changes,
-                          min_p_value=0.008, order_varies=False, history_runs=2)
+                          min_p_value=0.008, min_steps=6, order_varies=False, history_runs=2)
     verdict = StepVerdict(verdict=step, measure="raw", checks=(), ratio=1.0, p_value=0.5, bounds=None,
                           level_low_ns=1e6, level_high_ns=1e6)
     return DiffResult(timing=pl.DataFrame(), structure=pl.DataFrame(schema=STRUCTURE_SCHEMA), divergence=None,

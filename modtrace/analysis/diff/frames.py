@@ -240,6 +240,7 @@ class DiffSummary:
     inherited: int
     structure_changes: int
     min_p_value: float  # the smallest p the Mann-Whitney test can reach with these step counts
+    min_steps: int  # the fewest compared steps per run for which it can reach p < alpha
     order_varies: bool  # a run's call order varies from step to step: order not compared
     history_runs: int  # base runs
     history_run_step_ns: tuple[float, ...] = ()  # each base run's median step time, newest first

@@ -42,7 +42,7 @@ from modtrace.analysis.diff.samples import (
     with_mkey,
 )
 from modtrace.analysis.diff.speed import probe_works, probed_units
-from modtrace.analysis.diff.stats import min_p_value
+from modtrace.analysis.diff.stats import min_p_value, min_steps
 from modtrace.analysis.diff.step import RANK_STRIDE, judge_step, measure_step, median, speed_note
 from modtrace.analysis.diff.structure import calls_per_step, compare_structure, placement
 from modtrace.analysis.diff.verdicts import compare_timing, low_levels
@@ -137,7 +137,7 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
         base_steps=n_b, cand_steps=n_c, base_step_ns=step_b, cand_step_ns=step_c, compared=timing.height,
         regressions=int(counts.get("regression", 0)), improvements=int(counts.get("improvement", 0)),
         inherited=int(counts.get("inherited", 0)), structure_changes=structure.height,
-        min_p_value=min_p_value(n_b, n_c), order_varies=varies, history_runs=len(bases),
+        min_p_value=min_p_value(n_b, n_c), min_steps=min_steps(options.alpha), order_varies=varies, history_runs=len(bases),
         history_run_step_ns=tuple(per_run),
     )
     return DiffResult(timing=timing, structure=structure, divergence=divergence, summary=summary, step=step,

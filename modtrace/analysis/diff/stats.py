@@ -50,6 +50,14 @@ def min_p_value(n_base: int, n_cand: int) -> float:
     return 1.0 if p is None else p
 
 
+def min_steps(alpha: float) -> int:
+    """The fewest compared steps per run for which the Mann-Whitney test can reach p < ``alpha``."""
+    n = 1
+    while min_p_value(n, n) >= alpha and n < 10_000:
+        n += 1
+    return n
+
+
 def holm(p_values: pl.Series) -> pl.Series:
     """Holm-adjusted p-values (family-wise error over all the keys compared); nulls stay null.
 
