@@ -52,6 +52,22 @@ class ProbeWork(IntEnum):
     TRAIN = 2  # the same layers forward with autograd, and their backward
 
 
+# The codes the hooks put in every event tuple, as plain ints: an enum member in a
+# tuple pickles as a reference to its class (the writer process is sent batches of
+# them) and compares slower than an int.  The tracking modules import these.
+KIND_ENTER = int(Kind.ENTER)
+KIND_EXIT = int(Kind.EXIT)
+PHASE_FORWARD = int(Phase.FORWARD)
+PHASE_BACKWARD = int(Phase.BACKWARD)
+PHASE_RECOMPUTE = int(Phase.RECOMPUTE)
+PHASE_BACKWARD_CALL = int(Phase.BACKWARD_CALL)
+STATUS_OK = int(Status.OK)
+STATUS_ERROR = int(Status.ERROR)
+STATUS_EARLY_STOP = int(Status.EARLY_STOP)
+STATUS_CLOSED_AT_END_OF_BACKWARD = int(Status.CLOSED_AT_END_OF_BACKWARD)
+STATUS_UNLINKED = int(Status.UNLINKED)
+STATUS_ATTRIBUTED = int(Status.ATTRIBUTED)
+
 # What a reader puts in place of a kind, phase, status or tie code too big for
 # its one-byte column (a foreign or hand-edited row): analysis reports the row
 # as invalid instead of failing to read the run.

@@ -37,12 +37,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from modtrace.core.codes import (
+    KIND_ENTER,
+    KIND_EXIT,
+    PHASE_BACKWARD,
+    STATUS_CLOSED_AT_END_OF_BACKWARD,
+    STATUS_OK,
+)
 from modtrace.tracking.calls import (
-    _BACKWARD,
-    _CLOSED_AT_END,
-    _ENTER,
-    _EXIT,
-    _OK,
     Call,
     NodeHook,
     ThreadState,
@@ -118,19 +120,19 @@ class BackwardHooks:
             # The backward of a call outside this one's starts: the open one has finished.
             open_calls.pop()
             top.closed = True
-            group = self._bw_event(top, _EXIT, _OK, task, tid, group)
+            group = self._bw_event(top, KIND_EXIT, STATUS_OK, task, tid, group)
         open_calls.append(call)
-        return self._bw_event(call, _ENTER, _OK, task, tid, group)
+        return self._bw_event(call, KIND_ENTER, STATUS_OK, task, tid, group)
 
     def _bw_event(self, call: Call, kind: int, status: int, task: int, tid: int, group: int | None) -> int:
         """Append one backward row; returns the dispatch's new tie state."""
-        if kind == _EXIT:
+        if kind == KIND_EXIT:
             tie, group = (1 if group == -1 else 0), -1
         else:
             tie, group = (1 if group is not None and call.depth >= group else 0), call.depth
         seq = next(self._seq)
         stream = self._stream(call.device_id, seq) if self._cuda_devices else None
-        self._append((seq, self._clock() - self.t0, kind, call.module_id, _BACKWARD, call.call_id,
+        self._append((seq, self._clock() - self.t0, kind, call.module_id, PHASE_BACKWARD, call.call_id,
                       self.step, tid, call.device_id, stream, status, task, tie))
         return group
 
@@ -148,7 +150,7 @@ class BackwardHooks:
         group: int | None = None
         for call in reversed(open_calls):
             call.closed = True
-            group = self._bw_event(call, _EXIT, _CLOSED_AT_END, task, tid, group)
+            group = self._bw_event(call, KIND_EXIT, STATUS_CLOSED_AT_END_OF_BACKWARD, task, tid, group)
 
 
 def _leaf_node(t: torch.Tensor) -> Any:

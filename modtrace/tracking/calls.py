@@ -25,21 +25,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from modtrace.core.codes import Kind, Phase, Status
+from modtrace.core.codes import (
+    KIND_ENTER,
+    KIND_EXIT,
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+    PHASE_RECOMPUTE,
+    STATUS_EARLY_STOP,
+    STATUS_ERROR,
+    STATUS_OK,
+)
 from modtrace.tracking.module_names import ModuleInfo
 
-_ENTER = int(Kind.ENTER)
-_EXIT = int(Kind.EXIT)
-_FORWARD = int(Phase.FORWARD)
-_BACKWARD = int(Phase.BACKWARD)
-_RECOMPUTE = int(Phase.RECOMPUTE)
-_BACKWARD_CALL = int(Phase.BACKWARD_CALL)
 _SILENT = -1  # phase of a frame that records nothing (the module of a compile wrapper, run eagerly)
-_OK = int(Status.OK)
-_ERROR = int(Status.ERROR)
-_EARLY_STOP = int(Status.EARLY_STOP)
-_CLOSED_AT_END = int(Status.CLOSED_AT_END_OF_BACKWARD)
-_UNLINKED = int(Status.UNLINKED)
 _graph_task_id = torch._C._current_graph_task_id
 
 # While dynamo traces a module our hooks must do nothing.  It cannot be
@@ -121,8 +119,8 @@ class NodeHook:
                         top = open_calls.pop()
                         top.closed = True  # a descendant nothing closed is done too, innermost first
                         n = next(seq)
-                        append((n, clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
-                                top.device_id, tr._stream(top.device_id, n) if cuda else None, _OK, task,
+                        append((n, clock() - t0, KIND_EXIT, top.module_id, PHASE_BACKWARD, top.call_id, step, tid,
+                                top.device_id, tr._stream(top.device_id, n) if cuda else None, STATUS_OK, task,
                                 1 if group == -1 else 0))
                         group = -1
                         if top is done:
@@ -139,8 +137,8 @@ class NodeHook:
             me.closed = False
             open_calls.append(me)
             n = next(tr._seq)
-            tr._append((n, tr._clock() - tr.t0, _ENTER, me.module_id, _BACKWARD, me.call_id, tr.step, tid,
-                        me.device_id, tr._stream(me.device_id, n) if tr._cuda_devices else None, _OK, task,
+            tr._append((n, tr._clock() - tr.t0, KIND_ENTER, me.module_id, PHASE_BACKWARD, me.call_id, tr.step, tid,
+                        me.device_id, tr._stream(me.device_id, n) if tr._cuda_devices else None, STATUS_OK, task,
                         1 if group is not None and me.depth >= group else 0))
             return None
         if self.leaf:
@@ -185,8 +183,8 @@ class NodeHook:
                 top = open_calls.pop()
                 top.closed = True  # a descendant nothing closed is done too, innermost first
                 n = next(seq)
-                append((n, clock() - t0, _EXIT, top.module_id, _BACKWARD, top.call_id, step, tid,
-                        top.device_id, tr._stream(top.device_id, n) if cuda else None, _OK, task,
+                append((n, clock() - t0, KIND_EXIT, top.module_id, PHASE_BACKWARD, top.call_id, step, tid,
+                        top.device_id, tr._stream(top.device_id, n) if cuda else None, STATUS_OK, task,
                         1 if group == -1 else 0))
                 group = -1
                 if top is call:
@@ -205,8 +203,8 @@ class NodeHook:
             open_calls.append(call)
             depth = call.depth
             n = next(seq)
-            append((n, clock() - t0, _ENTER, call.module_id, _BACKWARD, call.call_id, step, tid,
-                    call.device_id, tr._stream(call.device_id, n) if cuda else None, _OK, task,
+            append((n, clock() - t0, KIND_ENTER, call.module_id, PHASE_BACKWARD, call.call_id, step, tid,
+                    call.device_id, tr._stream(call.device_id, n) if cuda else None, STATUS_OK, task,
                     1 if group is not None and depth >= group else 0))
             group = depth
         return None
@@ -302,9 +300,9 @@ class ForwardUnwind:
             return
         st, frame = found
         exc_type = sys.exc_info()[0]
-        early = frame.phase == _RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
-        status = _EARLY_STOP if early else _ERROR
-        if status == _ERROR and frame.phase in (_FORWARD, _SILENT):
+        early = frame.phase == PHASE_RECOMPUTE and exc_type is not None and exc_type.__name__ == "_StopRecomputationError"
+        status = STATUS_EARLY_STOP if early else STATUS_ERROR
+        if status == STATUS_ERROR and frame.phase in (PHASE_FORWARD, _SILENT):
             # The backward hooks of calls made inside the failed one must never fire.
             frame.failed = True
             self._failures += 1
@@ -334,7 +332,7 @@ class ForwardUnwind:
             stack.append(frame)
             return None
         while frame.module is not mod:
-            self._exit_forward(st, frame, _ERROR)
+            self._exit_forward(st, frame, STATUS_ERROR)
             frame = stack.pop()
         return frame
 
@@ -343,10 +341,10 @@ class ForwardUnwind:
             return
         seq = next(self._seq)
         stream = self._stream(frame.device_id, seq) if self._cuda_devices else None
-        self._append((seq, self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
+        self._append((seq, self._clock() - self.t0, KIND_EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, frame.device_id, stream, status, frame.task, 0))
 
-    def close_open_forward(self, status: int = _ERROR) -> int:
+    def close_open_forward(self, status: int = STATUS_ERROR) -> int:
         """Close this thread's forward calls left open (an exception no hook saw)."""
         st = getattr(self._local, "st", None)
         if st is None:

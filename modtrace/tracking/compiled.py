@@ -47,24 +47,26 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
-from modtrace.core.codes import Kind, Phase, Status
+from modtrace.core.codes import (
+    KIND_ENTER,
+    KIND_EXIT,
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+    PHASE_RECOMPUTE,
+)
 
 if TYPE_CHECKING:
-    from modtrace.tracking.tracker import Tracker
+    from modtrace.tracking.device_timer import DeviceTimer
 
 # torch releases whose inductor internals (CompiledFxGraph's constructor,
 # source_code, inductor_provenance_mapping_str, the provenance comments of the
 # Python wrapper, partitioner_tag on backward graph nodes) this was tested on.
 SUPPORTED = ((2, 13),)
 SUPPORTED_TEXT = "2.13"
-
-_ENTER, _EXIT = int(Kind.ENTER), int(Kind.EXIT)
-_FORWARD, _BACKWARD, _RECOMPUTE = int(Phase.FORWARD), int(Phase.BACKWARD), int(Phase.RECOMPUTE)
-_OK, _ATTRIBUTED = int(Status.OK), int(getattr(Status, "ATTRIBUTED", 6))
 
 # What the detail swallows (it never fails the program's compile or step) is
 # logged here at debug level, with its traceback.
@@ -222,7 +224,7 @@ def graph_sites(source: str, kernel_nodes: dict[str, list[str]], gm: Any, backwa
             continue
         name, handle = m.group(1), m.group(2)
         chains: list[tuple[str, ...]] = []
-        phase = _FORWARD
+        phase = PHASE_FORWARD
         any_backward = False
         for node_name in kernel_nodes.get(f"{name}:{handle}", ()):
             chain, tag = nodes.get(node_name, (None, None))
@@ -232,7 +234,7 @@ def graph_sites(source: str, kernel_nodes: dict[str, list[str]], gm: Any, backwa
             if backward and tag != "is_forward":
                 any_backward = True
         if backward:
-            phase = _BACKWARD if any_backward or not chains else _RECOMPUTE
+            phase = PHASE_BACKWARD if any_backward or not chains else PHASE_RECOMPUTE
         by_callee.setdefault(name, []).append((_common(chains) if chains else (), phase))
     if not by_callee:
         return None
@@ -303,10 +305,60 @@ def counting_key(mode: Any, task: int) -> tuple[int, int, int] | None:
     return kernel, KERNEL_PHASE, task
 
 
+class Attributed(NamedTuple):
+    """What ``DetailTracker.append_attributed`` wrote: the call ids given (in the order of
+    the enter rows), the synthetic compiled call's (call id, phase, task) key, the
+    seq of each row (in row order) and the synthetic call's (enter, exit) seqs."""
+
+    call_ids: list[int]
+    root_call: tuple[int, int, int] | None
+    seqs: list[int]
+    root_seqs: tuple[int, int] | None
+
+
+class DetailTracker(Protocol):
+    """What ``CompiledDetail`` needs of the tracker it serves (``tracker.Tracker`` is one, by
+    its shape): asked once per compiled graph call, never per kernel."""
+
+    compiled_note: str | None  # why compiled modules are recorded whole, shown once one runs
+
+    @property
+    def emitting(self) -> bool:
+        """Whether module calls are being recorded now."""
+
+    @property
+    def timed_device_type(self) -> str:
+        """The torch device type whose calls get device time."""
+
+    @property
+    def device_timer(self) -> DeviceTimer | None:
+        """The device timer the kernels' timing events go to, once a timed device was seen."""
+
+    def device_of(self, dev: torch.device) -> tuple[int, bool]:
+        """(the run's id of device ``dev``, whether its calls are timed on the device now)."""
+
+    def fqn(self, module_id: int) -> str:
+        """A module id's name."""
+
+    def module_id_of(self, fqn: str) -> int | None:
+        """A module's id by its name, if one was named so."""
+
+    def compiled_root(self, backward: bool, roots: list[tuple[int, bool]] | None
+                      ) -> tuple[int, bool, int | None] | None:
+        """The module whose compiled graph just ran on this thread: (module id, synthetic,
+        graph task); None when there is none to attribute to."""
+
+    def append_attributed(self, root_id: int, rows: list[tuple[int, int, int, int]], t0: int, t1: int,
+                          synthetic: bool, task: int | None, device_id: int | None = None,
+                          stream: int | None = None) -> Attributed:
+        """Append the rows of a compiled graph's inner module calls (and, when ``synthetic``,
+        the compiled module's own call around them)."""
+
+
 class CompiledDetail:
     """Installs the compile-time capture and run-time kernel timing for one tracker."""
 
-    def __init__(self, tracker: Tracker, clock: Callable[[], int]) -> None:
+    def __init__(self, tracker: DetailTracker, clock: Callable[[], int]) -> None:
         self._tracker = tracker
         self._clock = clock
         self._saved: list[tuple[Any, str, Any]] = []  # (object, attribute, original value)
@@ -592,19 +644,19 @@ class CompiledDetail:
                 keep += 1
             while len(open_) > keep:
                 mid, ph, _ = open_.pop()
-                rows.append((last, _EXIT, mid, ph))
+                rows.append((last, KIND_EXIT, mid, ph))
                 row_events.append((last_index, 1))
             for mid in ids[keep:]:
                 open_.append((mid, phase, enters))
                 enters += 1
-                rows.append((a, _ENTER, mid, phase))
+                rows.append((a, KIND_ENTER, mid, phase))
                 row_events.append((index, 0))
             if open_:
                 span_of[index] = (open_[-1][2], phase)
             last, last_index = b, index
         while open_:
             mid, ph, _ = open_.pop()
-            rows.append((last, _EXIT, mid, ph))
+            rows.append((last, KIND_EXIT, mid, ph))
             row_events.append((last_index, 1))
         stream = dev[3] if dev is not None else None
         written = tracker.append_attributed(root_id, rows, t0, t1, synthetic, task, device_id, stream)
@@ -642,7 +694,7 @@ class CompiledDetail:
                 kernel, _, task = key
                 span = span_of.get(kernel)
                 if span is not None:
-                    target = (call_ids[span[0]], span[1], -1 if span[1] == _FORWARD else task)
+                    target = (call_ids[span[0]], span[1], -1 if span[1] == PHASE_FORWARD else task)
                 else:
                     target = root_call if root_call is not None else mode.default_key()
                 into = mode.counts.setdefault(target, [0, 0, 0, 0])

@@ -9,7 +9,7 @@ work on any step.
 Each op is charged to the innermost module call open where it runs, as the
 tracker's own bookkeeping says: the top of the thread's call stack (forward,
 or recompute and ``backward_call`` inside the current graph task), else the
-backward span open in the current graph task (``Tracker._bw``).  The mode
+backward span open in the current graph task (``Tracker.innermost_call``).  The mode
 sums per (call id, phase, graph task); attribution to spans, inclusive and
 self, is done offline (``modtrace.analysis.counters``).
 
@@ -42,7 +42,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from modtrace.tracking.calls import _BACKWARD, _FORWARD, _SILENT
 from modtrace.tracking.compiled import counting_key
 
 if TYPE_CHECKING:
@@ -168,22 +167,10 @@ class CounterMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def default_key(self, task: int | None = None) -> tuple[int, int, int]:
         """The innermost module call open here, as the hooks know it."""
-        tr = self.tracker
         if task is None:
             task = _graph_task_id()
-        st = getattr(tr._local, "st", None)
-        if st is not None and st.stack:
-            top = st.stack[-1]
-            if top.phase == _SILENT:  # a compile wrapper's module run eagerly: the wrapper's call
-                top = top.parent
-            if top is not None and (task == -1 or top.task == task):
-                return top.call_id, top.phase, task
-        if task != -1:
-            open_calls = tr._bw.get(task)
-            if open_calls:
-                return open_calls[-1].call_id, _BACKWARD, task
-            return 0, _BACKWARD, task
-        return 0, _FORWARD, task
+        call_id, phase = self.tracker.innermost_call(task)
+        return call_id, phase, task
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

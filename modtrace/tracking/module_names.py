@@ -85,6 +85,11 @@ class ModuleNames:
     def get(self, mod: nn.Module) -> ModuleInfo | None:
         return self._mods.get(id(mod))
 
+    def id_of(self, fqn: str) -> int | None:
+        """The id of the module named ``fqn``, if one was ever named so."""
+        info = self._by_fqn.get(fqn)
+        return info.module_id if info is not None else None
+
     def info(self, mod: nn.Module, open_modules: Iterable[nn.Module | None]) -> ModuleInfo:
         """``mod``'s info, naming it (and its tree) when it is new.  ``open_modules``:
         the modules with a call open on this thread, innermost first."""

@@ -34,7 +34,8 @@ from types import CodeType, FrameType
 
 import torch
 
-from modtrace.tracking.calls import _RECOMPUTE, Call
+from modtrace.core.codes import PHASE_RECOMPUTE
+from modtrace.tracking.calls import Call
 from modtrace.tracking.module_names import ModuleInfo
 
 # The torch whose private names below were checked (a test pins them).
@@ -108,7 +109,7 @@ class RecomputeLinks:
         if used is None:
             used = self._recomputed[task] = set()
         recent = info.recent
-        parent = stack[-1] if stack and stack[-1].phase == _RECOMPUTE else None
+        parent = stack[-1] if stack and stack[-1].phase == PHASE_RECOMPUTE else None
         chosen = 0
         if parent is not None:
             for call_id, parent_id in zip(recent, info.recent_parents, strict=True):

@@ -41,7 +41,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.modules.module as _module_hooks
@@ -51,18 +51,21 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
+from modtrace.core.codes import (
+    KIND_ENTER,
+    KIND_EXIT,
+    PHASE_BACKWARD,
+    PHASE_BACKWARD_CALL,
+    PHASE_FORWARD,
+    PHASE_RECOMPUTE,
+    STATUS_ATTRIBUTED,
+    STATUS_OK,
+    STATUS_UNLINKED,
+)
 from modtrace.tracking.backward import BackwardHooks, _leaf_node
 from modtrace.tracking.calls import (
-    _BACKWARD,
-    _BACKWARD_CALL,
     _DYNAMO,
-    _ENTER,
-    _EXIT,
-    _FORWARD,
-    _OK,
-    _RECOMPUTE,
     _SILENT,
-    _UNLINKED,
     Call,
     ForwardUnwind,
     ThreadState,
@@ -71,7 +74,7 @@ from modtrace.tracking.calls import (
     _sys_modules,
     joined,
 )
-from modtrace.tracking.compiled import _ATTRIBUTED, CompiledDetail, frame_module
+from modtrace.tracking.compiled import Attributed, CompiledDetail, frame_module
 from modtrace.tracking.devices import DeviceLookup
 from modtrace.tracking.module_names import ModuleInfo, ModuleNames, as_list, grad_tensors
 from modtrace.tracking.recompute import RecomputeLinks, recomputing
@@ -88,17 +91,6 @@ _grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
 _RAISED = object()  # marks the post-hook call torch makes when a forward raised
 _new_call = object.__new__
-
-
-class Attributed(NamedTuple):
-    """What ``Tracker.append_attributed`` wrote: the call ids given (in the order of
-    the enter rows), the synthetic compiled call's (call id, phase, task) key, the
-    seq of each row (in row order) and the synthetic call's (enter, exit) seqs."""
-
-    call_ids: list[int]
-    root_call: tuple[int, int, int] | None
-    seqs: list[int]
-    root_seqs: tuple[int, int] | None
 
 
 class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
@@ -216,11 +208,11 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         """Whether module calls are being recorded now (started, not paused by a schedule)."""
         return self._active and bool(self._handles) and self._handles[0] is not None
 
-    # -- compiled code's inner modules (modtrace.tracking.compiled) -------------
+    # -- compiled code's inner modules: what compiled.DetailTracker names -------
 
     def module_id_of(self, fqn: str) -> int | None:
-        info = self._names._by_fqn.get(fqn)
-        return info.module_id if info is not None else None
+        """A module's id by its name, if one was named so."""
+        return self._names.id_of(fqn)
 
     def compiled_root(self, backward: bool, roots: list[tuple[int, bool]] | None
                       ) -> tuple[int, bool, int | None] | None:
@@ -273,7 +265,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         st: ThreadState = self._local.st
         tid, step, base = st.tid, self.step, self.t0
         task_col = task
-        phase = _FORWARD if task is None else _BACKWARD
+        phase = PHASE_FORWARD if task is None else PHASE_BACKWARD
         root_call = enter_seq = 0
         if synthetic:
             root_call = next(self._call_ids)
@@ -283,14 +275,14 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
                 with self._lock:
                     self.roots += 1
             self._names.mark_compiled(root_id)
-            self._append((seq, t0 - base, _ENTER, root_id, phase, root_call, step, tid, device_id, stream, _OK,
+            self._append((seq, t0 - base, KIND_ENTER, root_id, phase, root_call, step, tid, device_id, stream, STATUS_OK,
                           task_col, 0))
             enter_seq = seq
         open_ids: list[int] = []
         given: list[int] = []
         seqs: list[int] = []
         for ts, kind, module_id, ph in rows:
-            if kind == _ENTER:
+            if kind == KIND_ENTER:
                 call_id = next(self._call_ids)
                 open_ids.append(call_id)
                 given.append(call_id)
@@ -299,10 +291,10 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             seq = next(self._seq)
             seqs.append(seq)
             self._append((seq, ts - base, kind, module_id, ph, call_id, step, tid, device_id, stream,
-                          _ATTRIBUTED, None if ph == _FORWARD else task_col, 0))
+                          STATUS_ATTRIBUTED, None if ph == PHASE_FORWARD else task_col, 0))
         if synthetic:
             seq = next(self._seq)
-            self._append((seq, t1 - base, _EXIT, root_id, phase, root_call, step, tid, device_id, stream, _OK,
+            self._append((seq, t1 - base, KIND_EXIT, root_id, phase, root_call, step, tid, device_id, stream, STATUS_OK,
                           task_col, 0))
             return Attributed(given, (root_call, phase, -1 if task is None else task), seqs, (enter_seq, seq))
         return Attributed(given, None, seqs, None)
@@ -343,6 +335,22 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
     def rewind(self, seq: int) -> None:
         """Number the next event ``seq`` again: the events since were thrown away (a warm-up step)."""
         self._seq = itertools.count(seq)
+
+    def innermost_call(self, task: int) -> tuple[int, int]:
+        """(call id, phase) of the innermost module call open on this thread in graph task
+        ``task`` (-1: outside any backward), as the work counters charge an op to it;
+        call id 0 when none is open."""
+        st = getattr(self._local, "st", None)
+        if st is not None and st.stack:
+            top = st.stack[-1]
+            if top.phase == _SILENT:  # a compile wrapper's module run eagerly: the wrapper's call
+                top = top.parent
+            if top is not None and (task == -1 or top.task == task):
+                return top.call_id, top.phase
+        if task != -1:
+            open_calls = self._bw.get(task)
+            return (open_calls[-1].call_id if open_calls else 0), PHASE_BACKWARD
+        return 0, PHASE_FORWARD
 
     def _open_forward_calls(self) -> int:
         """Forward calls open on this thread."""
@@ -409,10 +417,10 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             stack.append(Call(mod, info, parent, parent.call_id, parent.device_id, _SILENT, None if task == -1 else task))
             return
         tid = st.tid
-        status = _OK
+        status = STATUS_OK
         exit_nodes = grad_inputs if grad_inputs is not None and _grad_enabled() else None
         if task == -1:
-            phase = _FORWARD
+            phase = PHASE_FORWARD
             call_id = next(self._call_ids)
             if parent is None:
                 if self.step != self._pruned_step:
@@ -437,14 +445,14 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             # A module call inside a backward graph task: checkpoint recomputing a
             # forward, or backward code calling a module.  A call inside another
             # one of the same task is what that one is; the outermost asks its frames.
-            if parent is not None and parent.task == task and (parent.phase == _RECOMPUTE or parent.phase == _BACKWARD_CALL):
+            if parent is not None and parent.task == task and (parent.phase == PHASE_RECOMPUTE or parent.phase == PHASE_BACKWARD_CALL):
                 phase = parent.phase
             else:
-                phase = _RECOMPUTE if recomputing(sys._getframe(1)) else _BACKWARD_CALL
-            if phase == _RECOMPUTE:
+                phase = PHASE_RECOMPUTE if recomputing(sys._getframe(1)) else PHASE_BACKWARD_CALL
+            if phase == PHASE_RECOMPUTE:
                 call_id = self._link_recompute(info, stack, task)
                 if call_id < 0:  # no forward call to link to: a call id of its own, and the row says so
-                    call_id, status = -call_id, _UNLINKED
+                    call_id, status = -call_id, STATUS_UNLINKED
             else:
                 call_id = next(self._call_ids)
             frame = Call(mod, info, parent, call_id, device_id, phase, task, exit_nodes)
@@ -453,7 +461,7 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         seq = next(self._seq)
         if root:
             self._root(seq, call_id, mod, args)
-        self._append((seq, self._clock() - self.t0, _ENTER, info.module_id, phase, call_id, self.step, tid,
+        self._append((seq, self._clock() - self.t0, KIND_ENTER, info.module_id, phase, call_id, self.step, tid,
                       device_id, self._stream(device_id, seq) if self._cuda_devices else None, status, task_col, 0))
 
     def _root(self, seq: int, call_id: int, mod: nn.Module, args: tuple[Any, ...]) -> None:
@@ -495,8 +503,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             return
         device_id = frame.device_id
         seq = next(self._seq)
-        self._append((seq, self._clock() - self.t0, _EXIT, frame.module_id, frame.phase, frame.call_id,
-                      self.step, st.tid, device_id, self._stream(device_id, seq) if self._cuda_devices else None, _OK,
+        self._append((seq, self._clock() - self.t0, KIND_EXIT, frame.module_id, frame.phase, frame.call_id,
+                      self.step, st.tid, device_id, self._stream(device_id, seq) if self._cuda_devices else None, STATUS_OK,
                       frame.task, 0))
         if self._wrappers and id(mod) in self._wrappers and not hasattr(frame, "ran_eager"):
             # torch.compile's wrapper ran its module compiled: no hook saw the calls inside

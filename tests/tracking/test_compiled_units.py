@@ -1,5 +1,6 @@
 """The pieces of the compiled-module detail that need no inductor compile:
-dynamo's module paths, the torch version pin and its one-line note."""
+dynamo's module paths, the torch version pin and its one-line note, and
+placing a graph call's kernels with only what ``DetailTracker`` names."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from modtrace.tracking.compiled import CompiledDetail, relative_path, torch_supported
+from modtrace.core.codes import KIND_ENTER, KIND_EXIT, PHASE_FORWARD
+from modtrace.tracking.compiled import (
+    Attributed,
+    CompiledDetail,
+    GraphSites,
+    relative_path,
+    torch_supported,
+)
 from modtrace.tracking.tracker import Tracker
 
 
@@ -65,3 +73,44 @@ def test_uninstall_restores_inductor() -> None:
     after = (CompiledFxGraph.__init__, CompiledFxGraph.post_compile, CompiledFxGraph.__call__,
              FxGraphCache.__dict__["_lookup_graph"], inductor_config.trace.provenance_tracking_level)
     assert after == before
+
+
+class _Host:
+    """A ``DetailTracker`` that is no ``Tracker``: modules ``m`` (id 1) and ``m.a``, ``m.a.b``."""
+
+    compiled_note: str | None = None
+    emitting = True
+    timed_device_type = "cuda"
+    device_timer = None
+
+    def __init__(self) -> None:
+        self.written: list[tuple[object, ...]] = []
+
+    def device_of(self, dev: torch.device) -> tuple[int, bool]:
+        return 0, False
+
+    def fqn(self, module_id: int) -> str:
+        return "m"
+
+    def module_id_of(self, fqn: str) -> int | None:
+        return {"m.a": 2, "m.a.b": 3}.get(fqn)
+
+    def compiled_root(self, backward: bool, roots: list[tuple[int, bool]] | None
+                      ) -> tuple[int, bool, int | None] | None:
+        assert not backward and roots is None  # an inference graph: nothing to pair
+        return 1, False, None
+
+    def append_attributed(self, root_id: int, rows: list[tuple[int, int, int, int]], t0: int, t1: int,
+                          synthetic: bool, task: int | None, device_id: int | None = None,
+                          stream: int | None = None) -> Attributed:
+        self.written.append((root_id, rows, t0, t1, synthetic, task))
+        return Attributed([10, 11], None, [0, 1, 2, 3], None)
+
+
+def test_a_graph_calls_kernels_become_nested_calls_of_the_modules_they_came_from() -> None:
+    host = _Host()
+    sites = GraphSites(False, {"k1": [(("a",), PHASE_FORWARD)], "k2": [(("a", "a.b"), PHASE_FORWARD)]}, inference=True)
+    CompiledDetail(host, lambda: 0)._emit(sites, [("k1", 10, 20), ("k2", 30, 40)], 5, 50, (None, None))
+    assert host.written == [(1, [(10, KIND_ENTER, 2, PHASE_FORWARD), (30, KIND_ENTER, 3, PHASE_FORWARD),
+                                 (40, KIND_EXIT, 3, PHASE_FORWARD), (40, KIND_EXIT, 2, PHASE_FORWARD)],
+                             5, 50, False, None)]
