@@ -1,8 +1,10 @@
 """The package's layers import only downwards, and no import cycle exists.
 
 Every ``import`` in ``modtrace/`` is read from the source (inside functions
-too); imports under ``if TYPE_CHECKING:`` count for the layer rules but not
-for cycles (they never run).  The layers are drawn in docs/development.md.
+too); imports under ``if TYPE_CHECKING:`` count for the layer rules and for
+cycles: they never run, but two modules that name each other's types are one
+design, and a ``Protocol`` or a module below both takes them apart.  The
+layers are drawn in docs/development.md.
 """
 
 from __future__ import annotations
@@ -175,12 +177,37 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycle_anywhere() -> None:
+# Cycles not yet taken apart.  Each fails the test once it is gone, so that its entry goes too.
+KNOWN_CYCLES: list[list[str]] = [
+    # api._diff is handed the Database it serves and names its type (issue 39: being rewritten with
+    # Database.diff); api._tree's way out: take the store and what it needs as arguments.
+    ["modtrace.api", "modtrace.api._diff"],
+]
+
+
+def _import_edges() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
     for imp in _all_imports():
-        if not imp.type_only and imp.target != imp.source:
+        if imp.target != imp.source:
             edges.setdefault(imp.source, set()).add(imp.target)
-    assert _cycles(edges) == []
+    return edges
+
+
+def test_no_import_cycle_anywhere() -> None:
+    """No two modules import each other, type-only imports included."""
+    found = _cycles(_import_edges())
+    assert [c for c in found if c not in KNOWN_CYCLES] == []
+    gone = [c for c in KNOWN_CYCLES if c not in found]
+    assert not gone, f"no longer a cycle: take it out of KNOWN_CYCLES: {gone}"
+
+
+def test_type_only_imports_make_cycles_too() -> None:
+    """The compiled detail and the tracker once named each other's types only; such an edge counts."""
+    edges = _import_edges()
+    typed = {(i.source, i.target) for i in _all_imports() if i.type_only}
+    assert ("modtrace.api._cli", "modtrace.api") in typed  # the walk sees them ...
+    assert "modtrace.api" in edges["modtrace.api._cli"]  # ... and the cycle search follows them
+    assert "modtrace.tracking.tracker" not in edges.get("modtrace.tracking.compiled", set())
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

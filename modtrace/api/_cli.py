@@ -7,9 +7,10 @@ with the CLI.  Scripts should use ``Database``'s members.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from modtrace.api._runs import run_filter as run_filter
 
 if TYPE_CHECKING:
     import polars as pl
@@ -23,26 +24,8 @@ if TYPE_CHECKING:
 
 def run_list(db: Database, limit: int | None = None, which: RunFilter | None = None) -> list[dict[str, Any]]:
     """Runs newest first, as dicts (``Database.runs``' columns and the rest ``show`` prints);
-    only those ``which`` takes."""
-    from modtrace.api._steps import with_steps
-    from modtrace.store.runs import list_runs
-
-    return with_steps(db._store, list_runs(db._store, limit, which))
-
-
-def run_filter(tags: Mapping[str, str] | Sequence[str] | None = None, status: str | None = None,
-               older_than: timedelta | str | None = None) -> RunFilter:
-    """The runs to take: ``tags`` a mapping or ``KEY=VALUE`` texts, ``older_than`` a timedelta or
-    text (``30d``); malformed ones are usage errors."""
-    from modtrace.core.contracts import RUN_STATUSES
-    from modtrace.core.errors import UsageError
-    from modtrace.store.runs import RunFilter, parse_age, parse_tags
-
-    if status is not None and status not in (*RUN_STATUSES, "incomplete"):
-        raise UsageError(f"status {status!r}: one of {', '.join((*RUN_STATUSES, 'incomplete'))}")
-    chosen = {str(k): str(v) for k, v in tags.items()} if isinstance(tags, Mapping) else parse_tags(tags or ())
-    age = parse_age(older_than) if isinstance(older_than, str) else older_than
-    return RunFilter(chosen or None, status, age)
+    only those ``which`` takes (``run_filter``)."""
+    return db._run_rows(limit, which)
 
 
 def details(db: Database, run: RunLike) -> dict[str, Any]:
@@ -52,25 +35,18 @@ def details(db: Database, run: RunLike) -> dict[str, Any]:
 
 def anchors(db: Database, run: RunLike) -> dict[int, int]:
     """rank -> wall-clock nanoseconds at that rank's ``ts_ns = 0``."""
-    from modtrace.store.runs import read_anchors
-
-    return read_anchors(db._store, db._ref(run).id)
+    return db._anchors(db._ref(run))
 
 
 def thread_names(db: Database, run: RunLike) -> dict[tuple[int, int], str | None]:
     """(rank, thread_id) -> thread name."""
-    from modtrace.store.runs import read_thread_names
-
-    return read_thread_names(db._store, db._ref(run).id)
+    return db._thread_names(db._ref(run))
 
 
 def event_log(db: Database, run: RunLike) -> Iterator[pl.DataFrame]:
     """The run's events with names instead of codes and ``wall_ns``, in chunks, rank by rank in
     seq order (an export streams them)."""
-    from modtrace.api._tables import event_log as chunks
-
-    ref = db._ref(run)
-    return chunks(db._store, ref.id, anchors(db, ref))
+    return db._event_log(db._ref(run))
 
 
 def analysis(db: Database, run: RunLike) -> Analysis:
@@ -80,21 +56,13 @@ def analysis(db: Database, run: RunLike) -> Analysis:
 
 def has_analysis(db: Database, run: RunLike) -> bool:
     """Whether the run's spans and issues are stored."""
-    from modtrace.store.analysis_store import has_analysis as stored
-
-    return stored(db._store, db._ref(run).id)
+    return db._has_analysis(db._ref(run))
 
 
 def start_spans_with(db: Database, run: RunLike, columns: tuple[str, ...]) -> Callable[[], pl.DataFrame]:
     """The run's spans with at least ``columns`` filled, begun now (a stored analysis is read
     while the caller does other work); calling the result gives the frame."""
-    from modtrace.results.materialize import start_spans
-
-    ref = db._ref(run)
-    if ref.id in db._analyses:
-        held = db._analyses[ref.id].spans
-        return lambda: held
-    return start_spans(db._store, ref.id, columns)
+    return db._start_spans(db._ref(run), columns)
 
 
 def clock(db: Database, run: RunLike, chosen: str | None) -> str:
@@ -124,12 +92,12 @@ def restep(db: Database, run: RunLike, frame: pl.DataFrame, step_on: str | None)
 def tree_rows(db: Database, run: RunLike, **options: Any) -> list[dict[str, Any]]:
     """``Database.tree`` as plain dicts in pre-order (what the tree renderers take); a stored
     tree is read and filtered without polars."""
-    from modtrace.api._tree import TreeOptions, tree_nodes
+    from modtrace.api._tree import TreeOptions
 
     opts = TreeOptions(options.get("phase"), options.get("step"), options.get("rank"), options.get("max_depth"),
                        options.get("min_percent"), options.get("step_on"), options.get("step_kind"),
                        options.get("peak_tflops"))
-    return tree_nodes(db, run, opts, options.get("clock"))
+    return db._tree_rows(run, opts, options.get("clock"))
 
 
 def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame) -> DiffResult:

@@ -1,5 +1,6 @@
 """``Database.tree`` and ``api._cli.tree_rows``: a run's module call tree, from its stored tree when
-that answers the options, else from its spans.
+that answers the options, else from its spans.  ``Database._tree_rows`` resolves the run and
+the clock and hands this module the store and where to get the run's spans.
 
 A stored tree (``modtrace.results.tree``) is the whole run's, on one clock, its
 steps under the run's own rule: it answers any ``--phase``, ``--max-depth``
@@ -18,9 +19,11 @@ from modtrace.core.contracts import PHASES
 from modtrace.core.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import polars as pl
 
-    from modtrace.api import Database, Run, RunLike
+    from modtrace.store.engine import Store
 
 
 @dataclass(frozen=True)
@@ -53,18 +56,19 @@ class TreeOptions:
         return None if self.phase is None else {self.phase}
 
 
-def stored_nodes(db: Database, ref: Run, clock: str, opts: TreeOptions) -> tuple[list[dict[str, Any]], dict[int, Any] | None] | None:
+def stored_nodes(store: Store, run_id: int, clock: str, opts: TreeOptions
+                 ) -> tuple[list[dict[str, Any]], dict[int, Any] | None] | None:
     """The nodes to show from the run's stored tree on ``clock`` and the tree's work counts
     (``results.counters.node_counts``); None when it cannot answer ``opts``."""
     from modtrace.core.tree_rows import filter_nodes
     from modtrace.results.counters import node_counts
     from modtrace.results.tree import read_tree_rows
 
-    nodes = read_tree_rows(db._store, ref.id, clock, opts.step_on) if opts.whole_run else None
+    nodes = read_tree_rows(store, run_id, clock, opts.step_on) if opts.whole_run else None
     if nodes is None:
         return None
     shown = filter_nodes(nodes, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
-    return shown, node_counts(db._store, ref.id, nodes)
+    return shown, node_counts(store, run_id, nodes)
 
 
 def step_ranges(steps: list[int]) -> str:
@@ -85,55 +89,50 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(parts)
 
 
-def nodes_from_spans(db: Database, ref: Run, clock: str, opts: TreeOptions) -> tuple[pl.DataFrame, dict[int, Any] | None]:
-    """The nodes frame to show, from the run's spans (held, stored or computed) on ``clock``, and
-    its nodes' work counts (``results.counters.node_counts``; None when the run counted none)."""
+def nodes_from_spans(store: Store, run_id: int, run_name: str, frame: pl.DataFrame, opts: TreeOptions
+                     ) -> tuple[pl.DataFrame, dict[int, Any] | None]:
+    """The nodes frame to show, from the run's spans ``frame`` (with at least ``TREE_SPAN_COLUMNS``),
+    and its nodes' work counts (``results.counters.node_counts``; None when the run counted none)."""
     import polars as pl
 
-    from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS, filter_tree, module_tree
-    from modtrace.api._steps import of_kind
+    from modtrace.analysis.aggregate import filter_tree, module_tree
+    from modtrace.api._steps import of_kind, restep
     from modtrace.results.counters import node_counts
-    from modtrace.results.materialize import load_spans
 
-    if clock != "host":  # device time: the spans with their device columns
-        frame = db._spans_on(ref, clock)
-    elif ref.id in db._analyses:  # host time: the spans held, else only the columns the tree reads
-        frame = db._analyses[ref.id].spans
-    else:
-        frame = load_spans(db._store, ref.id, TREE_SPAN_COLUMNS)
-    stepped = db._restep(ref, frame, opts.step_on)
-    spans = stepped.frame if opts.step_kind in (None, "all") else of_kind(ref.name, stepped, opts.step_kind)
+    stepped = restep(store, run_id, run_name, frame, opts.step_on)
+    spans = stepped.frame if opts.step_kind in (None, "all") else of_kind(run_name, stepped, opts.step_kind)
     if opts.rank is not None:
         if opts.rank not in set(spans["rank"].unique().to_list()):
-            raise UsageError(f"run {ref.name} has no spans on rank {opts.rank}")
+            raise UsageError(f"run {run_name} has no spans on rank {opts.rank}")
         spans = spans.filter(pl.col("rank") == opts.rank)
     if opts.step is not None:
         chosen = spans.filter(pl.col("step") == opts.step)
         if chosen.height == 0:
             recorded = spans["step"].drop_nulls().unique().sort().to_list()
             where = f"its steps are {step_ranges(recorded)}" if recorded else "it has no steps"
-            raise UsageError(f"run {ref.name} has no spans in step {opts.step}; {where}")
+            raise UsageError(f"run {run_name} has no spans in step {opts.step}; {where}")
         spans = chosen
     whole = module_tree(spans)
     nodes = filter_tree(whole, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
-    return nodes, node_counts(db._store, ref.id, whole.select("node_id", "parent_node_id", "phase", "fqn").to_dicts(),
+    return nodes, node_counts(store, run_id, whole.select("node_id", "parent_node_id", "phase", "fqn").to_dicts(),
                               spans, frame)
 
 
-def tree_nodes(db: Database, run: RunLike, opts: TreeOptions, clock: str | None) -> list[dict[str, Any]]:
-    """The nodes ``tree`` shows, as plain dicts in pre-order with their work (``core.work.WORK_KEYS``,
-    None where a node ran in no counted step): the stored tree's rows when it answers ``opts``
-    (read without polars unless the run counted work), else computed from the run's spans."""
+def tree_nodes(store: Store, run_id: int, run_name: str, clock: str, opts: TreeOptions,
+               spans: Callable[[tuple[str, ...]], pl.DataFrame]) -> list[dict[str, Any]]:
+    """The nodes ``tree`` shows on ``clock`` (resolved), as plain dicts in pre-order with their work
+    (``core.work.WORK_KEYS``, None where a node ran in no counted step): the stored tree's rows when
+    it answers ``opts`` (read without polars unless the run counted work), else computed from
+    ``spans(columns)``, the run's spans on ``clock`` with at least those columns (called only then)."""
     from modtrace.core.work import derived
 
-    opts.check()
-    ref = db._ref(run)
-    chosen = db._clock(ref, clock)
-    stored = stored_nodes(db, ref, chosen, opts)
+    stored = stored_nodes(store, run_id, clock, opts)
     if stored is not None:
         nodes, counts = stored
     else:
-        frame, counts = nodes_from_spans(db, ref, chosen, opts)
+        from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS
+
+        frame, counts = nodes_from_spans(store, run_id, run_name, spans(TREE_SPAN_COLUMNS), opts)
         nodes = frame.to_dicts()
     found = counts or {}
     return [{**n, **derived(found.get(n["node_id"]), n["inclusive_median_ns"], opts.peak_tflops)} for n in nodes]
