@@ -44,7 +44,15 @@ if TYPE_CHECKING:
     import polars as pl
 
     from modtrace.analysis import Analysis
-    from modtrace.analysis.diff import DiffOptions, DiffResult, RunCalls
+    from modtrace.analysis.diff import (
+        Check,
+        DiffOptions,
+        DiffResult,
+        DiffSummary,
+        ModuleVerdict,
+        RunCalls,
+        StepVerdict,
+    )
     from modtrace.api._steps import Stepped
     from modtrace.api._tree import TreeOptions
     from modtrace.store.deletion import DeletedRun
@@ -52,14 +60,18 @@ if TYPE_CHECKING:
     from modtrace.store.runs import RunFilter
 
 __all__ = [
-    "AnalyzeSummary", "Database", "DiffOptions", "DiffResult", "Run", "check_schema", "current_revision", "open",
+    "AnalyzeSummary", "Check", "Database", "DiffOptions", "DiffResult", "DiffSummary", "ModuleVerdict", "Run",
+    "StepVerdict", "check_schema", "current_revision", "open",
     "query", "query_library", "resolve_query", "upgrade",
 ]
 
 
+_DIFF_TYPES = ("Check", "DiffOptions", "DiffResult", "DiffSummary", "ModuleVerdict", "StepVerdict")
+
+
 def __getattr__(name: str) -> Any:
     # The diff's option and result types, without importing polars with this module.
-    if name in ("DiffOptions", "DiffResult"):
+    if name in _DIFF_TYPES:
         import modtrace.analysis.diff
 
         return getattr(modtrace.analysis.diff, name)
@@ -464,9 +476,11 @@ class Database:
         Returns
         -------
         DiffResult
-            ``timing`` and ``structure`` frames, the first ``divergence``, the data-dependent
-            ``calls`` per step, a ``summary``, the two sides' descriptions (``sides``; the base's
-            ``history`` lists the runs used) and ``notes``; ``exit_code(fail_on)`` is what
+            ``timing`` (a row per module and phase with its ``checks``) and ``structure`` frames,
+            the ``step`` verdict with its checks, a ``summary`` of counts, the first
+            ``divergence``, the data-dependent ``calls`` per step, the sides' descriptions
+            (``sides``; the base's ``history`` lists the runs used) and ``notes``;
+            ``module(fqn)`` gives one module's verdicts and checks; ``exit_code(fail_on)`` is what
             ``modtrace diff`` exits with.
 
         Examples
@@ -475,81 +489,10 @@ class Database:
         >>> result.timing.filter(pl.col("verdict") == "regression")  # doctest: +SKIP
         >>> db.diff("tag:branch=main", "@", window=5).exit_code("regression")  # doctest: +SKIP
         """
-        from concurrent.futures import ThreadPoolExecutor
-        from dataclasses import replace
+        from modtrace.api._diff import diff
 
-        from modtrace.api._clock import common_clock
-        from modtrace.api._diff import (
-            SELECTOR,
-            diff_counters,
-            history_runs,
-            like_with_like,
-            like_with_like_all,
-            no_common_step,
-            parse_selector,
-            split_ref,
-        )
-        from modtrace.core.errors import UsageError
-
-        other = cand_db or self
-        terms: list[RunLike] = [base] if isinstance(base, (str, int, Run)) else list(base)
-        if not terms:
-            raise UsageError("no base run to compare with")
-        texts = [t for t in terms if isinstance(t, str)]
-        tags = parse_selector(texts) if texts else None
-        if tags is not None and len(texts) != len(terms):
-            raise UsageError("give either runs or tag:KEY=VALUE selectors as the base, not both")
-        phases = None if options is None else options.phases
-        if tags is None and len(terms) == 1:
-            chosen = self._diff_clock(terms[0], cand, other, clock)
-            # Both runs are read side by side (the database driver works without Python's lock)
-            # while this thread imports the comparison: it paid end to end (docs/performance.md).
-            import modtrace.store.samples  # noqa: F401 -- before the threads, which both import it
-
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="modtrace-diff") as pool:
-                base_read = pool.submit(self._side, terms[0], rank, step_on, chosen)
-                cand_read = pool.submit(other._side, cand, rank, step_on, chosen)
-                from modtrace.analysis.diff import diff_runs
-
-                base_side, cand_side = base_read.result(), cand_read.result()
-            base_calls, cand_calls = like_with_like(base_side, cand_side, step_kind)
-            result = diff_runs(base_calls, cand_calls, options)
-            disjoint = no_common_step(base_side[1], cand_side[1])
-            counters = diff_counters(self._store, base_side[1], other._store, cand_side[1], rank, phases)
-            summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
-            return replace(result, sides=(base_side[1], cand_side[1]), notes=() if disjoint is None else (disjoint,),
-                           counters=counters, summary=summary)
-        from modtrace.analysis.diff import diff_history
-
-        cand_run = split_ref(other, cand)[0]
-        bases: list[RunLike] = list(terms) if tags is None else [
-            Run(r.id, r.name) for r in history_runs(self._store, tags, window, cand_run.id if other is self else None)]
-        runs = [split_ref(self, b)[0] for b in bases]
-        chosen = common_clock([(self._store, r.id, r.name) for r in runs]
-                              + [(other._store, cand_run.id, cand_run.name)], clock)
-        sides = [self._side(b, rank, step_on, chosen) for b in bases] + [other._side(cand, rank, step_on, chosen)]
-        calls = like_with_like_all(sides, step_kind)
-        result = diff_history(calls[:-1], calls[-1], options)
-        base_info, cand_info = dict(sides[0][1]), sides[-1][1]
-        per_run = result.summary.get("history_run_step_ns")
-        step_ns = list(per_run) if isinstance(per_run, list) and len(per_run) == len(bases) else [None] * len(bases)
-        base_info["history"] = [
-            {"run": info["run"], "run_id": info["run_id"],
-             "step_us": None if ns is None else round(float(ns) / 1000.0, 3)}
-            for (_, info), ns in zip(sides[:-1], step_ns, strict=True)
-        ]
-        base_info["selector"] = None if tags is None else " ".join(f"{SELECTOR}{k}={v}" for k, v in tags.items())
-        notes: list[str] = []
-        if len(bases) == 1:
-            notes.append(f"one base run matched {base_info['selector']}: a step-wide change cannot be told from "
-                         "machine load with one base run; record more baseline runs")
-        disjoint = no_common_step(sides[0][1], cand_info)
-        if disjoint is not None:
-            notes.append(disjoint)
-        # Work counters are exact: the candidate against the newest base run.
-        counters = diff_counters(self._store, sides[0][1], other._store, cand_info, rank, phases)
-        summary = {**result.summary, "counter_changes": 0 if counters is None else counters.height}
-        return replace(result, sides=(base_info, cand_info), notes=tuple(notes), counters=counters, summary=summary)
+        return diff(self, base, cand, options, cand_db=cand_db, rank=rank, step_on=step_on, step_kind=step_kind,
+                    clock=clock, window=window)
 
     def delete(self, runs: RunLike | Sequence[RunLike], *, force: bool = False) -> list[DeletedRun]:
         """Delete runs with every row that belongs to them (events, spans, issues, trees, device
