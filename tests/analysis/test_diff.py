@@ -356,6 +356,26 @@ def test_too_few_steps_cannot_be_significant_and_says_so() -> None:
     assert result.summary.min_p_value >= 0.01
     assert min_p_value(3, 3) == pytest.approx(0.0809, abs=1e-3)
     assert min_p_value(29, 29) < 1e-9
+    # the check that stopped it says so, and the fewest steps that can pass is the true minimum
+    row = result.timing.filter(pl.col("fqn") == "Net.head").row(0, named=True)
+    assert [c["name"] for c in row["checks"] if not c["passed"]] == ["steps"]
+    assert result.summary.min_steps == 6  # 6 compared steps per run: 7 recorded at --skip-steps 1
+    assert min_p_value(6, 6) < 0.01 <= min_p_value(5, 5)
+    six = diff_spans(synth(steps=7, seed=1), synth(steps=7, self_us=slower("Net.head", 3.0), seed=2))
+    assert set(flagged(six)) == {("Net.head", "forward"), ("Net.head", "backward")}
+
+
+def test_only_a_module_with_a_compared_descendant_is_inherited() -> None:
+    """A leaf's inclusive time is its self time: it is blamed or unchanged, never context."""
+    leaves = {f for f, children in TREE.items() if not children}
+    for seed, who, factor in ((3, "Net.block1.mlp", 1.12), (5, "Net.head", 1.3), (7, "Net.block0.attn", 0.8)):
+        result = diff_spans(synth(seed=seed), synth(seed=seed + 1, self_us=slower(who, factor)))
+        inherited = set(result.timing.filter(pl.col("verdict") == "inherited")["fqn"].to_list())
+        assert not inherited & leaves, inherited
+    # a slower leaf makes its ancestors inherited context, itself the regression
+    result = diff_spans(synth(seed=1), synth(seed=2, self_us=slower("Net.block1.mlp", 2.0)))
+    assert set(flagged(result)) == {("Net.block1.mlp", "forward"), ("Net.block1.mlp", "backward")}
+    assert {"Net.block1", "Net"} >= set(result.timing.filter(pl.col("verdict") == "inherited")["fqn"].to_list())
 
 
 # -- samples ------------------------------------------------------------------------

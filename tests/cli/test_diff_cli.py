@@ -322,3 +322,31 @@ def test_a_module_preempted_in_most_steps_is_blamed_on_its_median_too(tmp_path: 
     assert (res.code, regressions(doc), doc["summary"]["improvements"]) == (0, [], 0), res.out
     res = run_cli("diff", "--db", db, "base", "slow", "--format", "json")
     assert (res.code, regressions(doc_of(res.out))) == (1, [("Net.blocks.1.work", "forward")]), res.out
+
+
+def test_explain_lists_a_modules_checks_when_it_was_not_blamed(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("diff", "--db", runs_db, "base", "slow", "--explain", "Net.blocks.0.work", "--explain", "Net.nosuch")
+    assert res.code == 1, res.err  # the slowed block is still a regression
+    lines = res.out.splitlines()
+    at = lines.index("Net.blocks.0.work forward: unchanged")
+    self_line, incl_line = lines[at + 1], lines[at + 2]
+    assert self_line.startswith("  self time: steps ") and incl_line.startswith("  inclusive time: steps ")
+    # every check of the rule, each marked; an unchanged module failed at least one
+    names = [part.split()[0] for part in self_line.split(": ", 1)[1].split(", ")]
+    assert names == ["steps", "level_delta_us", "share_ratio", "vs_typical", "median_ratio"]
+    assert " FAIL" in self_line and " pass" in self_line
+    doc = doc_of(run_cli("diff", "--db", runs_db, "base", "slow", "--format", "json").out)
+    row = next(r for r in doc["timing"] if r["fqn"] == "Net.blocks.0.work" and r["phase"] == "forward")
+    assert [c["passed"] for c in row["checks"]] == [part.endswith("pass") for part in self_line.split(", ")]
+    assert "Net.nosuch: not compared (not called in both runs, or no such module)" in res.out
+    md = run_cli("diff", "--db", runs_db, "base", "slow", "--format", "markdown", "--explain", "Net.blocks.0.work")
+    assert "### Checks of Net.blocks.0.work" in md.out and "- self time: steps " in md.out
+
+
+def test_too_few_steps_warn_with_the_true_minimum(runs_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    res = run_cli("diff", "--db", runs_db, "base", "slow", "--skip-steps", "6")
+    assert res.code == 0, res.out  # nothing can be blamed on 4 compared steps per run
+    text = " ".join(res.out.split())
+    assert ("warning: too few steps (4 and 4 compared): the smallest p the test can reach is 0.03, not below "
+            "alpha 0.01, so no module can be blamed; record at least 12 steps per run (6 compared after "
+            "--skip-steps 6)") in text

@@ -1,51 +1,14 @@
-"""Step times on a common machine speed: each step divided by the speed probe taken before it.
+"""Step times at one machine speed: each step against the speed probe taken before it.
 
-A run recorded with the speed probe (``modtrace.recording.speed_probe``) timed
-the same fixed work just before each recorded step.  On a shared runner the
-machine's speed changes from minute to minute, and the step and the probe
-before it slow down together; the ratio of the two does not.  So a history
-gate compares *adjusted* step times: step_ns * reference / probe_ns, where
-the reference is the history's median probe, so the numbers stay in
-nanoseconds (the step time "at the history's usual speed").
+A run recorded with the speed probe (``modtrace.recording.speed_probe``) timed the same fixed
+work just before each recorded step; on a shared runner the step and the probe before it slow
+down together, their ratio does not.  These functions turn a run's steps into the measures the
+step verdict weighs ("wall", "cpu", "cpu_raw"; ``step.measure_step``), each defined once in
+docs/diff.md ("The step"), with why each is taken.
 
-On a machine with more runnable processes than cores the program is also
-preempted for part of each step, and the probe, short, mostly escapes that: so
-the probe is divided by the share of the CPU the program had from it to the next
-probe (its thread's CPU time over the host's time; measured: at one busy process
-beside the recorder on 2 cores, the step over the bare probe varied 7.1 to 13.3
-across unchanged runs, over the probe so divided 6.0 to 7.3, and 1.3x slower
-runs 7.7 to 9.9).
-
-Every run of one comparison is put at speed the same way: the probes are
-divided by their CPU shares only when every run noted them (a run recorded on
-an injected clock has none), else none is (``at_shares``): a run whose probe
-was divided beside one whose probe was not would differ by the machine's load
-alone.
-
-On a CPU program whose every run noted its thread's CPU time on one intra-op
-thread, the history gate judges the CPU time itself instead (``cpu_at_speed``):
-from one probe to the next, the recording thread's CPU time, less the probe,
-over the probe, times the reference.  A preempted thread's CPU
-clock stops while it waits, so the machine's load is not in it at all, where
-the share above only averages it over the window (a step that took the
-window's preemption and one that escaped it differ by a whole time slice,
-~4 ms): on the same recordings the CPU times told every 1.3x slower candidate
-from every unchanged one at each load where the share-divided wall times did
-not (docs/performance.md, "Regression gate").  The window holds the loop's own
-code between steps (the optimizer, the data), as a user's step does.  A
-device's work is not on the host thread's CPU clock, nor is other threads'
-work, so runs with a device other than the CPU, or that took a probe with more
-than one intra-op thread, are judged on wall times as above (with two threads
-the recording thread's CPU time moved 1.8x between unchanged runs: it waits
-for the other thread, spinning or not, for as long as the machine's load makes
-that thread late).
-
-A step is adjusted by the probe taken in the gap before it: the latest probe
-on its rank taken before the step's first call (by event seq: the probe notes
-the seq the next event took), and not already
-taken by the step before (a step with no probe of its own, as when steps are
-re-cut into root calls, has none).  The step verdict uses adjusted times only
-when every compared step of every run has one; otherwise it says why not.
+A step takes the probe in the gap before it: the latest probe on its rank taken before the
+step's first call (by event seq: the probe notes the seq the next event took), and not already
+taken by the step before (a step re-cut into root calls may have none).
 """
 
 from __future__ import annotations
@@ -56,9 +19,8 @@ import polars as pl
 
 from modtrace.core.codes import ProbeWork
 
-# A probe counts for at most this many times its rank's median in a step's CPU time: above it,
-# it was preempted (measured on three recordings, docs/performance.md: any cap from 1.25 to 3
-# gave the same verdicts; uncapped, a crowded run's preempted probes hid a 1.5x change).
+# A probe counts for at most this many times its rank's median in a step's CPU time: above it, it
+# was preempted and the CPU clock beside it had stopped (docs/diff.md, "The step").
 PROBE_CAP = 1.5
 
 
