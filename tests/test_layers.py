@@ -178,11 +178,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 # Cycles not yet taken apart.  Each fails the test once it is gone, so that its entry goes too.
-KNOWN_CYCLES: list[list[str]] = [
-    # api._diff is handed the Database it serves and names its type (issue 39: being rewritten with
-    # Database.diff); api._tree's way out: take the store and what it needs as arguments.
-    ["modtrace.api", "modtrace.api._diff"],
-]
+KNOWN_CYCLES: list[list[str]] = []
 
 
 def _import_edges() -> dict[str, set[str]]:

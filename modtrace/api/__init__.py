@@ -17,7 +17,7 @@ issues are the stored analysis when the run has one, otherwise computed
 from its events (nothing is written); ``analyze`` stores them.  Frames
 follow the contracts in ``modtrace.core.contracts``.
 
-``Database`` is the product: twelve members, each documented with an
+``Database`` is the product: thirteen members, each documented with an
 example.  Module-level functions cover the database itself (``upgrade``,
 ``current_revision``, ``check_schema``) and read-only SQL (``query``,
 ``query_library``, ``resolve_query``).
@@ -26,7 +26,7 @@ example.  Module-level functions cover the database itself (``upgrade``,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -39,11 +39,13 @@ from modtrace.api._admin import (
     resolve_query,
     upgrade,
 )
+from modtrace.api._runs import Run, RunLike
 
 if TYPE_CHECKING:
     import polars as pl
 
     from modtrace.analysis import Analysis
+    from modtrace.analysis.stragglers import Stragglers
     from modtrace.analysis.diff import (
         Check,
         DiffOptions,
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AnalyzeSummary", "Check", "Database", "DiffOptions", "DiffResult", "DiffSummary", "ModuleVerdict", "Run",
-    "StepVerdict", "check_schema", "current_revision", "open",
+    "RunLike", "StepVerdict", "check_schema", "current_revision", "open",
     "query", "query_library", "resolve_query", "upgrade",
 ]
 
@@ -79,16 +81,6 @@ def __getattr__(name: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Run:
-    """A resolved run: its id and name, and (from ``Database.run``) what ``modtrace show`` prints
-    of it in ``details``: status, times, counts, steps under its own rule, tags, ranks."""
-
-    id: int
-    name: str
-    details: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
-
-
-@dataclass(frozen=True)
 class AnalyzeSummary:
     """What ``Database.analyze`` stored."""
 
@@ -97,7 +89,6 @@ class AnalyzeSummary:
     issues: pl.DataFrame
 
 
-RunLike = str | int | Run
 
 
 def open(db: str | None = None) -> Database:  # noqa: A001 -- modtrace.open(db), like sqlite3.connect
@@ -491,8 +482,41 @@ class Database:
         """
         from modtrace.api._diff import diff
 
-        return diff(self, base, cand, options, cand_db=cand_db, rank=rank, step_on=step_on, step_kind=step_kind,
-                    clock=clock, window=window)
+        other = cand_db or self
+        return diff((self, self._store), (other, other._store), base, cand, options, rank=rank, step_on=step_on,
+                    step_kind=step_kind, clock=clock, window=window)
+
+    def stragglers(self, run: RunLike, *, step_kind: str | None = None, skip_steps: int = 0) -> Stragglers:
+        """Which rank and module held each step of a multi-rank run back, by how much, where the
+        other ranks waited, and the step without it (``modtrace stragglers``; the rule is in
+        docs/ranks.md, "Stragglers").  The reduction over ranks runs as SQL in the database.
+
+        Parameters
+        ----------
+        run
+            The run (see ``run``); its analysis must be stored, and it must have two ranks or more
+            (else ``UsageError``).
+        step_kind
+            Only the steps whose root call has this kind on every rank.
+        skip_steps
+            Leave out steps before this one (warm-up).
+
+        Returns
+        -------
+        Stragglers
+            ``steps`` (per step its time, straggler, where others waited, what-if step time),
+            ``persistent`` (named in at least half the steps), ``left_out`` (steps not every rank
+            recorded); ``to_dict()`` is the JSON.
+
+        Examples
+        --------
+        >>> db.stragglers("job", skip_steps=2).persistent  # doctest: +SKIP
+        """
+        from modtrace.api._stragglers import stragglers
+
+        ref = self._ref(run)
+        return stragglers(self._store, ref.id, ref.name, step_kind=step_kind, skip_steps=skip_steps,
+                          stored=self._has_analysis(ref))
 
     def delete(self, runs: RunLike | Sequence[RunLike], *, force: bool = False) -> list[DeletedRun]:
         """Delete runs with every row that belongs to them (events, spans, issues, trees, device

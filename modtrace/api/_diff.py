@@ -6,20 +6,32 @@ A run never analysed is analysed in memory, nothing written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from modtrace.api._runs import Run, RunLike
 from modtrace.core.errors import RunNotFound, UsageError
 
 if TYPE_CHECKING:
     import polars as pl
 
     from modtrace.analysis.diff import DiffOptions, DiffResult, RunCalls
-    from modtrace.api import Database, Run, RunLike
     from modtrace.store.engine import Store
     from modtrace.store.runs import RunRef
 
 
-def split_ref(db: Database, ref: RunLike) -> tuple[Run, int | None]:
+class Reader(Protocol):
+    """What a diff reads of a database (``Database`` is one): a run resolved, a side read, its
+    spans on a clock."""
+
+    def _ref(self, ref: RunLike) -> Run: ...
+
+    def _side(self, ref: RunLike, rank: int | None, step_on: str | None,
+              clock: str) -> tuple[RunCalls, dict[str, Any]]: ...
+
+    def _spans_on(self, run: Run, clock: str | None) -> pl.DataFrame: ...
+
+
+def split_ref(db: Reader, ref: RunLike) -> tuple[Run, int | None]:
     """RUN or RUN:RANK -> (run, rank or None); a run whose name contains ':' still resolves whole."""
     if not isinstance(ref, str):
         return db._ref(ref), None
@@ -32,7 +44,7 @@ def split_ref(db: Database, ref: RunLike) -> tuple[Run, int | None]:
     return db._ref(head), int(tail)
 
 
-def _device_calls(db: Database, run: Run, rank: int | None) -> RunCalls:
+def _device_calls(db: Reader, run: Run, rank: int | None) -> RunCalls:
     """The run's closed calls with device times (from its spans: the fast read is of host times)."""
     import polars as pl
 
@@ -42,7 +54,7 @@ def _device_calls(db: Database, run: Run, rank: int | None) -> RunCalls:
     return calls_of_spans(spans if rank is None else spans.filter(pl.col("rank") == rank))
 
 
-def load_side(db: Database, store: Store, ref: RunLike, rank: int | None,
+def load_side(db: Reader, store: Store, ref: RunLike, rank: int | None,
               step_on: str | None = None, clock: str = "host") -> tuple[RunCalls, dict[str, Any]]:
     """(closed calls of RUN[:RANK], or of ``rank``, steps under ``step_on``, times on ``clock``; its
     description for the diff document, holding under ``_stepped`` the calls' steps and kinds for
@@ -222,19 +234,19 @@ def like_with_like_all(sides: Sequence[tuple[RunCalls, dict[str, Any]]], kind: s
     return [replace(calls, calls=frame) for (calls, _), frame in zip(sides, frames, strict=True)]
 
 
-def diff(db: Database, base: RunLike | Sequence[RunLike], cand: RunLike, options: DiffOptions | None, *,
-         cand_db: Database | None, rank: int | None, step_on: str | None, step_kind: str | None,
-         clock: str | None, window: int) -> DiffResult:
-    """``Database.diff``: read the base runs and the candidate, each on one clock and in steps of
-    one kind, judge them (``analysis.diff.diff_history``), and add what the store knows: the sides'
-    descriptions, the notes, the work counters."""
+def diff(base_db: tuple[Reader, Store], cand_db: tuple[Reader, Store], base: RunLike | Sequence[RunLike],
+         cand: RunLike, options: DiffOptions | None, *, rank: int | None, step_on: str | None,
+         step_kind: str | None, clock: str | None, window: int) -> DiffResult:
+    """``Database.diff``: read the base runs (of ``base_db``, a database and its store) and the
+    candidate (of ``cand_db``), each on one clock and in steps of one kind, judge them
+    (``analysis.diff.diff_history``), and add what the store knows: the sides' descriptions, the
+    notes, the work counters."""
     from dataclasses import replace
 
     from modtrace.analysis.diff import diff_history
-    from modtrace.api import Run
     from modtrace.api._clock import common_clock
 
-    other = cand_db or db
+    (db, store), (other, other_store) = base_db, cand_db
     terms: list[RunLike] = [base] if isinstance(base, (str, int, Run)) else list(base)
     if not terms:
         raise UsageError("no base run to compare with")
@@ -244,10 +256,9 @@ def diff(db: Database, base: RunLike | Sequence[RunLike], cand: RunLike, options
         raise UsageError("give either runs or tag:KEY=VALUE selectors as the base, not both")
     cand_run = split_ref(other, cand)[0]
     bases: list[RunLike] = list(terms) if tags is None else [
-        Run(r.id, r.name) for r in history_runs(db._store, tags, window, cand_run.id if other is db else None)]
+        Run(r.id, r.name) for r in history_runs(store, tags, window, cand_run.id if other is db else None)]
     runs = [split_ref(db, b)[0] for b in bases]
-    chosen = common_clock([(db._store, r.id, r.name) for r in runs] + [(other._store, cand_run.id, cand_run.name)],
-                          clock)
+    chosen = common_clock([(store, r.id, r.name) for r in runs] + [(other_store, cand_run.id, cand_run.name)], clock)
     sides = _read_sides(db, other, bases, cand, rank, step_on, chosen)
     calls = like_with_like_all(sides, step_kind)
     result = diff_history(calls[:-1], calls[-1], options)
@@ -260,20 +271,17 @@ def diff(db: Database, base: RunLike | Sequence[RunLike], cand: RunLike, options
     if tags is not None and len(bases) == 1:
         notes.append(f"one base run matched {base_info['selector']}: a step-wide change cannot be told from "
                      "machine load with one base run; record more baseline runs")
-    disjoint = no_common_step(sides[0][1], cand_info)
-    if disjoint is not None:
-        notes.append(disjoint)
-    unshared = unshared_kinds_note(sides[0][1], cand_info)
-    if unshared is not None:
-        notes.append(unshared)
+    for note in (no_common_step(sides[0][1], cand_info), unshared_kinds_note(sides[0][1], cand_info)):
+        if note is not None:
+            notes.append(note)
     # Work counters are exact: the candidate against the newest base run.
     phases = None if options is None else options.phases
-    counters = diff_counters(db._store, sides[0][1], other._store, cand_info, rank, phases)
+    counters = diff_counters(store, sides[0][1], other_store, cand_info, rank, phases)
     summary = replace(result.summary, counter_changes=0 if counters is None else counters.height)
     return replace(result, sides=(base_info, cand_info), notes=tuple(notes), counters=counters, summary=summary)
 
 
-def _read_sides(db: Database, other: Database, bases: Sequence[RunLike], cand: RunLike, rank: int | None,
+def _read_sides(db: Reader, other: Reader, bases: Sequence[RunLike], cand: RunLike, rank: int | None,
                 step_on: str | None, clock: str) -> list[tuple[RunCalls, dict[str, Any]]]:
     """Every side's calls and description; two sides are read side by side (the database driver
     works without Python's lock: it paid end to end, docs/performance.md)."""

@@ -1,14 +1,29 @@
-"""Which runs ``Database.runs``, ``modtrace runs`` and ``modtrace gc`` take: their filter, parsed
-from what a caller or the command line gives."""
+"""A run as the API names it (``Run``, ``RunLike``), and which runs ``Database.runs``, ``modtrace
+runs`` and ``modtrace gc`` take: their filter, parsed from what a caller or the command line
+gives."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from modtrace.store.runs import RunFilter
+
+
+@dataclass(frozen=True)
+class Run:
+    """A resolved run: its id and name, and (from ``Database.run``) what ``modtrace show`` prints
+    of it in ``details``: status, times, counts, steps under its own rule, tags, ranks."""
+
+    id: int
+    name: str
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+
+RunLike = str | int | Run
 
 
 def run_filter(tags: Mapping[str, str] | Sequence[str] | None = None, status: str | None = None,
