@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     import polars as pl
 
     from modtrace.analysis import Analysis
-    from modtrace.analysis.stragglers import Stragglers
     from modtrace.analysis.diff import (
         Check,
         DiffOptions,
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
         RunCalls,
         StepVerdict,
     )
+    from modtrace.analysis.stragglers import Stragglers
     from modtrace.api._steps import Stepped
     from modtrace.api._tree import TreeOptions
     from modtrace.store.deletion import DeletedRun

@@ -13,6 +13,7 @@ kind       model                formats
 rows       ``rows.Table``       table, json, csv, markdown
 tree       ``tree.TreeView``    table, json
 diff       ``diff.DiffView``    table, json, csv, markdown
+stragglers ``Stragglers.to_dict``  table, json, csv, markdown
 report     the report's model   html (``html_report.report_data``)
 trace      ``perfetto.Trace``   perfetto
 =========  ===================  ==========================================
@@ -55,6 +56,12 @@ REGISTRY: dict[str, dict[str, str]] = {
         "csv": "modtrace.renderers.diff:DiffCsvRenderer",
         "markdown": "modtrace.renderers.diff:DiffMarkdownRenderer",
     },
+    "stragglers": {
+        "table": "modtrace.renderers.stragglers:StragglersTableRenderer",
+        "json": "modtrace.renderers.stragglers:StragglersJsonRenderer",
+        "csv": "modtrace.renderers.stragglers:StragglersCsvRenderer",
+        "markdown": "modtrace.renderers.stragglers:StragglersMarkdownRenderer",
+    },
     "report": {"html": "modtrace.renderers.html_report:HtmlReportRenderer"},
     "trace": {"perfetto": "modtrace.renderers.perfetto:PerfettoRenderer"},
 }
@@ -71,6 +78,10 @@ def get_renderer(kind: Literal["rows"], name: str, *, progress: Progress | None 
 def get_renderer(kind: Literal["tree"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None) -> Renderer[TreeView]: ...
 @overload
 def get_renderer(kind: Literal["diff"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None) -> Renderer[DiffView]: ...
+@overload
+def get_renderer(
+    kind: Literal["stragglers"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None
+) -> Renderer[Mapping[str, Any]]: ...
 @overload
 def get_renderer(
     kind: Literal["report"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None
