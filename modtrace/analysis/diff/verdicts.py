@@ -111,22 +111,22 @@ def compare_timing(
                             low_levels(cand, options.low_quantile))
     frame = frame.join(levels, on="key", how="left").with_columns(
         # the rule's ratio to the typical module (``compare_levels``) is the one shown
-        *(pl.col(f"_{m}_vt").alias(f"{m}_vs_typical") for m in ("self", "incl")),
+        *(pl.col(f"_{m}_vs_typical").alias(f"{m}_vs_typical") for m in ("self", "incl")),
     )
     min_p = min_p_value(n_base, n_cand)
     frame = frame.with_columns(
         module_checks("self", options, min_p).alias("checks"),
         module_checks("incl", options, min_p).alias("inclusive_checks"),
-        _direction("self").alias("_sd"),
+        _direction("self").alias("_direction"),
     )
     blamed = _all_passed("checks")
     frame = frame.with_columns(
-        (blamed & (pl.col("_sd") > 0)).alias("_sreg"), (blamed & (pl.col("_sd") < 0)).alias("_simp"))
-    frame = frame.with_columns(_inherited(frame, options).alias("_inh"))
+        (blamed & (pl.col("_direction") > 0)).alias("_regression"), (blamed & (pl.col("_direction") < 0)).alias("_improvement"))
+    frame = frame.with_columns(_inherited(frame, options).alias("_inherited"))
     frame = frame.with_columns(
-        pl.when("_sreg").then(pl.lit("regression"))
-        .when("_simp").then(pl.lit("improvement"))
-        .when("_inh").then(pl.lit("inherited"))
+        pl.when("_regression").then(pl.lit("regression"))
+        .when("_improvement").then(pl.lit("improvement"))
+        .when("_inherited").then(pl.lit("inherited"))
         .otherwise(pl.lit("unchanged"))
         .alias("verdict")
     )
@@ -172,7 +172,7 @@ def low_levels(samples: pl.DataFrame, quantile: float, run: pl.Expr | None = Non
 def compare_levels(base: pl.DataFrame, cand: pl.DataFrame) -> pl.DataFrame:
     """``low_levels`` of the base run(s) and of the candidate -> per key, for m in self and incl:
     the base runs' median level (``_{m}_ref``), their lowest and highest level share
-    (``_{m}_share_lo``, ``_{m}_share_hi``), the candidate's level and share, and ``_{m}_vt``:
+    (``_{m}_share_lo``, ``_{m}_share_hi``), the candidate's level and share, and ``_{m}_vs_typical``:
     the candidate's share over the base runs' median share, over the median of that ratio
     across every key compared (how much more of the step the module takes than the typical
     module does: machine load moves the typical module too)."""
@@ -186,9 +186,9 @@ def compare_levels(base: pl.DataFrame, cand: pl.DataFrame) -> pl.DataFrame:
                     on="key")
     ratios = [pl.when(pl.col(f"_{m}_share_mid") > 0).then(pl.col(f"_{m}_share_cand") / pl.col(f"_{m}_share_mid"))
               for m in ("self", "incl")]
-    out = out.with_columns(*(r.alias(f"_{m}_rel") for r, m in zip(ratios, ("self", "incl"), strict=True)))
+    out = out.with_columns(*(r.alias(f"_{m}_share_ratio") for r, m in zip(ratios, ("self", "incl"), strict=True)))
     return out.with_columns(
-        *((pl.col(f"_{m}_rel") / pl.col(f"_{m}_rel").median()).alias(f"_{m}_vt") for m in ("self", "incl"))
+        *((pl.col(f"_{m}_share_ratio") / pl.col(f"_{m}_share_ratio").median()).alias(f"_{m}_vs_typical") for m in ("self", "incl"))
     )
 
 
@@ -234,7 +234,7 @@ def module_checks(metric: str, options: DiffOptions, min_p: float) -> pl.Expr:
         checks["share_ratio"] = _check("share_ratio", pl.when(nearest > 0).then(share / nearest), 1 + margin,
                                        1 - margin, d)
         typical = options.share_threshold
-        checks["vs_typical"] = _check("vs_typical", pl.col(f"_{m}_vt"), pl.lit(1 + typical),
+        checks["vs_typical"] = _check("vs_typical", pl.col(f"_{m}_vs_typical"), pl.lit(1 + typical),
                                       pl.lit(1 / (1 + typical)), d)
         median = options.margin("median")
         checks["median_ratio"] = _check("median_ratio", pl.col(f"{m}_ratio"), pl.lit(1 + median),
@@ -253,7 +253,7 @@ def _inherited(frame: pl.DataFrame, options: DiffOptions) -> pl.Series:
     inclusive = frame.select(_all_passed("inclusive_checks"))["inclusive_checks"].to_list()
     moved = frame.select((pl.col("_incl_cand") - pl.col("_incl_ref")).abs() > options.min_delta_ns)
     moved_list = moved.to_series().fill_null(False).to_list()
-    keys = list(frame.select("fqn", "phase", "_sreg", "_simp").iter_rows())
+    keys = list(frame.select("fqn", "phase", "_regression", "_improvement").iter_rows())
     by_phase: dict[str, list[tuple[str, bool]]] = {}
     for fqn, phase, reg, imp in keys:
         by_phase.setdefault(phase, []).append((fqn + ".", bool(reg or imp)))
