@@ -711,3 +711,27 @@ def test_a_history_of_one_run_is_a_two_run_diff() -> None:
     one = diff_history([calls_of_spans(base)], calls_of_spans(cand))
     two = diff_spans(base, cand)
     assert one.timing.equals(two.timing) and one.summary == two.summary
+
+
+def test_module_verdicts_are_typed_and_carry_their_checks() -> None:
+    from modtrace.analysis.diff import Check, ModuleVerdict
+
+    result = diff_spans(synth(seed=1), synth(seed=2, self_us=slower("Net.head", 2.0)))
+    head = {v.phase: v for v in result.module("Net.head")}
+    assert set(head) == {"forward", "backward"}
+    for verdict in head.values():
+        assert isinstance(verdict, ModuleVerdict) and verdict.verdict == "regression"
+        assert all(isinstance(c, Check) and c.passed for c in verdict.checks)
+        assert [c.name for c in verdict.checks] == ["steps", "level_delta_us", "share_ratio", "vs_typical",
+                                                    "median_ratio"]
+    embed = result.module("Net.embed", "forward")
+    assert len(embed) == 1 and embed[0].verdict == "unchanged" and not all(c.passed for c in embed[0].checks)
+    assert [v.fqn for v in result.modules()] == result.timing["fqn"].to_list()
+    # --absolute judges p_holm and level_ratio instead of the shares'
+    absolute = diff_spans(synth(seed=1), synth(seed=2, self_us=slower("Net.head", 2.0)), DiffOptions(absolute=True))
+    assert [c.name for c in absolute.module("Net.head", "forward")[0].checks] == [
+        "steps", "level_delta_us", "p_holm", "level_ratio"]
+    # a check left out is neither judged nor shown
+    fewer = diff_spans(synth(seed=1), synth(seed=2, self_us=slower("Net.head", 2.0)),
+                       DiffOptions(skip_checks=frozenset({"median_ratio"})))
+    assert "median_ratio" not in [c.name for c in fewer.module("Net.head", "forward")[0].checks]
