@@ -13,6 +13,11 @@ from modtrace.store.writer import RankWriter
 from tests.helpers.analysis_streams import ENTER, EXIT, ev, model, to_rows
 
 
+def mlp() -> nn.Sequential:
+    """Linear(8, 8), ReLU, Linear(8, 2): the small model a test trains when the model is not the point."""
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
 class Block(nn.Module):
     """Two linear layers with a ReLU between them."""
 
