@@ -12,38 +12,27 @@ import re
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
-
 from tests.helpers.clients import check_rows
 from tests.helpers.compiled_rows import EXPECTED, STEPS, write_compiled_run
+from tests.helpers.database import db_rows
 from tests.helpers.report import embedded
-
-
-def _query(db: str, sql: str) -> list[tuple[Any, ...]]:
-    engine = sa.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            return [tuple(r) for r in conn.exec_driver_sql(sql)]
-    finally:
-        engine.dispose()
 
 
 def test_spans_and_event_log_name_status_attributed(any_db: str, run_cli) -> None:  # type: ignore[no-untyped-def]
     write_compiled_run(any_db, "compiled")
     assert run_cli("analyze", "compiled", "--db", any_db).code == 0
-    spans = _query(any_db, "SELECT fqn, phase, step, duration_ns, self_ns, status FROM spans ORDER BY span_id")
+    spans = db_rows(any_db, "SELECT fqn, phase, step, duration_ns, self_ns, status FROM spans ORDER BY span_id")
     assert sorted(spans, key=lambda r: (r[2], r[0], r[1])) == sorted(
         ((fqn, phase, step, *EXPECTED[fqn, phase]) for (fqn, phase) in EXPECTED for step in range(STEPS)),
         key=lambda r: (r[2], r[0], r[1]))
-    events = _query(any_db, "SELECT fqn, kind, status, count(*) FROM event_log GROUP BY fqn, kind, status ORDER BY fqn, kind")
+    events = db_rows(any_db, "SELECT fqn, kind, status, count(*) FROM event_log GROUP BY fqn, kind, status ORDER BY fqn, kind")
     assert events == [
         ("Net", "enter", "ok", 2 * STEPS), ("Net", "exit", "ok", 2 * STEPS),
         *((fqn, kind, "attributed", 2 * STEPS) for fqn in ("Net.block", "Net.block.attn", "Net.block.mlp")
           for kind in ("enter", "exit")),
     ]
     # the stored tree keeps where each node's time came from
-    assert set(_query(any_db, "SELECT fqn, source FROM tree_nodes WHERE clock = 'host'")) == {
+    assert set(db_rows(any_db, "SELECT fqn, source FROM tree_nodes WHERE clock = 'host'")) == {
         ("Net", "hooks"), ("Net.block", "kernels"), ("Net.block.attn", "kernels"), ("Net.block.mlp", "kernels")}
 
 

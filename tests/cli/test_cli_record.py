@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from modtrace.store.engine import open_store
 from modtrace.store.runs import resolve_run, run_details
+from tests.helpers.database import db_rows
 from tests.helpers.postgres import PG_URL, fresh_schema, unavailable
 
 # Builds a little graph, reports its argv, and optionally ends in a chosen way.
@@ -80,15 +81,6 @@ def details(db: str, ref: str = "@") -> dict[str, Any]:
     store = open_store(db)
     try:
         return run_details(store, resolve_run(store, ref).id)
-    finally:
-        store.dispose()
-
-
-def count(db: str, sql: str) -> int:
-    store = open_store(db)
-    try:
-        with store.engine.connect() as conn:
-            return int(conn.execute(sa.text(sql)).scalar() or 0)
     finally:
         store.dispose()
 
@@ -160,7 +152,7 @@ def test_reusing_a_run_name_is_a_clear_error(run_cli, work: Path, any_db: str) -
     assert again.code == 2
     assert again.err.startswith("modtrace: error: a run named 'base' already exists") and again.err.count("\n") == 1
     assert again.out == ""  # the target never ran
-    assert count(any_db, "SELECT count(*) FROM runs") == 1
+    assert db_rows(any_db, "SELECT count(*) FROM runs")[0][0] == 1
 
 
 @pytest.mark.parametrize("name", ["@x", "123", " "])
@@ -200,7 +192,7 @@ def test_run_metadata_and_show(run_cli, tmp_path: Path, monkeypatch: pytest.Monk
     assert info["world_size"] == 1 and info["tags"] == {"lr": "3e-4", "note": "a b"}
     assert info["status"] == "completed" and info["ranks"] == 1 and info["steps"] == 2
     assert info["modules"] == 4  # Sequential, two Linear, ReLU
-    assert info["events"] == count(any_db, "SELECT count(*) FROM events")
+    assert info["events"] == db_rows(any_db, "SELECT count(*) FROM events")[0][0]
     assert info["duration_s"] is not None and info["duration_s"] >= 0
 
     shown = run_cli("show", "meta", "--db", any_db)
@@ -232,7 +224,7 @@ def test_raising_target_prints_pythons_traceback_and_fails_the_run(run_cli, work
                         res.err[len(traceback):])
     info = details(any_db, "boom")
     assert info["status"] == "failed" and info["error"] == "RuntimeError: loss is nan at step 2"
-    assert info["events"] > 0 and count(any_db, "SELECT count(*) FROM events") == info["events"]
+    assert info["events"] > 0 and db_rows(any_db, "SELECT count(*) FROM events")[0][0] == info["events"]
 
 
 def test_system_exit_code_is_modtraces(run_cli, work: Path, db_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -305,7 +297,7 @@ def test_interrupt_and_terminate_keep_all_events(
     info = details(db, key)
     assert (info["status"], info["error"]) == ("interrupted", error)
     # 2 steps through 4 modules: a forward and a backward span each, 2 events per span.
-    assert info["events"] == 2 * 4 * 2 * 2 == count(db, f"SELECT count(*) FROM events WHERE run_id = {info['id']}")
+    assert info["events"] == 2 * 4 * 2 * 2 == db_rows(db, f"SELECT count(*) FROM events WHERE run_id = {info['id']}")[0][0]
     if sig == signal.SIGINT:
         assert err.endswith("KeyboardInterrupt\n") and "Traceback (most recent call last):" in err
     else:

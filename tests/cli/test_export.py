@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 
 import modtrace
 from modtrace.renderers.perfetto import assign_lanes, trace_frame
+from tests.helpers.database import db_rows
 from tests.helpers.models import Pair, Reentrant, _crossed_run
 from tests.helpers.recording import FakeClock
-from tests.helpers.report import record_tiny, record_toy, sql
+from tests.helpers.report import record_tiny, record_toy
 
 REPO = Path(__file__).resolve().parents[2]
 PHASES = {"forward", "backward", "recompute"}
@@ -71,7 +72,7 @@ def nesting_violations(trace: dict[str, Any]) -> list[str]:
 
 
 def span_rows(db: str, run_id: int = 1) -> dict[tuple[int, int], dict[str, Any]]:
-    rows = sql(db, f"SELECT rank, span_id, fqn, phase, call_id, step, thread_id, start_ns, end_ns, device, stream, "
+    rows = db_rows(db, f"SELECT rank, span_id, fqn, phase, call_id, step, thread_id, start_ns, end_ns, device, stream, "
                    f"status, graph_task FROM spans WHERE run_id = {run_id}")
     keys = ("rank", "span_id", "fqn", "phase", "call_id", "step", "thread_id", "start_ns", "end_ns", "device",
             "stream", "status", "graph_task")
@@ -79,7 +80,7 @@ def span_rows(db: str, run_id: int = 1) -> dict[tuple[int, int], dict[str, Any]]
 
 
 def anchors(db: str, run_id: int = 1) -> dict[int, int]:
-    return {int(r): int(a) for r, a in sql(db, f"SELECT rank, wall_anchor_ns FROM run_ranks WHERE run_id = {run_id}")}
+    return {int(r): int(a) for r, a in db_rows(db, f"SELECT rank, wall_anchor_ns FROM run_ranks WHERE run_id = {run_id}")}
 
 
 def check_against_spans(trace: dict[str, Any], db: str, run_id: int = 1) -> None:
@@ -117,7 +118,7 @@ def test_perfetto_trace_is_the_spans_on_phase_tracks(any_db: str, tmp_path: Path
     out = tmp_path / "trace.json"
     result = run_cli("export", "ck", "--db", any_db, "-o", str(out))
     assert result.code == 0, result
-    n = sql(any_db, "SELECT COUNT(*) FROM spans")[0][0]
+    n = db_rows(any_db, "SELECT COUNT(*) FROM spans")[0][0]
     assert (result.out, result.err) == ("", f"modtrace: wrote {n:,} spans of run 'ck' to {out}\n")
     trace = load_trace(out.read_text())
     check_against_spans(trace, any_db)
@@ -135,7 +136,7 @@ def test_perfetto_trace_is_the_spans_on_phase_tracks(any_db: str, tmp_path: Path
     # the steps track: one slice per step, spanning the step's spans
     steps = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
     assert [(e["name"], e["args"]["spans"]) for e in steps] == [
-        (f"step {s}", c) for s, c in sql(any_db, "SELECT step, COUNT(*) FROM spans GROUP BY step ORDER BY step")
+        (f"step {s}", c) for s, c in db_rows(any_db, "SELECT step, COUNT(*) FROM spans GROUP BY step ORDER BY step")
     ]
     for e in steps:
         inside = [x for x in slices(trace) if x["args"]["step"] == e["args"]["step"]]
@@ -156,7 +157,7 @@ def test_nested_graph_tasks_keep_every_track_strictly_nested(db_path: Path, tmp_
             net(torch.randn(4, 6, requires_grad=True)).sum().backward()
     _rec.wait_analyzed()  # the writer process analyses the run after the with
     db = str(db_path)
-    tasks = sql(db, "SELECT COUNT(DISTINCT graph_task) FROM spans WHERE phase = 'backward' AND step = 0")[0][0]
+    tasks = db_rows(db, "SELECT COUNT(DISTINCT graph_task) FROM spans WHERE phase = 'backward' AND step = 0")[0][0]
     assert tasks > 1  # the nested graph tasks this test is about
     out = tmp_path / "t.json"
     assert run_cli("export", "reentrant", "-o", str(out)).code == 0
@@ -191,7 +192,7 @@ def test_ranks_align_through_their_wall_clock_anchors(db_path: Path, tmp_path: P
             for _ in range(2):
                 net(torch.randn(2, 6)).sum().backward()
         _rec.wait_analyzed()  # the writer process analyses the run after the with
-    raw = sql(db, "SELECT rank, MIN(start_ns), MAX(end_ns) FROM spans GROUP BY rank ORDER BY rank")
+    raw = db_rows(db, "SELECT rank, MIN(start_ns), MAX(end_ns) FROM spans GROUP BY rank ORDER BY rank")
     assert raw[0][1] == raw[1][1]  # identical clocks: unaligned, the ranks would overlap
     out = tmp_path / "t.json"
     assert run_cli("export", "dist", "-o", str(out)).code == 0
@@ -269,7 +270,7 @@ def test_parquet_directory_round_trips_spans_and_events(any_db: str, tmp_path: P
     spans = pl.read_parquet(out / "spans.parquet")
     cols = ["rank", "span_id", "parent_span_id", "depth", "fqn", "module_type", "phase", "call_id", "step",
             "thread_id", "start_ns", "end_ns", "duration_ns", "self_ns", "device", "stream", "status"]
-    expected = sql(any_db, f"SELECT {', '.join(cols)} FROM spans WHERE run_id = 1 ORDER BY rank, span_id")
+    expected = db_rows(any_db, f"SELECT {', '.join(cols)} FROM spans WHERE run_id = 1 ORDER BY rank, span_id")
     assert spans.select(cols).rows() == expected
     wall = anchors(any_db)
     assert (spans["wall_start_ns"] - spans["start_ns"]).unique().to_list() == [wall[0]]
@@ -278,7 +279,7 @@ def test_parquet_directory_round_trips_spans_and_events(any_db: str, tmp_path: P
     events = pl.read_parquet(out / "events.parquet")
     log_cols = ["seq", "ts_ns", "kind", "fqn", "module_type", "phase", "call_id", "step", "rank", "thread_id",
                 "device", "stream", "status", "graph_task", "tie", "wall_ns"]
-    expected_events = sql(any_db, f"SELECT {', '.join(log_cols)} FROM event_log WHERE run_id = 1 ORDER BY rank, seq")
+    expected_events = db_rows(any_db, f"SELECT {', '.join(log_cols)} FROM event_log WHERE run_id = 1 ORDER BY rank, seq")
     assert events.select(log_cols).rows() == expected_events
     assert set(events["kind"].unique()) == {"enter", "exit"}
 
@@ -293,8 +294,8 @@ def test_parquet_directory_round_trips_spans_and_events(any_db: str, tmp_path: P
 
 def test_one_table_to_a_file_a_directory_or_stdout(db_path: Path, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     record_toy(str(db_path), "toy", steps=2)
-    n_spans = sql(str(db_path), "SELECT COUNT(*) FROM spans")[0][0]
-    n_events = sql(str(db_path), "SELECT COUNT(*) FROM events")[0][0]
+    n_spans = db_rows(str(db_path), "SELECT COUNT(*) FROM spans")[0][0]
+    n_events = db_rows(str(db_path), "SELECT COUNT(*) FROM events")[0][0]
 
     one = tmp_path / "s.csv"
     assert run_cli("export", "toy", "--format", "csv", "--what", "spans", "-o", str(one)).code == 0
@@ -383,7 +384,7 @@ def test_progress_bar_goes_to_a_terminal_stderr_and_never_into_the_output(  # ty
     db_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli
 ) -> None:
     record_toy(str(db_path), "toy", steps=2)
-    n = sql(str(db_path), "SELECT COUNT(*) FROM spans")[0][0]
+    n = db_rows(str(db_path), "SELECT COUNT(*) FROM spans")[0][0]
     env = {**os.environ, "MODTRACE_DB": str(db_path), "MODTRACE_PROGRESS_MIN_ROWS": "1", "COLUMNS": "100"}
     code, out, err = _run_with_tty_stderr(["export", "toy", "-o", "-"], env)
     assert code == 0, err

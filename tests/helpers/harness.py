@@ -4,7 +4,6 @@ calls, and small real filesystems to fill up or make read-only."""
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,15 +47,6 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    """``sql``'s rows from the SQLite file ``db`` (a plain sqlite3 connection, closed after)."""
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
 
 
 def update_rank_progress(store: Store, run_id: int, rank: int, event_count: int, step_count: int) -> None:

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 import modtrace
+from tests.helpers.database import db_rows
+from tests.helpers.training import record_training
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,26 +49,11 @@ def record_tiny(db: str, run: str, *, steps: int = 2, slow_block: int | None = N
 def record_toy(db: str, run: str, *, steps: int = 8, slow_ns: int = 0, **recorder: Any) -> None:
     """The toy model for ``steps`` steps on an injected clock; ``slow_ns`` slows Toy.body.2 per call."""
     clock = StepClock()
-    torch.manual_seed(0)
-    model = Toy(clock, slow_ns)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with modtrace.Recorder(db=db, run=run, clock=clock, **recorder) as _rec:
-        for _ in range(steps):
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-    _rec.wait_analyzed()  # the writer process analyses the run after the with
+    record_training(db, run, steps, model=lambda: Toy(clock, slow_ns), clock=clock, **recorder)
 
 
-def sql(db: str, query: str) -> list[tuple[Any, ...]]:
-    from modtrace.store.engine import open_store
-
-    store = open_store(db)
-    try:
-        with store.engine.connect() as conn:
-            return [tuple(r) for r in conn.exec_driver_sql(query).all()]
-    finally:
-        store.dispose()
+# The one reader of rows (tests/helpers/database.py) by the name tests/renderers/test_report.py uses.
+sql = db_rows
 
 
 def train_tiny() -> ModuleType:

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
+from tests.helpers.database import db_rows
 from tests.helpers.postgres import PG_URL, fresh_schema, unavailable
 
 TARGET = textwrap.dedent(
@@ -180,31 +180,21 @@ def get(procs: dict[str, Proc], key: str) -> Proc:
     return procs[key]
 
 
-def rows(db: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
-    url = db if "://" in db else f"sqlite:///{db}"
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(sa.text(sql), params)]
-    finally:
-        engine.dispose()
-
-
 def run_facts(db: str, run: str) -> dict[str, Any]:
     """What the database holds for one run, counted independently of modtrace's code."""
-    ((run_id, status, error),) = rows(db, "SELECT id, status, error FROM runs WHERE name = :n", n=run)
-    ((counted, rank_status),) = rows(db, "SELECT event_count, status FROM run_ranks WHERE run_id = :r", r=run_id)
-    ((n, lo, hi),) = rows(db, "SELECT count(*), min(seq), max(seq) FROM events WHERE run_id = :r", r=run_id)
-    by_kind = dict(rows(
+    ((run_id, status, error),) = db_rows(db, "SELECT id, status, error FROM runs WHERE name = :n", n=run)
+    ((counted, rank_status),) = db_rows(db, "SELECT event_count, status FROM run_ranks WHERE run_id = :r", r=run_id)
+    ((n, lo, hi),) = db_rows(db, "SELECT count(*), min(seq), max(seq) FROM events WHERE run_id = :r", r=run_id)
+    by_kind = dict(db_rows(
         db, "SELECT kind || ' ' || phase, count(*) FROM event_log WHERE run_id = :r GROUP BY kind, phase", r=run_id))
-    unpaired = rows(
+    unpaired = db_rows(
         db,
         "SELECT call_id, phase, sum(CASE WHEN kind = 0 THEN 1 ELSE 0 END), sum(CASE WHEN kind = 1 THEN 1 ELSE 0 END) "
         "FROM events WHERE run_id = :r GROUP BY call_id, phase "
         "HAVING sum(CASE WHEN kind = 0 THEN 1 ELSE 0 END) <> 1 OR sum(CASE WHEN kind = 1 THEN 1 ELSE 0 END) <> 1",
         r=run_id,
     )
-    errors = rows(db, "SELECT fqn FROM event_log WHERE run_id = :r AND status = 'error' ORDER BY seq", r=run_id)
+    errors = db_rows(db, "SELECT fqn FROM event_log WHERE run_id = :r AND status = 'error' ORDER BY seq", r=run_id)
     return {
         "id": run_id, "status": status, "error": error, "rank_status": rank_status, "event_count": counted,
         "rows": n, "dense": n == 0 or (lo == 0 and hi == n - 1), "by_kind": by_kind,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import modtrace
-from tests.helpers.harness import rows
+from tests.helpers.database import db_rows
 from tests.helpers.models import tiny_model_and_opt, train_step
 
 
@@ -24,7 +24,7 @@ def test_the_analysis_is_done_after_the_context_by_the_writer_process_and_show_t
     assert rec.status == "completed" and writer is not None
     assert rec.wait_analyzed(timeout=60)
     assert rec.analysis_stored is True
-    assert rows(db_path, "SELECT count(*) FROM span_rows")[0][0] > 0
+    assert db_rows(db_path, "SELECT count(*) FROM span_rows")[0][0] > 0
     assert any(line.split()[:2] == ["analysis", "stored"] for line in run_cli("show", "later").out.splitlines())
     with modtrace.Recorder(db=str(db_path), run="bare", analyze=False, handle_sigterm=False) as rec2:
         train_step(model, opt)
@@ -38,7 +38,7 @@ def test_the_analysis_is_done_in_process_when_the_program_writes(db_path: Path) 
     with modtrace.Recorder(db=str(db_path), run="inline", writer="thread", handle_sigterm=False) as rec:
         train_step(model, opt)
     assert rec.analysis_stored is True  # nothing to wait for
-    assert rows(db_path, "SELECT count(*) FROM span_rows")[0][0] > 0
+    assert db_rows(db_path, "SELECT count(*) FROM span_rows")[0][0] > 0
 
 
 def test_record_returns_once_the_run_is_analysed(tmp_path: Path, db_path: Path, run_cli: Any,
@@ -52,4 +52,4 @@ def test_record_returns_once_the_run_is_analysed(tmp_path: Path, db_path: Path, 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MODTRACE_WRITER", "process")
     assert run_cli("record", "-q", "--run", "r", str(script)).code == 0
-    assert rows(db_path, "SELECT count(*) FROM span_rows") == [(3 * 2 * 3,)]  # 3 modules, fwd+bwd, 3 steps
+    assert db_rows(db_path, "SELECT count(*) FROM span_rows") == [(3 * 2 * 3,)]  # 3 modules, fwd+bwd, 3 steps

@@ -19,7 +19,7 @@ import modtrace
 from modtrace.analysis.step_time import step_table
 from modtrace.core.errors import UsageError
 from modtrace.recording.schedule import StepAction
-from tests.helpers.harness import rows
+from tests.helpers.database import db_rows
 from tests.helpers.models import tiny_model_and_opt, train_step
 
 
@@ -40,16 +40,16 @@ def test_only_active_steps_are_written_whole_with_their_numbers_and_no_seq_gap(d
     # off steps: no module hook at all; warm-up and active: the tracker's two
     actions = [sched.action(s) for s in range(12)]
     assert hooks_by_step == [0 if a is StepAction.OFF else 2 for a in actions]
-    per_step = rows(db_path, "SELECT step, count(*) FROM events GROUP BY step ORDER BY step")
+    per_step = db_rows(db_path, "SELECT step, count(*) FROM events GROUP BY step ORDER BY step")
     assert [s for s, _ in per_step] == sched.recorded_steps(12) == [3, 4, 7, 8]
     assert len({n for _, n in per_step}) == 1  # every recorded step whole: same calls each
-    seqs = [r[0] for r in rows(db_path, "SELECT seq FROM events ORDER BY seq")]
+    seqs = [r[0] for r in db_rows(db_path, "SELECT seq FROM events ORDER BY seq")]
     assert seqs == list(range(len(seqs)))  # warm-up events were numbered again, not skipped
-    assert rows(db_path, "SELECT schedule FROM runs") == [(sched.text(),)]
-    assert rows(db_path, "SELECT recorded_steps, step_count, event_count FROM run_ranks") == [
+    assert db_rows(db_path, "SELECT schedule FROM runs") == [(sched.text(),)]
+    assert db_rows(db_path, "SELECT recorded_steps, step_count, event_count FROM run_ranks") == [
         ("3-4,7-8", 12, len(seqs))]
     # the analysis sees only recorded steps and finds nothing wrong with the stream
-    kinds = {r[0] for r in rows(db_path, "SELECT kind FROM nesting_issues")}
+    kinds = {r[0] for r in db_rows(db_path, "SELECT kind FROM nesting_issues")}
     assert not kinds & {"seq_gap", "no_enter", "unclosed", "crossed", "invalid_row"}
     assert rec.status == "completed"
 
@@ -62,10 +62,10 @@ def test_off_steps_keep_counting_steps_and_warmup_writes_nothing(db_path: Path) 
             train_step(model, opt)
         assert len(optimizer_hooks._global_optimizer_post_hooks) >= 1
     assert rec.step_count == 8
-    assert rows(db_path, "SELECT DISTINCT step FROM events") == [(4,)]
+    assert db_rows(db_path, "SELECT DISTINCT step FROM events") == [(4,)]
     # modules first seen in a warm-up step are named all the same
-    assert {r[0] for r in rows(db_path, "SELECT fqn FROM modules")} >= {"Sequential", "Sequential.0", "Sequential.2"}
-    assert rows(db_path, "SELECT count(*) FROM root_calls") == [(1,)]
+    assert {r[0] for r in db_rows(db_path, "SELECT fqn FROM modules")} >= {"Sequential", "Sequential.0", "Sequential.2"}
+    assert db_rows(db_path, "SELECT count(*) FROM root_calls") == [(1,)]
 
 
 def test_a_schedule_that_never_reaches_an_active_step_records_no_event(db_path: Path) -> None:
@@ -74,8 +74,8 @@ def test_a_schedule_that_never_reaches_an_active_step_records_no_event(db_path: 
         for _ in range(3):
             train_step(model, opt)
     _rec.wait_analyzed()  # the writer process analyses the run after the with
-    assert rows(db_path, "SELECT count(*) FROM events") == [(0,)]
-    assert rows(db_path, "SELECT recorded_steps, step_count FROM run_ranks") == [("", 3)]
+    assert db_rows(db_path, "SELECT count(*) FROM events") == [(0,)]
+    assert db_rows(db_path, "SELECT recorded_steps, step_count FROM run_ranks") == [("", 3)]
 
 
 def test_manual_steps_follow_the_schedule(db_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_manual_steps_follow_the_schedule(db_path: Path) -> None:
         for _ in range(6):
             model(torch.ones(1, 3))
             rec.step()
-    assert [r[0] for r in rows(db_path, "SELECT DISTINCT step FROM events ORDER BY step")] == [1, 3, 5]
+    assert [r[0] for r in db_rows(db_path, "SELECT DISTINCT step FROM events ORDER BY step")] == [1, 3, 5]
 
 
 def test_a_schedule_needs_counted_steps_not_root_calls(db_path: Path) -> None:
@@ -123,8 +123,8 @@ def test_record_cli_takes_a_schedule(tmp_path: Path, db_path: Path, run_cli: Any
     res = run_cli("record", "-q", "--run", "s", "--schedule", "skip_first=2,wait=1,warmup=1,active=2,repeat=2",
                   str(script))
     assert res.code == 0, res
-    assert [r[0] for r in rows(db_path, "SELECT DISTINCT step FROM events ORDER BY step")] == [4, 5, 8, 9]
-    assert rows(db_path, "SELECT recorded_steps FROM run_ranks") == [("4-5,8-9",)]
+    assert [r[0] for r in db_rows(db_path, "SELECT DISTINCT step FROM events ORDER BY step")] == [4, 5, 8, 9]
+    assert db_rows(db_path, "SELECT recorded_steps FROM run_ranks") == [("4-5,8-9",)]
 
 
 @pytest.mark.parametrize("text", ["active=0", "wait=2", "active=1,bogus=3", "active=-1", "active=1,active=2", "x"])

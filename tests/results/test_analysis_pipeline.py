@@ -26,8 +26,8 @@ from modtrace.store.analysis_store import write_analysis, writes_beside_reads
 from modtrace.store.engine import open_store
 from modtrace.store.reader import read_events, read_run_status
 from tests.helpers.analysis_streams import _write_misnested, _write_two_ranks
+from tests.helpers.database import db_rows
 from tests.helpers.models import Net
-from tests.helpers.recording import db_rows
 
 
 def _write_real(db: str) -> int:

@@ -13,15 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import sqlalchemy as sa
 import torch
-from sqlalchemy.pool import NullPool
 from torch import nn
 
 import modtrace
 from modtrace.analysis.step_time import STEP_COLUMNS, step_table
 from modtrace.results.materialize import materialize
 from modtrace.store.engine import open_store
+from tests.helpers.database import db_rows
 
 FROZEN = Path(__file__).resolve().parents[1] / "data" / "frozen"
 
@@ -41,29 +40,20 @@ def _serve(db: str, run: str, requests: int) -> None:
             list(pool.map(serve, [torch.randn(1, 8) for _ in range(requests)]))
 
 
-def _rows(db: str, sql: str) -> list[tuple[Any, ...]]:
-    engine = sa.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            return [tuple(r) for r in conn.exec_driver_sql(sql)]
-    finally:
-        engine.dispose()
-
-
 def _assert_views_equal_polars(db: str, run: str) -> None:
     from modtrace.api._cli import restep
 
     with modtrace.open(db) as database:
         frame = restep(database, run, database.spans(run), None).frame
     py = step_table(frame)
-    (run_id,) = _rows(db, f"SELECT id FROM runs WHERE name = '{run}'")[0]
+    (run_id,) = db_rows(db, f"SELECT id FROM runs WHERE name = '{run}'")[0]
     cols = ", ".join(STEP_COLUMNS)
-    sql = pl.DataFrame(_rows(db, f"SELECT {cols} FROM steps WHERE run_id = {run_id} ORDER BY rank, step"),
+    sql = pl.DataFrame(db_rows(db, f"SELECT {cols} FROM steps WHERE run_id = {run_id} ORDER BY rank, step"),
                        schema=py.schema, orient="row")
     assert sql.height > 0 and sql.equals(py), (sql, py)
     spans = frame.select(pl.col("rank").cast(pl.Int64), pl.col("span_id"), pl.col("step").cast(pl.Int64)).sort(
         "rank", "span_id")
-    view = pl.DataFrame(_rows(db, f"SELECT rank, span_id, step FROM span_steps WHERE run_id = {run_id}"),
+    view = pl.DataFrame(db_rows(db, f"SELECT rank, span_id, step FROM span_steps WHERE run_id = {run_id}"),
                         schema=spans.schema, orient="row").sort("rank", "span_id")
     assert view.equals(spans)
 
@@ -78,7 +68,7 @@ def test_steps_read_back_from_the_store_equal_the_polars_step_table(any_db: str)
     finally:
         store.dispose()
     _assert_views_equal_polars(any_db, "serve")
-    assert {r[0] for r in _rows(any_db, "SELECT step_rule FROM steps")} == {"root"}
+    assert {r[0] for r in db_rows(any_db, "SELECT step_rule FROM steps")} == {"root"}
 
 
 def test_the_step_views_read_one_run_by_key(db_path: Path, run_cli: Any) -> None:
@@ -103,7 +93,7 @@ def test_steps_are_replaced_with_the_spans_and_deleted_with_the_run(any_db: str,
         for run in ("serve", "other"):
             assert run_cli("analyze", run, "--db", any_db).code == 0
     count = "SELECT (SELECT count(*) FROM step_rows WHERE run_id = {0}), (SELECT count(*) FROM step_starts WHERE run_id = {0})"
-    assert _rows(any_db, count.format(1)) == [(3, 3)]  # each request a step, each step a start on its thread
+    assert db_rows(any_db, count.format(1)) == [(3, 3)]  # each request a step, each step a start on its thread
     _assert_views_equal_polars(any_db, "serve")
     store = open_store(any_db)  # modtrace's connections keep SQLite's foreign keys on
     try:
@@ -111,25 +101,25 @@ def test_steps_are_replaced_with_the_spans_and_deleted_with_the_run(any_db: str,
             conn.exec_driver_sql("DELETE FROM runs WHERE id = 1")
     finally:
         store.dispose()
-    assert _rows(any_db, count.format(1)) == [(0, 0)]
-    assert _rows(any_db, count.format(2)) == [(2, 2)]
+    assert db_rows(any_db, count.format(1)) == [(0, 0)]
+    assert db_rows(any_db, count.format(2)) == [(2, 2)]
 
 
 def test_a_database_upgraded_from_0013_has_the_steps_its_views_computed(tmp_path: Path, run_cli: Any) -> None:
     db = tmp_path / "0013.db"
     shutil.copyfile(FROZEN / "0013.db", db)
-    before = _rows(str(db), "SELECT * FROM steps ORDER BY run_id, rank, step")
-    spans_before = _rows(str(db), "SELECT run_id, rank, span_id, step FROM span_steps ORDER BY run_id, rank, span_id")
+    before = db_rows(str(db), "SELECT * FROM steps ORDER BY run_id, rank, step")
+    spans_before = db_rows(str(db), "SELECT run_id, rank, span_id, step FROM span_steps ORDER BY run_id, rank, span_id")
     assert run_cli("db", "upgrade", "--db", str(db)).code == 0
-    assert before and _rows(str(db), "SELECT * FROM steps ORDER BY run_id, rank, step") == before
-    assert _rows(str(db), "SELECT run_id, rank, span_id, step FROM span_steps ORDER BY run_id, rank, span_id") == spans_before
+    assert before and db_rows(str(db), "SELECT * FROM steps ORDER BY run_id, rank, step") == before
+    assert db_rows(str(db), "SELECT run_id, rank, span_id, step FROM span_steps ORDER BY run_id, rank, span_id") == spans_before
     _assert_views_equal_polars(str(db), "frozen-ddp")
 
 
 def test_postgres_plans_a_fresh_analysis_from_statistics(pg_url: str, run_cli: Any) -> None:
     _serve(pg_url, "serve", requests=2)
     assert run_cli("analyze", "serve", "--db", pg_url).code == 0
-    analysed = dict(_rows(pg_url, "SELECT relname, last_analyze IS NOT NULL FROM pg_stat_user_tables "
-                                  "WHERE relname IN ('span_rows', 'modules', 'step_rows', 'step_starts') "
-                                  "AND schemaname = current_schema()"))
+    analysed = dict(db_rows(pg_url, "SELECT relname, last_analyze IS NOT NULL FROM pg_stat_user_tables "
+                                    "WHERE relname IN ('span_rows', 'modules', 'step_rows', 'step_starts') "
+                                    "AND schemaname = current_schema()"))
     assert analysed == {"span_rows": True, "modules": True, "step_rows": True, "step_starts": True}

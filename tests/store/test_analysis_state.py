@@ -27,8 +27,8 @@ import pytest
 import sqlalchemy as sa
 
 import modtrace
+from tests.helpers.database import db_rows
 from tests.helpers.models import tiny_model_and_opt, train_step
-from tests.helpers.recording import db_rows
 
 # Three steps of Sequential(Linear, ReLU, Linear); waits on stdin when asked, its events flushed.
 TARGET = textwrap.dedent(

@@ -24,8 +24,8 @@ from tests.helpers.analysis_streams import (
     devices,
     model,
 )
+from tests.helpers.database import db_rows
 from tests.helpers.models import Net
-from tests.helpers.recording import db_rows
 
 
 def test_events_read_back_in_chunks_with_exact_dtypes(any_db: str) -> None:

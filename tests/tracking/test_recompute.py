@@ -17,7 +17,8 @@ from torch.utils.checkpoint import checkpoint
 
 import modtrace
 from modtrace.tracking.recompute import TESTED_TORCH, backward_codes
-from tests.helpers.clients import check_rows, query
+from tests.helpers.clients import check_rows
+from tests.helpers.database import db_rows
 
 
 class Block(nn.Module):
@@ -38,11 +39,11 @@ def test_a_recompute_of_a_forward_run_before_recording_is_an_unlinked_recompute_
         out.sum().backward()  # ... its recompute inside it: no forward call to link to
         block(x).sum().backward()  # a forward the recorder saw, for contrast
     db = str(db_path)
-    forward_ids = {c for (c,) in query(db, "SELECT call_id FROM spans WHERE phase = 'forward'")}
-    recomputed = query(db, "SELECT fqn, call_id FROM spans WHERE phase = 'recompute' ORDER BY span_id")
+    forward_ids = {c for (c,) in db_rows(db, "SELECT call_id FROM spans WHERE phase = 'forward'")}
+    recomputed = db_rows(db, "SELECT fqn, call_id FROM spans WHERE phase = 'recompute' ORDER BY span_id")
     assert [f for f, _ in recomputed] == ["Block", "Block.fc"]
     assert not {c for _, c in recomputed} & forward_ids  # call ids of their own ...
-    assert query(db, "SELECT fqn, status FROM event_log WHERE phase = 'recompute' AND kind = 'enter' ORDER BY seq") == [
+    assert db_rows(db, "SELECT fqn, status FROM event_log WHERE phase = 'recompute' AND kind = 'enter' ORDER BY seq") == [
         ("Block", "unlinked"), ("Block.fc", "unlinked")]  # ... and the rows say so
     check = run_cli("check", "@", "--db", db, "--format", "json")
     assert check.code == 0, check  # a warning (the record is not all linked), not an error
@@ -60,9 +61,9 @@ def test_recomputes_of_recorded_forwards_are_linked_and_clean(db_path: Path, run
         for _ in range(3):
             checkpoint(block, torch.randn(2, 4, requires_grad=True), use_reentrant=False).sum().backward()
     db = str(db_path)
-    assert query(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
-                     " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
-    assert query(db, "SELECT count(*) FROM spans WHERE phase = 'recompute'") == [(6,)]
+    assert db_rows(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
+                       " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM spans WHERE phase = 'recompute'") == [(6,)]
     check = run_cli("check", "@", "--db", db, "--format", "json")
     assert check.code == 0 and not [r for r in json.loads(check.out) if r["severity"] != "info"], check
 
@@ -152,8 +153,8 @@ def _record_steps(model: nn.Module, db: str, run: str, steps: int = 2) -> list[t
 
 def _calls(db: str) -> list[tuple[str, str]]:
     """(fqn, phase) of every recorded module call but backward, in enter order."""
-    return [(f, p) for f, p in query(db, "SELECT fqn, phase FROM event_log WHERE kind = 'enter' AND phase <> 'backward'"
-                                         " ORDER BY seq")]
+    return [(f, p) for f, p in db_rows(db, "SELECT fqn, phase FROM event_log WHERE kind = 'enter' AND phase <> 'backward'"
+                                           " ORDER BY seq")]
 
 
 @pytest.mark.parametrize("proj_in_forward", [False, True], ids=["only_in_backward", "also_in_forward"])
@@ -166,11 +167,11 @@ def test_a_module_called_by_backward_code_is_a_backward_call_of_its_own(
     assert ("Projected.proj", "backward_call") in oracle and ("Projected.hooked", "backward_call") in oracle
     assert _calls(db) == oracle
     # never linked to a forward call: call ids of their own, status ok
-    forward_ids = {c for (c,) in query(db, "SELECT call_id FROM spans WHERE phase = 'forward'")}
-    own = query(db, "SELECT fqn, call_id, status, graph_task FROM spans WHERE phase = 'backward_call' ORDER BY span_id")
+    forward_ids = {c for (c,) in db_rows(db, "SELECT call_id FROM spans WHERE phase = 'forward'")}
+    own = db_rows(db, "SELECT fqn, call_id, status, graph_task FROM spans WHERE phase = 'backward_call' ORDER BY span_id")
     assert len(own) == 4 and len({c for _, c, _, _ in own}) == 4 and not {c for _, c, _, _ in own} & forward_ids
     assert {s for _, _, s, _ in own} == {"ok"} and None not in {t for _, _, _, t in own}
-    assert query(db, "SELECT DISTINCT status FROM event_log WHERE phase = 'backward_call'") == [("ok",)]
+    assert db_rows(db, "SELECT DISTINCT status FROM event_log WHERE phase = 'backward_call'") == [("ok",)]
     rows = check_rows(run_cli, db)  # no error, no warning
     assert not [r for r in rows if r["phase"] in ("recompute", "backward_call")]
     tree = run_cli("tree", "@", "--db", db, "--format", "json")
@@ -194,10 +195,10 @@ def test_checkpoint_recomputes_stay_linked_beside_backward_calls(
     # the oracle's recomputes run to the end; a non-reentrant recompute may stop early
     assert [c for c in recorded if c[1] != "recompute"] == [c for c in oracle if c[1] != "recompute"]
     assert {c for c in recorded if c[1] == "recompute"} == {c for c in oracle if c[1] == "recompute"}
-    assert query(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
-                     " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
-    assert query(db, "SELECT count(*) FROM spans s WHERE phase = 'backward_call' AND EXISTS (SELECT 1 FROM spans f"
-                     " WHERE f.phase = 'forward' AND f.call_id = s.call_id)") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
+                       " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM spans s WHERE phase = 'backward_call' AND EXISTS (SELECT 1 FROM spans f"
+                       " WHERE f.phase = 'forward' AND f.call_id = s.call_id)") == [(0,)]
     check_rows(run_cli, db)
 
 
@@ -222,12 +223,12 @@ def test_checkpoint_wrapper_recomputes_are_linked(impl: str, db_path: Path, run_
     with modtrace.Recorder(db=db, run="wrapped"):
         for _ in range(2):
             model(torch.randn(2, 4, requires_grad=True)).sum().backward()
-    recomputed = query(db, "SELECT fqn, count(*) FROM spans WHERE phase = 'recompute' GROUP BY fqn ORDER BY fqn")
+    recomputed = db_rows(db, "SELECT fqn, count(*) FROM spans WHERE phase = 'recompute' GROUP BY fqn ORDER BY fqn")
     # the wrapper checkpoints the module it wraps: that module and its submodule run again
     assert recomputed == [("Sequential.0._checkpoint_wrapped_module", 2), ("Sequential.0._checkpoint_wrapped_module.fc", 2)]
-    assert query(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
-                     " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
-    assert query(db, "SELECT count(*) FROM events WHERE phase = 3") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
+                       " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM events WHERE phase = 3") == [(0,)]
     check_rows(run_cli, db)
 
 
