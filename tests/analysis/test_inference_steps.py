@@ -24,6 +24,7 @@ from modtrace.core.step_rules import StepRuleError, resolve_rule
 from modtrace.store.engine import open_store
 from modtrace.store.runs import resolve_run, run_details
 from modtrace.tracking.step_kind import input_kind
+from tests.helpers.training import train
 
 pytest.importorskip("transformers")
 
@@ -218,27 +219,10 @@ def test_an_eval_loop_gets_one_step_per_batch(run_cli, any_db: str) -> None:  # 
     assert [(r["steps"], r["step_on"]) for r in listed] == [(6, "auto: root")]
 
 
-def _train(model: nn.Module, steps: int, accumulate: int = 1, closure: bool = False, rec: Any = None) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        if closure:  # as Lightning runs it: forward and backward inside optimizer.step
-            def run() -> torch.Tensor:
-                opt.zero_grad()
-                loss = model(torch.randn(4, 8)).sum()
-                loss.backward()
-                return loss
-            opt.step(run)
-            continue
-        for _ in range(accumulate):
-            model(torch.randn(4, 8)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-
-
 @pytest.mark.parametrize(("accumulate", "closure"), [(2, False), (1, True)], ids=["accumulate-2", "closure"])
 def test_training_steps_stay_optimizer_steps(run_cli, db_path: Path, accumulate: int, closure: bool) -> None:  # type: ignore[no-untyped-def]
     with modtrace.Recorder(run="train") as rec:
-        _train(_net(), 3, accumulate, closure)
+        train(_net(), 3, accumulate=accumulate, closure=closure)
     rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.step_count == 3
     shown = json.loads(run_cli("show", "train", "--format", "json").out)

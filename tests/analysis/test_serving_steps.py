@@ -27,6 +27,7 @@ from torch import nn
 import modtrace
 from modtrace.analysis.step_time import STEP_COLUMNS, step_table
 from modtrace.store.engine import open_store
+from tests.helpers.training import record_training
 
 RunCli = Callable[..., Any]
 
@@ -238,19 +239,12 @@ def test_check_and_the_step_queries_count_the_steps_runs_counts(
     assert sorted({i["step"] for i in issues}) == [0, 1, 2, 3, 4]
 
 
-def _train(db: str, run: str) -> None:
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 1))
-    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-    with modtrace.Recorder(db=db, run=run, analyze=False, handle_sigterm=False):
-        for _ in range(3):
-            opt.zero_grad()
-            m(torch.randn(4, 8)).sum().backward()
-            opt.step()
+def _nested() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 1))
 
 
 def test_the_steps_view_equals_the_polars_step_table(any_db: str, analysed: Callable[[str], None]) -> None:
-    _train(any_db, "train")
+    record_training(any_db, "train", 3, model=_nested, lr=1e-3, wait=False, analyze=False, handle_sigterm=False)
     _serve(any_db, "serve", requests=6)
     _infer(any_db, "infer", 3)
     for run, rule in (("train", "optimizer"), ("serve", "root"), ("infer", "root")):

@@ -15,18 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import modtrace
 from tests.helpers.recording import FakeClock
+from tests.helpers.training import record_training
 
 
 def record_small(db: Path, run: str = "r", steps: int = 2) -> None:
-    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with modtrace.Recorder(db=str(db), run=run, clock=FakeClock()) as _rec:
-        for _ in range(steps):
-            model(torch.ones(2, 4)).sum().backward()
-            opt.step()
-    _rec.wait_analyzed()  # the writer process analyses the run after the with
+    """A Linear and a ReLU on a fixed input: the events whose seqs the corruptions below name."""
+    record_training(str(db), run, steps, model=lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU()),
+                    inputs=lambda _: torch.ones(2, 4), lr=0.1, clock=FakeClock())
 
 
 def corrupt(db: Path, *statements: str) -> None:

@@ -22,20 +22,13 @@ from modtrace.store.writer import RankWriter
 from tests.helpers.analysis_streams import ENTER, EXIT, ev, model, to_rows
 from tests.helpers.golden import GOLDEN, check_golden
 from tests.helpers.models import Block, Net
+from tests.helpers.recording import FakeClock
+from tests.helpers.training import record_training
 
 
 def record_net(db: str, run: str = "net", steps: int = 2, **kw: Any) -> None:
-    torch.manual_seed(0)
-    net = Net(blocks=2)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    clock = itertools.count(0, 10)
-    with modtrace.Recorder(db=db, run=run, clock=lambda: next(clock), **kw) as _rec:
-        for _ in range(steps):
-            net(torch.randn(3, 4)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-    _rec.wait_analyzed()  # the writer process analyses the run after the with
-
+    """The Net (a checkpointed block: recompute) on a clock of 10 ns ticks."""
+    record_training(db, run, steps, model=Net, inputs=(3, 4), lr=0.1, clock=FakeClock(10), **kw)
 
 
 def test_recording_materialises_spans_and_issues(any_db: str) -> None:

@@ -23,12 +23,15 @@ from modtrace.store.engine import open_store
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.schema import run_ranks
 from tests.helpers.device_clock import FakeDeviceClock
-from tests.helpers.device_recording import DeviceNet, train
-from tests.helpers.models import Net, train_step
+from tests.helpers.device_recording import DeviceNet, train_on_device
+from tests.helpers.models import Net
 from tests.helpers.recording import FakeClock
+from tests.helpers.training import record_training
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = "2026-01-01T00:00:00.000000Z"
+# A Net recorded: checkpoint recompute (its nesting issues), a stored analysis and tree.
+NET: dict[str, Any] = {"model": Net, "inputs": lambda _: torch.ones(2, 4), "handle_sigterm": False}
 
 
 def _device_run(db: str, run: str) -> None:
@@ -36,19 +39,7 @@ def _device_run(db: str, run: str) -> None:
     device = FakeDeviceClock()
     with modtrace.Recorder(db=db, run=run, device_clock=device, clock=FakeClock(), writer="thread",
                            tags={"branch": "main"}) as rec:
-        train(rec, DeviceNet(device, None), device, 3, 50_000)
-    rec.wait_analyzed()
-
-
-def _net_run(db: str, run: str, tags: dict[str, str], speed_probe: bool = False) -> None:
-    """Checkpoint recompute (its nesting issues), a stored analysis and tree; with
-    ``speed_probe`` its step_speeds too."""
-    torch.manual_seed(0)
-    net = Net(blocks=2)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    with modtrace.Recorder(db=db, run=run, handle_sigterm=False, tags=tags, speed_probe=speed_probe) as rec:
-        for _ in range(3):
-            train_step(net, opt)
+        train_on_device(rec, DeviceNet(device, None), device, 3, 50_000)
     rec.wait_analyzed()
 
 
@@ -79,8 +70,8 @@ def run_ids(db: str) -> dict[str, int]:
 @pytest.fixture
 def recorded(any_db: str) -> str:
     _device_run(any_db, "gpu")
-    _net_run(any_db, "ckpt", {"branch": "main", "seed": "1"}, speed_probe=True)
-    _net_run(any_db, "keep", {"branch": "dev"})
+    record_training(any_db, "ckpt", 3, **NET, tags={"branch": "main", "seed": "1"}, speed_probe=True)
+    record_training(any_db, "keep", 3, **NET, tags={"branch": "dev"})
     return any_db
 
 
@@ -203,7 +194,7 @@ def test_a_run_whose_process_is_gone_needs_no_force(recorded: str, run_cli: Any)
 
 def test_on_a_terminal_delete_asks_first(db_path: Path) -> None:
     db = str(db_path)
-    _net_run(db, "a", {})
+    record_training(db, "a", 3, **NET, tags={})
     env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
 
     def answer(text: str) -> tuple[int, str]:

@@ -3,31 +3,15 @@ the recorded steps of a scheduled run, and a query parameter that names a run bu
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
-import torch
-from torch import nn
-
 import modtrace
-
-
-def _train(db: str, run: str, steps: int, schedule: str | None = None) -> None:
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    clock = itertools.count(0, 1000)
-    with modtrace.Recorder(db=db, run=run, clock=lambda: next(clock), schedule=schedule,
-                           handle_sigterm=False) as rec:
-        for _ in range(steps):
-            net(torch.randn(3, 4)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-    rec.wait_analyzed()
+from tests.helpers.recording import FakeClock
+from tests.helpers.training import record_training
 
 
 def test_stdout_export_messages_name_what_does_work(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
-    _train(str(db_path), "toy", 1)
+    record_training(str(db_path), "toy", 1, clock=FakeClock(), handle_sigterm=False)
     parquet = run_cli("export", "toy", "--format", "parquet", "--what", "spans", "-o", "-")
     assert (parquet.code, parquet.out) == (2, "")
     # Perfetto writes to stdout, so the message must not claim only csv does.
@@ -39,7 +23,7 @@ def test_stdout_export_messages_name_what_does_work(db_path: Path, run_cli) -> N
 
 def test_unknown_run_suggests_only_close_names(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     for name in ("sched", "baseline"):
-        _train(str(db_path), name, 1)
+        record_training(str(db_path), name, 1, clock=FakeClock(), handle_sigterm=False)
     far = run_cli("tree", "nosuch")
     assert far.code == 2
     assert far.err == f"modtrace: error: no run 'nosuch' in {db_path}\n", far.err
@@ -49,7 +33,8 @@ def test_unknown_run_suggests_only_close_names(db_path: Path, run_cli) -> None: 
 
 def test_a_missing_step_names_the_recorded_steps(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     # two windows of two recorded steps, with a gap between them
-    _train(str(db_path), "sched", 8, schedule="skip_first=2,wait=1,active=2,repeat=2")
+    record_training(str(db_path), "sched", 8, clock=FakeClock(), handle_sigterm=False,
+                    schedule="skip_first=2,wait=1,active=2,repeat=2")
     with modtrace.open(str(db_path)) as database:
         recorded = sorted(r[0] for r in database.spans("sched").select("step").unique().rows())
     assert len(recorded) == 4 and recorded[1] == recorded[0] + 1 and recorded[2] > recorded[1] + 1, recorded
@@ -61,7 +46,7 @@ def test_a_missing_step_names_the_recorded_steps(db_path: Path, run_cli) -> None
 
 
 def test_a_text_parameter_that_names_a_run_is_pointed_out(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
-    _train(str(db_path), "baseline", 1)
+    record_training(str(db_path), "baseline", 1, clock=FakeClock(), handle_sigterm=False)
     sql = "SELECT COUNT(*) AS n FROM spans WHERE run_id = :rid HAVING COUNT(*) > 0"
     res = run_cli("query", sql, "-p", "rid=baseline")
     assert res.code == 0 and res.out.split() == ["n"]

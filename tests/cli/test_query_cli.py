@@ -6,7 +6,6 @@ unchanged)."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -14,28 +13,19 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-import torch
-from torch import nn
 
-import modtrace
 from modtrace.store.query import library, open_readonly
 from tests.helpers.postgres import fresh_schema
+from tests.helpers.recording import FakeClock
+from tests.helpers.training import record_training
 
 RUN = "qrun"
 
 
 def _record(db: str) -> None:
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    clock = itertools.count(0, 1000)
+    clock = FakeClock()  # one clock: the second run starts after the first
     for name in ("older", RUN):
-        with modtrace.Recorder(db=db, run=name, clock=lambda: next(clock)) as _rec:
-            for _ in range(2):
-                net(torch.randn(3, 4)).sum().backward()
-                opt.step()
-                opt.zero_grad()
-        _rec.wait_analyzed()  # the writer process analyses the run after the with
+        record_training(db, name, 2, clock=clock)
 
 
 @pytest.fixture(scope="module")

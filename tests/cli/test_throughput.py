@@ -23,7 +23,8 @@ from modtrace.core.errors import UsageError
 from modtrace.renderers import get_renderer
 from modtrace.renderers.base import Terminal
 from modtrace.renderers.tree import TreeView
-from tests.helpers.recording import db_rows
+from tests.helpers.database import db_rows
+from tests.helpers.training import train
 
 STEPS = 5
 
@@ -35,13 +36,9 @@ def _model() -> nn.Module:
 
 def _record(db: str, run: str, counters: str = "first", analyze: bool = True) -> tuple[nn.Module, torch.Tensor]:
     model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32, 64)
     with modtrace.Recorder(db=db, run=run, writer="inline", counters=counters, analyze=analyze):
-        for _ in range(STEPS):
-            model(x).sum().backward()
-            opt.step()
-            opt.zero_grad()
+        train(model, STEPS, inputs=x)
     return model, x
 
 

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 import modtrace
-from tests.helpers.recording import db_rows
+from tests.helpers.database import db_rows
 
 pytestmark = pytest.mark.slow  # real clients: transformers
 

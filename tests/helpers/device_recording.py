@@ -22,6 +22,7 @@ import modtrace
 import modtrace.api
 from tests.helpers.device_clock import FakeDeviceClock, FakeStream
 from tests.helpers.recording import FakeClock
+from tests.helpers.training import train
 
 FORWARD_NS = {"a": 30_000, "b": 50_000, "head": 20_000}  # work launched by each Kernel's forward
 BACKWARD_NS = 7_000  # and by each Kernel's backward
@@ -85,14 +86,16 @@ class DeviceNet(nn.Module):
         return self.head(x)
 
 
-def train(rec: Any, net: DeviceNet, device: FakeDeviceClock, steps: int, advance_ns: int) -> None:
-    """``steps`` steps; after each the device gets ``advance_ns`` further (behind the launches
-    when that is less than a step's work)."""
-    torch.manual_seed(0)
-    for _ in range(steps):
-        net(torch.randn(2, 4)).sum().backward()
+def train_on_device(rec: Any, net: DeviceNet, device: FakeDeviceClock, steps: int, advance_ns: int) -> None:
+    """``steps`` manual steps, no optimizer; after each the device gets ``advance_ns`` further
+    (behind the launches when that is less than a step's work)."""
+
+    def end_step() -> None:
         rec.step()
         device.advance(advance_ns)
+
+    torch.manual_seed(0)
+    train(net, steps, inputs=(2, 4), lr=None, each_step=end_step)
 
 
 def _record(db: Path, run: str, device: FakeDeviceClock | None = None, *, side: FakeStream | None = None,
@@ -100,7 +103,7 @@ def _record(db: Path, run: str, device: FakeDeviceClock | None = None, *, side: 
     device = device or FakeDeviceClock()
     net = DeviceNet(device, side)
     with modtrace.Recorder(db=str(db), run=run, device_clock=device, clock=FakeClock(), **kwargs) as rec:
-        train(rec, net, device, STEPS, BEHIND)
+        train_on_device(rec, net, device, STEPS, BEHIND)
     return device
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from modtrace.core.codes import Kind, Phase, Status
 from modtrace.core.contracts import MODULE_FRAME
-from modtrace.store.engine import open_store
 from modtrace.tracking.tracker import Tracker
 
 
@@ -146,15 +145,3 @@ def spans(events: list[Ev], phase: str) -> list[tuple[str, int]]:
         else:
             depth[group] = depth.get(group, 0) - 1
     return out
-
-
-def db_rows(db: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
-    """``sql``'s rows (bound ``params``) from the database ``db`` names: a SQLite path or a URL."""
-    from sqlalchemy import text
-
-    store = open_store(db)
-    try:
-        with store.engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(text(sql), params)]
-    finally:
-        store.dispose()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from torch import nn
 import modtrace
 import modtrace.api
 from modtrace.api import _cli
+from tests.helpers.database import db_rows
 from tests.helpers.device_clock import FakeDeviceClock, FakeEvent, FakeStream
 from tests.helpers.device_recording import (
     ALLOC,
@@ -35,14 +35,9 @@ from tests.helpers.device_recording import (
     STEPS,
     DeviceNet,
     _record,
-    train,
+    train_on_device,
 )
 from tests.helpers.recording import FakeClock
-
-
-def _rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql, args).fetchall()
 
 
 def _spans(db: Path, run: str) -> pl.DataFrame:
@@ -69,7 +64,7 @@ def _by(spans: pl.DataFrame, phase: str, column: str) -> dict[str, set[int]]:
 def test_every_event_gets_its_device_time_and_spans_the_work_launched_inside(db_path: Path, writer: str) -> None:
     device = _record(db_path, "gpu", writer=writer)
 
-    events = _rows(db_path, "SELECT seq, ts_ns, device_ts_ns, mem_bytes, stream FROM event_log ORDER BY seq")
+    events = db_rows(db_path, "SELECT seq, ts_ns, device_ts_ns, mem_bytes, stream FROM event_log ORDER BY seq")
     assert events and all(ts is not None and mem is not None for _, _, ts, mem, _ in events)
     assert {stream for *_, stream in events} == {device.stream(0).handle}
     device_ts = [ts for _, _, ts, _, _ in events]
@@ -109,13 +104,13 @@ def test_events_pending_at_a_step_resolve_later_and_nothing_waits_until_the_end(
             rec.step()
             device.advance(BEHIND)
             rec.flush()
-            seen.append(_rows(db_path, "SELECT count(*) FROM device_events")[0][0])
+            seen.append(db_rows(db_path, "SELECT count(*) FROM device_events")[0][0])
         total = rec.events_recorded
         assert device.waits == 0  # polls only asked: the program never waited for the device
     assert device.waits == 1  # the end: one wait, for the last event of the one stream
     # Some were resolved between steps, more later, and every one at the end, each once.
     assert 0 < seen[0] < seen[-1] < total
-    assert _rows(db_path, "SELECT count(*), count(DISTINCT seq), count(device_ts_ns) FROM device_events")[0] == (
+    assert db_rows(db_path, "SELECT count(*), count(DISTINCT seq), count(device_ts_ns) FROM device_events")[0] == (
         total, total, total)
     # resolved events went back to the pool and were recorded again: fewer events than marks
     assert len(device.events) < total and max(ev.records for ev in device.events) > 1
@@ -124,8 +119,8 @@ def test_events_pending_at_a_step_resolve_later_and_nothing_waits_until_the_end(
 def test_device_time_off_records_no_device_event(db_path: Path) -> None:
     device = _record(db_path, "off", device_time=False)
     assert device.events == [] and device.memory_reads == 0
-    assert _rows(db_path, "SELECT count(*) FROM device_events")[0][0] == 0
-    assert _rows(db_path, "SELECT count(*), count(device_ts_ns), count(stream) FROM event_log")[0][1:] == (0, 0)
+    assert db_rows(db_path, "SELECT count(*) FROM device_events")[0][0] == 0
+    assert db_rows(db_path, "SELECT count(*), count(device_ts_ns), count(stream) FROM event_log")[0][1:] == (0, 0)
     assert "device_start_ns" not in _spans(db_path, "off").columns
 
 
@@ -141,16 +136,16 @@ def test_a_device_failing_at_the_end_loses_only_the_pending_device_times(db_path
         warnings.simplefilter("always")
         _record(db_path, "dead", _DeadAtTheEnd(), writer="thread")
     assert any("device times of" in str(w.message) and "illegal memory access" in str(w.message) for w in caught)
-    assert _rows(db_path, "SELECT status FROM runs")[0][0] == "completed"
-    n, timed = _rows(db_path, "SELECT count(*), count(device_ts_ns) FROM event_log")[0]
+    assert db_rows(db_path, "SELECT status FROM runs")[0][0] == "completed"
+    n, timed = db_rows(db_path, "SELECT count(*), count(device_ts_ns) FROM event_log")[0]
     assert 0 < timed < n  # what resolved between steps is kept; every host row is there
 
 
 def test_a_module_on_a_side_stream_carries_that_streams_handle_and_times(db_path: Path) -> None:
     side = FakeStream(0, 0x9000)
     device = _record(db_path, "side", side=side, writer="thread")
-    rows = _rows(db_path, "SELECT fqn, phase, stream, count(*), count(device_ts_ns) FROM event_log "
-                          "GROUP BY fqn, phase, stream")
+    rows = db_rows(db_path, "SELECT fqn, phase, stream, count(*), count(device_ts_ns) FROM event_log "
+                            "GROUP BY fqn, phase, stream")
     streams = {(fqn, phase): stream for fqn, phase, stream, _, _ in rows}
     assert streams[("DeviceNet.b.fc", "forward")] == side.handle  # launched inside b, on the side stream
     assert streams[("DeviceNet.a", "forward")] == streams[("DeviceNet.b", "forward")] == device.stream(0).handle
@@ -168,9 +163,9 @@ def test_the_stored_analysis_keeps_the_device_columns_and_a_cpu_run_stores_none(
     cpu = nn.Linear(4, 4)
     with modtrace.Recorder(db=str(db_path), run="cpu", clock=FakeClock()):
         cpu(torch.randn(1, 4))
-    stored = _rows(db_path, "SELECT r.name, count(*) FROM span_device_rows d JOIN runs r ON r.id = d.run_id "
-                            "GROUP BY r.name")
-    assert stored == [("gpu", _rows(db_path, "SELECT count(*) FROM spans WHERE run_id = 1")[0][0])]
+    stored = db_rows(db_path, "SELECT r.name, count(*) FROM span_device_rows d JOIN runs r ON r.id = d.run_id "
+                              "GROUP BY r.name")
+    assert stored == [("gpu", db_rows(db_path, "SELECT count(*) FROM spans WHERE run_id = 1")[0][0])]
     from modtrace.results.materialize import compute
     from modtrace.store.engine import open_store
 
@@ -183,18 +178,18 @@ def test_the_stored_analysis_keeps_the_device_columns_and_a_cpu_run_stores_none(
                "mem_delta_bytes", "mem_max_bytes"]
     assert _spans(db_path, "gpu").select(columns).equals(computed.select(columns).sort("span_id"))
     # the spans view joins them
-    view = _rows(db_path, "SELECT sum(device_duration_ns), sum(mem_delta_bytes) FROM spans WHERE run_id = 1")[0]
+    view = db_rows(db_path, "SELECT sum(device_duration_ns), sum(mem_delta_bytes) FROM spans WHERE run_id = 1")[0]
     assert view == tuple(int(computed[c].sum()) for c in ("device_duration_ns", "mem_delta_bytes"))
     # analysed in many small rounds (as a long run is), it stores the same device rows
     from modtrace.results.materialize import materialize
 
-    before = _rows(db_path, "SELECT * FROM span_device_rows ORDER BY run_id, rank, span_id")
+    before = db_rows(db_path, "SELECT * FROM span_device_rows ORDER BY run_id, rank, span_id")
     store = open_store(str(db_path))
     try:
         materialize(store, 1, round_rows=7, chunk_rows=7)
     finally:
         store.dispose()
-    assert _rows(db_path, "SELECT * FROM span_device_rows ORDER BY run_id, rank, span_id") == before
+    assert db_rows(db_path, "SELECT * FROM span_device_rows ORDER BY run_id, rank, span_id") == before
 
 
 # -- tree, diff, report, export and their --clock ---------------------------------------
@@ -302,7 +297,7 @@ def test_record_no_device_time_option(tmp_path: Path, run_cli: Any) -> None:
     db = tmp_path / "r.db"
     got = run_cli("record", "--db", str(db), "--run", "nodev", "-q", "--no-device-time", str(script))
     assert got.code == 0, got
-    assert _rows(db, "SELECT name, status FROM runs") == [("nodev", "completed")]
+    assert db_rows(db, "SELECT name, status FROM runs") == [("nodev", "completed")]
     assert "--no-device-time" in run_cli("record", "--help").out
 
 
@@ -322,7 +317,7 @@ def test_on_cuda_spans_get_device_times_and_memory(db_path: Path) -> None:
             net(torch.randn(256, 1024, device=dev)).sum().backward()
             rec.step()
         torch.cuda.synchronize()
-    n, timed, mem = _rows(db_path, "SELECT count(*), count(device_ts_ns), count(mem_bytes) FROM event_log")[0]
+    n, timed, mem = db_rows(db_path, "SELECT count(*), count(device_ts_ns), count(mem_bytes) FROM event_log")[0]
     assert n == timed == mem > 0
     spans = _spans(db_path, "cuda")
     linear = spans.filter((pl.col("fqn") == "Sequential.0") & (pl.col("phase") == "forward"))
@@ -346,7 +341,7 @@ def _record_url(db: str, run: str) -> None:
     device = FakeDeviceClock()
     net = DeviceNet(device)
     with modtrace.Recorder(db=db, run=run, device_clock=device, clock=FakeClock(), writer="thread") as rec:
-        train(rec, net, device, STEPS, BEHIND)
+        train_on_device(rec, net, device, STEPS, BEHIND)
 
 
 def test_a_schedule_keeps_device_times_to_the_recorded_steps(db_path: Path) -> None:
@@ -356,12 +351,12 @@ def test_a_schedule_keeps_device_times_to_the_recorded_steps(db_path: Path) -> N
     net = DeviceNet(device)
     with modtrace.Recorder(db=str(db_path), run="sched", device_clock=device, clock=FakeClock(), writer="thread",
                            schedule="wait=1,warmup=1,active=2") as rec:
-        train(rec, net, device, 6, BEHIND)
-    events = _rows(db_path, "SELECT seq, step, device_ts_ns FROM event_log ORDER BY seq")
+        train_on_device(rec, net, device, 6, BEHIND)
+    events = db_rows(db_path, "SELECT seq, step, device_ts_ns FROM event_log ORDER BY seq")
     assert {step for _, step, _ in events} == {2, 3}
     assert [seq for seq, _, _ in events] == list(range(len(events)))
     assert all(ts is not None for *_, ts in events)
-    assert _rows(db_path, "SELECT count(*) FROM device_events")[0][0] == len(events)
+    assert db_rows(db_path, "SELECT count(*) FROM device_events")[0][0] == len(events)
     device_ts = [ts for *_, ts in events]
     assert device_ts == sorted(device_ts)  # one stream, in order: no warm-up time mixed in
     fwd = _by(_spans(db_path, "sched"), "forward", "device_duration_ns")

@@ -22,22 +22,10 @@ from torch import nn
 
 import modtrace
 from modtrace.core.errors import UsageError
+from tests.helpers.database import db_rows
+from tests.helpers.models import mlp
 from tests.helpers.recording import FakeClock
-from tests.helpers.recording import db_rows as rows
-
-
-def mlp() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-
-
-
-
-def train(model: nn.Module, steps: int) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        model(torch.randn(4, 8)).sum().backward()
-        opt.step()
-        opt.zero_grad()
+from tests.helpers.training import train
 
 
 def test_recorder_writes_runs_modules_and_event_log(any_db: str) -> None:
@@ -47,13 +35,13 @@ def test_recorder_writes_runs_modules_and_event_log(any_db: str) -> None:
     rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.run_name == "base" and rec.run_id > 0
     assert rec.status == "completed"
-    (run,) = rows(any_db, "SELECT name, status, world_size, tags, modtrace_version, ended_at FROM runs")
+    (run,) = db_rows(any_db, "SELECT name, status, world_size, tags, modtrace_version, ended_at FROM runs")
     assert run[:3] == ("base", "completed", 1)
     assert json.loads(str(run[3])) == {"lr": "0.01"}
     assert run[4] == modtrace.__version__ and run[5] is not None
-    mods = rows(any_db, "SELECT fqn, module_type, parent_module_id FROM modules WHERE run_id = :r ORDER BY module_id", r=rec.run_id)
+    mods = db_rows(any_db, "SELECT fqn, module_type, parent_module_id FROM modules WHERE run_id = :r ORDER BY module_id", r=rec.run_id)
     assert mods == [("Sequential", "Sequential", None), ("Sequential.0", "Linear", 0), ("Sequential.1", "ReLU", 0), ("Sequential.2", "Linear", 0)]
-    ev = rows(any_db, "SELECT seq, kind, fqn, phase, step, rank, device, stream, status, ts_ns FROM event_log WHERE run_id = :r ORDER BY seq", r=rec.run_id)
+    ev = db_rows(any_db, "SELECT seq, kind, fqn, phase, step, rank, device, stream, status, ts_ns FROM event_log WHERE run_id = :r ORDER BY seq", r=rec.run_id)
     assert len(ev) == 3 * 16 == rec.events_recorded
     assert [e[0] for e in ev] == list(range(len(ev)))
     assert [e[4] for e in ev] == [0] * 16 + [1] * 16 + [2] * 16  # the optimizer step advances the step
@@ -61,7 +49,7 @@ def test_recorder_writes_runs_modules_and_event_log(any_db: str) -> None:
     assert {e[3] for e in ev} == {"forward", "backward"}
     ts = [int(e[9]) for e in ev]
     assert ts == sorted(ts) and len(set(ts)) == len(ts)  # the injected clock ticks once per read
-    assert rows(any_db, "SELECT event_count, step_count, status FROM run_ranks") == [(48, 3, "completed")]
+    assert db_rows(any_db, "SELECT event_count, step_count, status FROM run_ranks") == [(48, 3, "completed")]
 
 
 def test_manual_steps_and_rank_from_environment(db_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,7 +63,7 @@ def test_manual_steps_and_rank_from_environment(db_path: object, monkeypatch: py
             rec.step()
     rec.wait_analyzed()  # the writer process analyses the run after the with
     assert rec.rank == 3
-    assert rows(str(db_path), "SELECT DISTINCT step, rank FROM event_log ORDER BY step") == [(0, 3), (1, 3)]
+    assert db_rows(str(db_path), "SELECT DISTINCT step, rank FROM event_log ORDER BY step") == [(0, 3), (1, 3)]
 
 
 def test_run_names_are_unique(db_path: object) -> None:
@@ -86,7 +74,7 @@ def test_run_names_are_unique(db_path: object) -> None:
         with modtrace.Recorder(run="same") as _rec:
             pass
         _rec.wait_analyzed()  # the writer process analyses the run after the with
-    assert rows(str(db_path), "SELECT name, status FROM runs") == [("same", "completed")]
+    assert db_rows(str(db_path), "SELECT name, status FROM runs") == [("same", "completed")]
 
 
 def test_exception_marks_failed_and_keeps_events(db_path: object) -> None:
@@ -96,8 +84,8 @@ def test_exception_marks_failed_and_keeps_events(db_path: object) -> None:
             train(model, 2)
             raise ZeroDivisionError("division by zero")
         _rec.wait_analyzed()  # the writer process analyses the run after the with
-    assert rows(str(db_path), "SELECT status, error FROM runs") == [("failed", "ZeroDivisionError: division by zero")]
-    assert rows(str(db_path), "SELECT COUNT(*) FROM event_log") == [(32,)]
+    assert db_rows(str(db_path), "SELECT status, error FROM runs") == [("failed", "ZeroDivisionError: division by zero")]
+    assert db_rows(str(db_path), "SELECT COUNT(*) FROM event_log") == [(32,)]
 
 
 def test_keyboard_interrupt_inside_a_forward_marks_interrupted_and_closes_the_open_calls(db_path: object) -> None:
@@ -110,8 +98,8 @@ def test_keyboard_interrupt_inside_a_forward_marks_interrupted_and_closes_the_op
         with modtrace.Recorder(run="ctrl-c") as _rec:
             model(torch.randn(1, 8))
         _rec.wait_analyzed()  # the writer process analyses the run after the with
-    assert rows(str(db_path), "SELECT status FROM runs") == [("interrupted",)]
-    ev = rows(str(db_path), "SELECT kind, fqn, status FROM event_log ORDER BY seq")
+    assert db_rows(str(db_path), "SELECT status FROM runs") == [("interrupted",)]
+    ev = db_rows(str(db_path), "SELECT kind, fqn, status FROM event_log ORDER BY seq")
     # KeyboardInterrupt skips torch's always_call hooks; the recorder closes what was open
     assert ev[-2:] == [("exit", "Sequential.1", "error"), ("exit", "Sequential", "error")]
 
@@ -130,7 +118,7 @@ def test_leaving_the_context_removes_every_hook_and_later_backward_records_nothi
     assert before == after
     out.backward()
     train(model, 1)
-    assert rows(str(db_path), "SELECT COUNT(*), MAX(phase) FROM event_log") == [(8, "forward")]
+    assert db_rows(str(db_path), "SELECT COUNT(*), MAX(phase) FROM event_log") == [(8, "forward")]
 
 
 def test_long_recording_keeps_memory_flat(db_path: object) -> None:
@@ -162,7 +150,7 @@ def test_long_recording_keeps_memory_flat(db_path: object) -> None:
     assert rec.step_count == 1000
     # 900 steps x 16 events went to the database; what stays in memory must not grow with them
     assert grown - base < 200_000, f"memory grew by {grown - base} bytes over 900 steps"
-    assert rows(str(db_path), "SELECT COUNT(*) FROM events") == [(16_000,)]
+    assert db_rows(str(db_path), "SELECT COUNT(*) FROM events") == [(16_000,)]
 
 
 def test_unflushed_window_goes_out_in_batches(db_path: object) -> None:
@@ -173,7 +161,7 @@ def test_unflushed_window_goes_out_in_batches(db_path: object) -> None:
                 model(torch.randn(1, 8))
         written_inside = rec.flush()
         assert written_inside >= 0
-        assert rows(str(db_path), "SELECT COUNT(*) FROM events") == [(400,)]
+        assert db_rows(str(db_path), "SELECT COUNT(*) FROM events") == [(400,)]
 
 
 # -- where batches are written: a writer process, or a thread ------------------
@@ -215,10 +203,10 @@ def test_every_writer_writes_the_same_rows(any_db: str) -> None:
         else:
             assert pid is None
         # graph task ids come from torch's own counter: compare them by order of appearance
-        events = rows(any_db, EVENT_SQL, r=rec.run_id)
+        events = db_rows(any_db, EVENT_SQL, r=rec.run_id)
         tasks: dict[object, int] = {}
         recorded[writer] = [e[:11] + (None if e[11] is None else tasks.setdefault(e[11], len(tasks)),) + e[12:] for e in events]
-        assert rows(any_db, "SELECT event_count, step_count, status FROM run_ranks WHERE run_id = :r", r=rec.run_id) == [
+        assert db_rows(any_db, "SELECT event_count, step_count, status FROM run_ranks WHERE run_id = :r", r=rec.run_id) == [
             (80, 5, "completed")]
     assert len(recorded["process"]) == 80 and recorded["process"] == recorded["thread"] == recorded["inline"]
 
@@ -228,7 +216,7 @@ def test_the_inline_writer_writes_each_step_at_its_boundary(db_path: object) -> 
     with modtrace.Recorder(run="inline", writer="inline", analyze=False) as rec:
         for step in range(1, 4):
             train(model, 1)  # the optimizer step ends the step: its 16 events are written then
-            assert rows(str(db_path), "SELECT COUNT(*), MAX(step) FROM events") == [(16 * step, step - 1)]
+            assert db_rows(str(db_path), "SELECT COUNT(*), MAX(step) FROM events") == [(16 * step, step - 1)]
         assert rec.writer_pid is None
 
 
@@ -255,7 +243,7 @@ def test_a_recording_shorter_than_the_writers_start_is_written_by_the_program(db
         proc = rec._proc
         assert proc is not None
         mlp()(torch.randn(1, 8))
-    assert rec.status == "completed" and rows(str(db_path), "SELECT COUNT(*) FROM events") == [(8,)]
+    assert rec.status == "completed" and db_rows(str(db_path), "SELECT COUNT(*) FROM events") == [(8,)]
     assert proc.proc.returncode is not None  # reaped, whichever way it ended
 
 
@@ -272,7 +260,7 @@ def test_a_killed_writer_process_is_replaced_by_a_thread(db_path: object) -> Non
         assert rec.writer_pid is None
         train(model, 1)
     assert rec.status == "completed"
-    seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
+    seqs = [r[0] for r in db_rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
     assert seqs == list(range(6 * 16)) == list(range(rec.events_recorded))
 
 
@@ -291,9 +279,9 @@ def test_batches_in_flight_when_the_writer_process_dies_are_written_once(db_path
         os.kill(pid, signal.SIGKILL)
         train(model, 3)
     assert rec.status == "completed" and rec.writer_pid is None
-    seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
+    seqs = [r[0] for r in db_rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
     assert seqs == list(range(10 * 16)) == list(range(rec.events_recorded))
-    assert rows(str(db_path), "SELECT event_count, step_count FROM run_ranks") == [(160, 10)]
+    assert db_rows(str(db_path), "SELECT event_count, step_count FROM run_ranks") == [(160, 10)]
 
 
 def test_batches_committed_but_unanswered_when_the_writer_process_dies_are_not_written_again(db_path: object) -> None:
@@ -319,7 +307,7 @@ def test_batches_committed_but_unanswered_when_the_writer_process_dies_are_not_w
             pytest.fail("every step's answer was read before the flusher could be held out")
         try:
             deadline = time.monotonic() + 30
-            while rows(str(db_path), "SELECT event_count FROM run_ranks") != [(16 * steps,)]:
+            while db_rows(str(db_path), "SELECT event_count FROM run_ranks") != [(16 * steps,)]:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             # Committed, and then the answers are lost with the process (as when
@@ -334,7 +322,7 @@ def test_batches_committed_but_unanswered_when_the_writer_process_dies_are_not_w
             rec._flush_lock.release()
         train(model, 1)
     assert rec.status == "completed" and rec._flush_error is None
-    seqs = [r[0] for r in rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
+    seqs = [r[0] for r in db_rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
     assert seqs == list(range(16 * (steps + 1)))
 
 
@@ -374,7 +362,7 @@ def test_the_writer_process_ends_with_the_program(tmp_path: Path, how: str) -> N
                           timeout=120, start_new_session=True, cwd=tmp_path)
     pid, flushed, *after = (int(v) for v in proc.stdout.split())
     assert _wait_gone(pid), "the writer process outlived the program"
-    facts = rows(str(db), "SELECT r.status, k.event_count, (SELECT COUNT(*) FROM events) FROM runs r JOIN run_ranks k ON k.run_id = r.id")
+    facts = db_rows(str(db), "SELECT r.status, k.event_count, (SELECT COUNT(*) FROM events) FROM runs r JOIN run_ranks k ON k.run_id = r.id")
     if how == "kill":
         assert proc.returncode == -signal.SIGKILL
         # everything flushed before the kill is there, and the count agrees with the rows
@@ -469,8 +457,8 @@ def test_ranks_of_one_launch_share_a_run_but_never_join_a_finished_one(any_db: s
         with modtrace.Recorder(db=any_db, run="dist", rank=1, world_size=2, analyze=False) as r1:
             train(model, 1)
         assert r0.run_id == r1.run_id
-    assert rows(any_db, "SELECT status, world_size FROM runs") == [("completed", 2)]
-    assert rows(any_db, "SELECT rank, status FROM run_ranks ORDER BY rank") == [(0, "completed"), (1, "completed")]
+    assert db_rows(any_db, "SELECT status, world_size FROM runs") == [("completed", 2)]
+    assert db_rows(any_db, "SELECT rank, status FROM run_ranks ORDER BY rank") == [(0, "completed"), (1, "completed")]
     with pytest.raises(UsageError, match="already exists"):
         with modtrace.Recorder(db=any_db, run="dist", rank=1, world_size=2) as _rec:
             pass

@@ -27,9 +27,10 @@ from modtrace.store.runs import add_rank, create_run
 from modtrace.store.schema import runs
 from modtrace.store.writer import RankWriter
 from modtrace.tracking.tracker import Tracker
+from tests.helpers.database import db_rows
 from tests.helpers.models import Net
 from tests.helpers.recording import FakeClock
-from tests.helpers.recording import db_rows as _rows
+from tests.helpers.training import train
 
 # NULLs read back as NULLs, not as a value an adapter made of None (e.g. 'None').
 EVENT_SQL = ("SELECT seq, ts_ns, kind, module_id, phase, call_id, step, thread_id, device_id, device_id IS NULL,"
@@ -57,11 +58,8 @@ class WithNulls(nn.Module):
         return self.net(self.constant(4))
 
 
-def _train(model: nn.Module, rec: modtrace.Recorder, steps: int) -> None:
-    for _ in range(steps):
-        model().sum().backward()
-        model.zero_grad(set_to_none=True)
-        rec.step()
+def _loss(model: nn.Module) -> torch.Tensor:
+    return model().sum()  # WithNulls takes no input
 
 
 
@@ -73,11 +71,11 @@ def test_the_writer_process_stores_the_same_rows_and_nulls_as_this_process(any_d
         model = WithNulls()
         with modtrace.Recorder(db=any_db, run=writer, clock=FakeClock(), writer=writer, analyze=False,
                                step_on="manual") as rec:
-            _train(model, rec, 2)
+            train(model, 2, loss=_loss, lr=None, each_step=rec.step)
             rec.flush()
             assert (rec.writer_pid is not None) == (writer == "process")
-            _train(model, rec, 3)
-        events = _rows(any_db, EVENT_SQL, r=rec.run_id)
+            train(model, 3, loss=_loss, lr=None, each_step=rec.step)
+        events = db_rows(any_db, EVENT_SQL, r=rec.run_id)
         tasks: dict[object, int] = {}  # torch's own graph task ids: compared by order of appearance
         recorded[writer] = [e[:13] + (None if e[13] is None else tasks.setdefault(e[13], len(tasks)),) + e[14:]
                             for e in events]
@@ -129,13 +127,13 @@ def test_batches_waiting_for_a_stopped_writer_hold_frames_and_are_all_written(db
     # tuples kept), and once it goes on every event is written, in order, once.
     model = WithNulls()
     with modtrace.Recorder(run="stopped", writer="process", analyze=False, step_on="manual") as rec:
-        _train(model, rec, 2)
+        train(model, 2, loss=_loss, lr=None, each_step=rec.step)
         rec.flush()
         pid = rec.writer_pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         try:
-            _train(model, rec, 4)
+            train(model, 4, loss=_loss, lr=None, each_step=rec.step)
             # The flusher thread may be waiting for the stopped writer's answers (holding the
             # flush lock, everything it took sent, the last steps' events left in the buffer);
             # else it is kept out while the batches are counted.
@@ -151,9 +149,9 @@ def test_batches_waiting_for_a_stopped_writer_hold_frames_and_are_all_written(db
                     rec._flush_lock.release()
         finally:
             os.kill(pid, signal.SIGCONT)
-        _train(model, rec, 1)
+        train(model, 1, loss=_loss, lr=None, each_step=rec.step)
     assert rec.status == "completed"
-    seqs = [r[0] for r in _rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
+    seqs = [r[0] for r in db_rows(str(db_path), "SELECT seq FROM events ORDER BY seq")]
     assert seqs == list(range(rec.events_recorded))
 
 

@@ -10,22 +10,24 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import sqlalchemy as sa
 import torch
 from polars.testing import assert_frame_equal
-from sqlalchemy.pool import NullPool
 
 import modtrace
 from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS, module_tree
 from modtrace.core.contracts import TREE_NODE_FRAME
 from modtrace.results.materialize import load_spans, materialize
 from modtrace.store.engine import open_store
+from tests.helpers.database import db_rows
 from tests.helpers.device_clock import FakeDeviceClock
-from tests.helpers.device_recording import DeviceNet, train
-from tests.helpers.models import Net, train_step
+from tests.helpers.device_recording import DeviceNet, train_on_device
+from tests.helpers.models import Net
 from tests.helpers.recording import FakeClock
+from tests.helpers.training import record_training
 
 FROZEN = Path(__file__).resolve().parents[1] / "data" / "frozen"
+# What most tests here record: a Net (its block 1 checkpointed: backward recomputes it).
+NET: dict[str, Any] = {"model": Net, "inputs": lambda _: torch.ones(2, 4), "handle_sigterm": False}
 
 # Options the stored tree answers (filters on the whole tree, the run's own rule said again)...
 STORED = [
@@ -39,33 +41,9 @@ FROM_SPANS = [["--step", "1"], ["--rank", "0"], ["--step-on", "root"], ["--step-
               ["--step-kind", "-"], ["--step", "0", "--format", "json", "--phase", "forward"]]
 
 
-def _engine(db: str) -> sa.Engine:
-    return sa.create_engine(db if "://" in db else f"sqlite:///{db}", poolclass=NullPool)
-
-
-def _sql(db: str, sql: str) -> list[tuple[Any, ...]]:
-    engine = _engine(db)
-    try:
-        with engine.begin() as conn:
-            result = conn.exec_driver_sql(sql)
-            return [tuple(r) for r in result] if result.returns_rows else []
-    finally:
-        engine.dispose()
-
-
 def _nodes(db: str) -> list[tuple[Any, ...]]:
-    return _sql(db, "SELECT r.name, t.clock, count(*) FROM tree_nodes t JOIN runs r ON r.id = t.run_id "
-                    "GROUP BY r.name, t.clock ORDER BY r.name, t.clock")
-
-
-def _train(db: str, run: str, *, steps: int = 4, **kwargs: Any) -> None:
-    torch.manual_seed(0)
-    net = Net(blocks=2)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    with modtrace.Recorder(db=db, run=run, handle_sigterm=False, **kwargs) as rec:
-        for _ in range(steps):
-            train_step(net, opt)
-    rec.wait_analyzed()
+    return db_rows(db, "SELECT r.name, t.clock, count(*) FROM tree_nodes t JOIN runs r ON r.id = t.run_id "
+                       "GROUP BY r.name, t.clock ORDER BY r.name, t.clock")
 
 
 def _trees(run_cli: Any, db: str, run: str, options: list[list[str]]) -> list[tuple[int, str, str]]:
@@ -82,7 +60,7 @@ def _same_either_way(run_cli: Any, db: str, run: str, options: list[list[str]]) 
     stored = _trees(run_cli, db, run, options)
     with modtrace.open(db) as database:
         frames = [database.tree(run), database.tree(run, phase="forward", max_depth=1)]
-    _sql(db, "DELETE FROM tree_nodes")
+    db_rows(db, "DELETE FROM tree_nodes")
     spans = _trees(run_cli, db, run, options)
     for opts, a, b in zip(options, stored, spans, strict=True):
         assert a == b, opts
@@ -94,7 +72,7 @@ def _same_either_way(run_cli: Any, db: str, run: str, options: list[list[str]]) 
 
 
 def test_tree_from_the_stored_nodes_prints_what_the_spans_give(any_db: str, run_cli: Any) -> None:
-    _train(any_db, "net")
+    record_training(any_db, "net", 4, **NET)
     assert _nodes(any_db) == [("net", "host", 19)]  # the recorder stored it (one rank)
     outputs = _same_either_way(run_cli, any_db, "net", STORED + FROM_SPANS)
     # leaf names below their parent; the recompute subtree's root, under a backward call, by its full name
@@ -104,10 +82,10 @@ def test_tree_from_the_stored_nodes_prints_what_the_spans_give(any_db: str, run_
 def test_tree_reads_the_stored_nodes_when_its_options_allow_and_the_spans_otherwise(
         db_path: Path, run_cli: Any) -> None:
     db = str(db_path)
-    _train(db, "net")
+    record_training(db, "net", 4, **NET)
     before = {tuple(o): run_cli("tree", "net", "--db", db, *o).out for o in STORED + FROM_SPANS}
     # a root node's call count, changed in the stored tree only, shows where tree read from
-    _sql(db, "UPDATE tree_nodes SET calls = 4242 WHERE node = 0")
+    db_rows(db, "UPDATE tree_nodes SET calls = 4242 WHERE node = 0")
     for opts in ([], ["--max-depth", "0"], ["--step-on", "optimizer"], ["--clock", "host"]):
         assert "4242" in run_cli("tree", "net", "--db", db, *opts).out, opts
     assert '"calls": 4242' in run_cli("tree", "net", "--db", db, "--format", "json").out
@@ -122,7 +100,7 @@ def test_tree_reads_the_stored_nodes_when_its_options_allow_and_the_spans_otherw
 def test_two_ranks_store_a_tree_once_analysed_as_a_whole(db_path: Path, run_cli: Any) -> None:
     db = str(db_path)
     for rank in (0, 1):
-        _train(db, "job", rank=rank, world_size=2, join=True, steps=3 + rank)
+        record_training(db, "job", 3 + rank, **NET, rank=rank, world_size=2, join=True)
     assert _nodes(db) == []  # each rank analysed alone: no tree of the whole run
     assert run_cli("analyze", "job", "--db", db).code == 0
     assert _nodes(db) == [("job", "host", 19)]
@@ -139,14 +117,14 @@ def test_two_ranks_store_a_tree_once_analysed_as_a_whole(db_path: Path, run_cli:
 def _device_run(db: str, run: str) -> None:
     device = FakeDeviceClock()
     with modtrace.Recorder(db=db, run=run, device_clock=device, clock=FakeClock(), writer="thread") as rec:
-        train(rec, DeviceNet(device, None), device, 3, 50_000)
+        train_on_device(rec, DeviceNet(device, None), device, 3, 50_000)
 
 
 def test_a_run_with_device_times_stores_both_clocks(db_path: Path, run_cli: Any) -> None:
     db = str(db_path)
     _device_run(db, "gpu")
     assert [(c, n > 0) for _, c, n in _nodes(db)] == [("device", True), ("host", True)]
-    device, host = _sql(db, "SELECT clock, sum(inclusive_total_ns) FROM tree_nodes GROUP BY clock ORDER BY clock")
+    device, host = db_rows(db, "SELECT clock, sum(inclusive_total_ns) FROM tree_nodes GROUP BY clock ORDER BY clock")
     assert device[1] != host[1]
     options = [[], ["--clock", "device"], ["--clock", "host"], ["--phase", "backward", "--clock", "host"],
                ["--format", "json", "--phase", "forward"], ["--step", "1"]]
@@ -156,15 +134,15 @@ def test_a_run_with_device_times_stores_both_clocks(db_path: Path, run_cli: Any)
 def test_a_run_analysed_in_rounds_stores_the_same_tree(db_path: Path) -> None:
     db = str(db_path)
     _device_run(db, "gpu")
-    _train(db, "net")
-    whole = _sql(db, "SELECT * FROM tree_nodes ORDER BY run_id, clock, node")
+    record_training(db, "net", 4, **NET)
+    whole = db_rows(db, "SELECT * FROM tree_nodes ORDER BY run_id, clock, node")
     store = open_store(db)
     try:
         for run_id in (1, 2):
             materialize(store, run_id, round_rows=7, chunk_rows=7)  # its spans come back from the store
     finally:
         store.dispose()
-    assert _sql(db, "SELECT * FROM tree_nodes ORDER BY run_id, clock, node") == whole
+    assert db_rows(db, "SELECT * FROM tree_nodes ORDER BY run_id, clock, node") == whole
 
 
 def test_a_database_from_before_the_stored_tree_upgrades_and_tree_works_before_and_after_analyze(
@@ -184,7 +162,7 @@ def test_a_database_from_before_the_stored_tree_upgrades_and_tree_works_before_a
 
 
 def test_module_tree_returns_the_tree_node_frame(db_path: Path) -> None:
-    _train(str(db_path), "net")
+    record_training(str(db_path), "net", 4, **NET)
     store = open_store(str(db_path))
     try:
         nodes = module_tree(load_spans(store, 1, TREE_SPAN_COLUMNS))
@@ -206,7 +184,7 @@ def _imports(*args: str) -> set[str]:
 
 
 def test_tree_from_a_stored_tree_imports_no_polars(db_path: Path) -> None:
-    _train(str(db_path), "net")
+    record_training(str(db_path), "net", 4, **NET)
     heavy = ("polars", "torch", "alembic", "sqlalchemy.orm")
     for opts in (["--phase", "forward"], ["--format", "json", "--max-depth", "1"]):
         names = _imports("tree", "net", "--db", str(db_path), *opts)

@@ -31,8 +31,8 @@ from modtrace.results.materialize import compute
 from modtrace.store.engine import open_store
 from modtrace.store.query import library, library_query, run_query
 from modtrace.store.runs import resolve_run
+from tests.helpers.database import db_rows
 from tests.helpers.postgres import fresh_schema
-from tests.helpers.recording import db_rows
 
 STEPS = 3
 DELAY_NS = 50_000
@@ -435,13 +435,13 @@ def _device_run() -> tuple[str, pl.DataFrame]:
     import tempfile
 
     from tests.helpers.device_clock import FakeDeviceClock
-    from tests.helpers.device_recording import DeviceNet, train
+    from tests.helpers.device_recording import DeviceNet, train_on_device
 
     db = str(Path(tempfile.mkdtemp(prefix="modtrace-device-")) / "gpu.db")
     device = FakeDeviceClock()
     net = DeviceNet(device)
     with modtrace.Recorder(db=db, run="gpu", device_clock=device, clock=Clock(1000), writer="thread") as r:
-        train(r, net, device, STEPS, 10_000)
+        train_on_device(r, net, device, STEPS, 10_000)
     with modtrace.open(db) as database:
         spans = database.spans("gpu").with_columns(pl.col("fqn").cast(pl.String), pl.col("phase").cast(pl.String))
     return db, spans

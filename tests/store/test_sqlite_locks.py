@@ -34,6 +34,7 @@ import torch.nn.modules.module as module_hooks
 from torch import nn
 
 import modtrace
+from tests.helpers.training import train
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -155,14 +156,6 @@ class CallCounter:
             h.remove()
 
 
-def train(model: nn.Module, steps: int, width: int = 16) -> None:
-    opt, x = torch.optim.SGD(model.parameters(), lr=1e-3), torch.randn(4, width)
-    for _ in range(steps):
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-
 def small_model() -> nn.Module:
     return nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(10)])
 
@@ -170,7 +163,7 @@ def small_model() -> nn.Module:
 def record(db: Path, run: str, model: nn.Module, steps: int) -> tuple[modtrace.Recorder, int]:
     """Record ``steps`` steps (the writer process writes them); the forward calls torch counted."""
     with CallCounter() as counter, modtrace.Recorder(db=str(db), run=run, writer="process") as rec:
-        train(model, steps)
+        train(model, steps, inputs=torch.randn(4, 16), lr=1e-3)
     return rec, counter.calls
 
 
@@ -208,7 +201,7 @@ def test_the_issue_reproduction_reads_the_run_while_the_writer_process_analyses_
     m = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(100)])
     with CallCounter() as counter:
         with modtrace.Recorder(db=str(db), run="r") as rec:
-            train(m, 150)
+            train(m, 150, inputs=torch.randn(4, 16), lr=1e-3)
     assert rec.status == "completed"
     spans = 0
     t = time.time()

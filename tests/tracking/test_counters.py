@@ -19,7 +19,8 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 import modtrace
-from tests.helpers.recording import db_rows
+from tests.helpers.database import db_rows
+from tests.helpers.training import record_training
 
 
 def _flop_counter(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
@@ -175,22 +176,16 @@ def _counted(db: str, run: str, step_rule: str = "recorded") -> list[int]:
     return sorted(step for (step,) in db_rows(db, sql, run=run))
 
 
-def _train(db: str, run: str, counters: str) -> None:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with modtrace.Recorder(db=db, run=run, writer="inline", counters=counters):
-        for batch in (4, 4, 6, 6):  # two step kinds: batches of 4, then of 6
-            model(torch.randn(batch, 4)).sum().backward()
-            opt.step()
-            opt.zero_grad()
+def _two_kinds(step: int) -> torch.Tensor:
+    """Two step kinds: batches of 4, then of 6."""
+    return torch.randn(4 if step < 2 else 6, 8)
 
 
 def test_counters_first_counts_the_first_step_of_each_kind_every_step_all_off_none(db_path: Path) -> None:
     db = str(db_path)
-    _train(db, "first", "first")
-    _train(db, "every", "every-step")
-    _train(db, "off", "off")
+    record_training(db, "first", 4, inputs=_two_kinds, wait=False, writer="inline", counters="first")
+    record_training(db, "every", 4, inputs=_two_kinds, wait=False, writer="inline", counters="every-step")
+    record_training(db, "off", 4, inputs=_two_kinds, wait=False, writer="inline", counters="off")
     assert _counted(db, "first") == [0, 2]
     assert _counted(db, "every") == [0, 1, 2, 3]
     assert _counted(db, "off") == []

@@ -8,19 +8,18 @@ model must give a faithful record, with no false alarm.
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from tests.helpers.models import mlp
 from tests.helpers.recording import problems, record, spans
+from tests.helpers.training import train
 
 torch.manual_seed(0)
-
-
-def mlp() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
 def test_mlp_forward_and_backward_are_nested_in_order() -> None:
@@ -475,14 +474,6 @@ class SharedByTwo(nn.Module):
         return self.loss_fn(h, torch.zeros_like(h))
 
 
-def _train(model: nn.Module, make_loss: object, steps: int = 3) -> object:
-    def run() -> None:
-        for _ in range(steps):
-            make_loss().backward()  # type: ignore[operator]
-
-    return run
-
-
 @pytest.mark.parametrize("case", ["borrowed", "built_in_forward", "shared_and_lent"])
 def test_backward_nests_by_the_forward_call_tree(case: str) -> None:
     from tests.helpers.recording import analysis_moves_rows, decode, record_rows
@@ -491,17 +482,17 @@ def test_backward_nests_by_the_forward_call_tree(case: str) -> None:
     model: nn.Module
     if case == "borrowed":
         model = Borrows()
-        run = _train(model, lambda: model(x).sum())
+        run = partial(train, model, 3, loss=lambda m: m(x).sum(), lr=None)
         expected = [("Borrows", 0), ("Linear", 1), ("Borrows.inner", 1)]
     elif case == "built_in_forward":
         model = BuildsItsLoss()
         labels = torch.tensor([0, 2])
-        run = _train(model, lambda: model(x, labels))
+        run = partial(train, model, 3, loss=lambda m: m(x, labels), lr=None)
         expected = [("BuildsItsLoss", 0), ("CrossEntropyLoss", 1), ("BuildsItsLoss.body", 1),
                     ("BuildsItsLoss.body.2", 2), ("BuildsItsLoss.body.1", 2), ("BuildsItsLoss.body.0", 2)]
     else:
         model = SharedByTwo()
-        run = _train(model, lambda: model(x))
+        run = partial(train, model, 3, loss=lambda m: m(x), lr=None)
         expected = [("SharedByTwo", 0), ("MSELoss", 1), ("LayerNorm", 1), ("Linear", 1),
                     ("SharedByTwo.second", 1), ("SharedByTwo.first.lin", 2), ("SharedByTwo.second.act", 2),
                     ("SharedByTwo.first", 1), ("SharedByTwo.first.lin", 2), ("SharedByTwo.first.act", 2)]
@@ -696,23 +687,23 @@ def test_the_usual_node_path_writes_the_rows_the_general_dispatch_writes(case: s
     x = torch.randn(2, 4, requires_grad=True)
     if case == "mlp":
         model: nn.Module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        run = _train(model, lambda: model(x).sum())
+        run = partial(train, model, 3, loss=lambda m: m(x).sum(), lr=None)
     elif case == "identity":
         model = nn.Sequential(nn.Linear(4, 4), PassesThrough(), nn.ReLU(), PassesThrough())
-        run = _train(model, lambda: model(x).sum())
+        run = partial(train, model, 3, loss=lambda m: m(x).sum(), lr=None)
     elif case == "checkpoint":
         inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
-        run = _train(inner, lambda: checkpoint(inner, x, use_reentrant=False).sum())  # type: ignore[union-attr]
+        run = partial(train, inner, 3, loss=lambda m: checkpoint(m, x, use_reentrant=False).sum(), lr=None)
     elif case == "borrowed":
         model = Borrows()
-        run = _train(model, lambda: model(x).sum())
+        run = partial(train, model, 3, loss=lambda m: m(x).sum(), lr=None)
     elif case == "built_in_forward":
         model = BuildsItsLoss()
         labels = torch.tensor([0, 2])
-        run = _train(model, lambda: model(x, labels))
+        run = partial(train, model, 3, loss=lambda m: m(x, labels), lr=None)
     else:
         model = SharedByTwo()
-        run = _train(model, lambda: model(x))
+        run = partial(train, model, 3, loss=lambda m: m(x), lr=None)
     usual, general = _rows_both_ways(run)
     assert sum(1 for r in usual if r[4] == 1) >= 4  # backward rows were written
     assert usual == general
