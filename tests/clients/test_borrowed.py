@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.clients import check_rows, query
+from tests.helpers.clients import check_rows
+from tests.helpers.database import db_rows
 
 pytestmark = pytest.mark.slow  # real clients: transformers, Lightning, inductor
 
@@ -60,11 +61,11 @@ def test_borrowed_and_per_call_modules_and_an_aa_diff(tmp_path: Path, run_cli) -
     check_rows(run_cli, db, "nine")
     # one modules row per name, whatever the step count
     for run_id in (1, 2):
-        assert sorted(f for (f,) in query(db, "SELECT fqn FROM modules WHERE run_id = ?", run_id)) == [
+        assert sorted(f for (f,) in db_rows(db, "SELECT fqn FROM modules WHERE run_id = :r", r=run_id)) == [
             "Borrows", "Borrows.inner", "CrossEntropyLoss", "Linear"]
     # the borrowed and the per-call module nest in the backward of the call that used them
-    tree = query(db, "SELECT c.fqn, p.fqn FROM spans c JOIN spans p ON p.run_id = c.run_id AND p.span_id = c.parent_span_id "
-                     "WHERE c.run_id = 1 AND c.phase = 'backward' AND c.step = 0 ORDER BY c.span_id")
+    tree = db_rows(db, "SELECT c.fqn, p.fqn FROM spans c JOIN spans p ON p.run_id = c.run_id AND p.span_id = c.parent_span_id "
+                       "WHERE c.run_id = 1 AND c.phase = 'backward' AND c.step = 0 ORDER BY c.span_id")
     assert sorted(tree) == [("Borrows.inner", "Borrows"), ("CrossEntropyLoss", "Borrows"), ("Linear", "Borrows")]
     diff = run_cli("diff", "--db", db, "five", "nine", "--format", "json", "--fail-on", "structure")
     assert diff.code == 0, diff.err

@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 import modtrace
-from tests.helpers.clients import check_rows, query
+from tests.helpers.clients import check_rows
+from tests.helpers.database import db_rows
 from tests.helpers.report import embedded
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.slow  # real clients: transformers, Lightning, inductor
 
@@ -45,30 +47,22 @@ class Net(nn.Module):
         return self.head(x)
 
 
-def train(model: nn.Module, steps: int = 3) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(steps):
-        opt.zero_grad()
-        model(torch.randn(2, 4)).sum().backward()
-        opt.step()
-
-
 def test_regional_compilation_keeps_names_and_nesting(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = Net()
     eager_names = {f"Net{n and '.' + n}" for n, _ in model.named_modules()}
     model.blocks[1] = torch.compile(model.blocks[1], backend="eager")  # type: ignore[assignment]
     with modtrace.Recorder(db=str(db_path), run="regional") as _rec:
-        train(model)
+        train(model, 3, inputs=(2, 4), lr=0.1)
     _rec.wait_analyzed()  # the writer process analyses the run after the with
-    names = {f for (f,) in query(str(db_path), "SELECT DISTINCT fqn FROM spans")}
+    names = {f for (f,) in db_rows(str(db_path), "SELECT DISTINCT fqn FROM spans")}
     # the compiled block is recorded under its own name (no OptimizedModule, no _orig_mod); its insides run compiled
     assert names == eager_names - {"Net.blocks", "Net.blocks.1.fc1", "Net.blocks.1.fc2"}  # a ModuleList is never called
-    assert query(str(db_path), "SELECT phase, count(*) FROM spans WHERE fqn = 'Net.blocks.1' GROUP BY phase ORDER BY phase") == [
+    assert db_rows(str(db_path), "SELECT phase, count(*) FROM spans WHERE fqn = 'Net.blocks.1' GROUP BY phase ORDER BY phase") == [
         ("backward", 3), ("forward", 3)]
-    assert {f for (f,) in query(str(db_path), "SELECT fqn FROM modules")} == eager_names
+    assert {f for (f,) in db_rows(str(db_path), "SELECT fqn FROM modules")} == eager_names
     # the compiled block hides its two Linear calls: show and check say so
-    assert query(str(db_path), "SELECT fqn FROM modules WHERE compiled = 1") == [("Net.blocks.1",)]
+    assert db_rows(str(db_path), "SELECT fqn FROM modules WHERE compiled = 1") == [("Net.blocks.1",)]
     assert json.loads(run_cli("show", "@", "--db", str(db_path), "--format", "json").out)["compiled_modules"] == [
         "Net.blocks.1"]
     compiled = [r for r in check_rows(run_cli, str(db_path)) if r["kind"] == "compiled"]
@@ -106,9 +100,9 @@ def test_whole_model_compilation_and_eager(tmp_path: Path, run_cli) -> None:  # 
         check_rows(run_cli, db)
     spans = "SELECT fqn, phase, count(*) FROM spans GROUP BY fqn, phase ORDER BY fqn, phase"
     # compiled as a whole: only the compiled module's own call is seen
-    assert query(dbs[False], spans) == [("Sequential", "backward", 3), ("Sequential", "forward", 3)]
+    assert db_rows(dbs[False], spans) == [("Sequential", "backward", 3), ("Sequential", "forward", 3)]
     # --eager: every module
-    assert query(dbs[True], spans) == [
+    assert db_rows(dbs[True], spans) == [
         (f"Sequential{s}", p, 3) for s in ("", ".0", ".1", ".2") for p in ("backward", "forward")]
 
     # where the user looks, the compiled run says its inner calls are missing and how to get them

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.clients import check_rows, query
+from tests.helpers.clients import check_rows
+from tests.helpers.database import db_rows
 
 pytestmark = pytest.mark.slow
 
@@ -63,13 +64,13 @@ def launch(tmp_path: Path, mode: str) -> tuple[str, subprocess.CompletedProcess[
 def test_ddp_two_ranks(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     db, out = launch(tmp_path, "ddp")
     assert out.returncode == 0, out.stderr[-4000:]
-    assert query(db, "SELECT rank, step_count FROM run_ranks ORDER BY rank") == [(0, 3), (1, 3)]
+    assert db_rows(db, "SELECT rank, step_count FROM run_ranks ORDER BY rank") == [(0, 3), (1, 3)]
     for rank in (0, 1):
-        names = {f for (f,) in query(db, "SELECT DISTINCT fqn FROM spans WHERE rank = ?", rank)}
+        names = {f for (f,) in db_rows(db, "SELECT DISTINCT fqn FROM spans WHERE rank = :rank", rank=rank)}
         assert names == {"DistributedDataParallel", "DistributedDataParallel.module",
                          *(f"DistributedDataParallel.module.{i}" for i in range(3))}
-        phases = query(db, "SELECT phase, count(*) FROM spans WHERE rank = ? AND fqn = 'DistributedDataParallel.module.2' "
-                           "GROUP BY phase ORDER BY phase", rank)
+        phases = db_rows(db, "SELECT phase, count(*) FROM spans WHERE rank = :rank AND fqn = 'DistributedDataParallel.module.2' "
+                             "GROUP BY phase ORDER BY phase", rank=rank)
         assert phases == [("backward", 3), ("forward", 3)]
     check_rows(run_cli, db)
 
@@ -77,9 +78,10 @@ def test_ddp_two_ranks(tmp_path: Path, run_cli) -> None:  # type: ignore[no-unty
 def test_fsdp2_two_ranks(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     db, out = launch(tmp_path, "fsdp")
     assert out.returncode == 0, out.stderr[-4000:]
-    assert query(db, "SELECT rank, step_count FROM run_ranks ORDER BY rank") == [(0, 3), (1, 3)]
+    assert db_rows(db, "SELECT rank, step_count FROM run_ranks ORDER BY rank") == [(0, 3), (1, 3)]
     for rank in (0, 1):
-        spans = query(db, "SELECT fqn, phase, count(*) FROM spans WHERE rank = ? GROUP BY fqn, phase ORDER BY fqn, phase", rank)
+        spans = db_rows(db, "SELECT fqn, phase, count(*) FROM spans WHERE rank = :rank GROUP BY fqn, phase ORDER BY fqn, phase",
+                        rank=rank)
         # fully_shard swaps the classes (FSDPSequential, FSDPLinear): the root is named by its class
         assert [(f, p) for f, p, _ in spans] == [
             (f"FSDPSequential{s}", p) for s in ("", ".0", ".1", ".2") for p in ("backward", "forward")

@@ -19,10 +19,11 @@ from tests.helpers.clients import (
     check_rows,
     forward_sequence,
     modules_with_grads,
-    query,
     spans_nest_in_time,
     torch_hook_log,
 )
+from tests.helpers.database import db_rows
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.slow  # real clients: transformers, Lightning, inductor
 
@@ -54,35 +55,26 @@ def t5() -> tuple[nn.Module, Callable[[], dict[str, torch.Tensor]]]:
 MODELS = {"gpt2": gpt2, "bert_mlm": bert, "t5": t5}
 
 
-def train(model: nn.Module, batch: Callable[[], dict[str, torch.Tensor]], steps: int) -> None:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(steps):
-        opt.zero_grad()
-        out: Any = model(**batch())
-        out.loss.backward()
-        opt.step()
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_hugging_face_training_steps(name: str, db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model, batch = MODELS[name]()
     model.train()
     with torch_hook_log() as (seen, called), modtrace.Recorder(db=str(db_path), run=name) as _rec:
-        train(model, batch, steps=3)
+        train(model, 3, loss=lambda m: m(**batch()).loss, opt=torch.optim.AdamW(model.parameters(), lr=1e-3))
     _rec.wait_analyzed()  # the writer process analyses the run after the with
     # the forward enter/exit sequence is what torch's global hooks saw, named as torch's ModuleTracker names them
     recorded = forward_sequence(str(db_path))
     assert len(recorded) == len(seen) > 0
     assert recorded == seen
-    assert query(str(db_path), "SELECT DISTINCT step FROM events ORDER BY step") == [(0,), (1,), (2,)]
+    assert db_rows(str(db_path), "SELECT DISTINCT step FROM events ORDER BY step") == [(0,), (1,), (2,)]
     # every called module whose own parameters got a gradient has a backward span
     with_grads = modules_with_grads(called)
     assert with_grads and with_grads <= backward_fqns(str(db_path))
     assert spans_nest_in_time(str(db_path)) == []
     check_rows(run_cli, str(db_path))
     # one modules row per name: a module built in every forward (BERT's CrossEntropyLoss) keeps its name
-    names = [f for (f,) in query(str(db_path), "SELECT fqn FROM modules")]
+    names = [f for (f,) in db_rows(str(db_path), "SELECT fqn FROM modules")]
     assert len(names) == len(set(names))
     assert not [n for n in names if "#" in n]
 
@@ -106,15 +98,15 @@ def test_hugging_face_activation_checkpointing_is_linked_recompute(  # type: ign
     handle = register_module_forward_pre_hook(pre)
     try:
         with modtrace.Recorder(db=str(db_path), run="hf-ckpt") as rec:
-            train(model, batch, steps=2)
+            train(model, 2, loss=lambda m: m(**batch()).loss, opt=torch.optim.AdamW(model.parameters(), lr=1e-3))
         rec.wait_analyzed()
     finally:
         handle.remove()
     db = str(db_path)
     assert any(".transformer.h.0" in n for n in in_backward)
-    recomputed = [f for (f,) in query(db, "SELECT fqn FROM event_log WHERE kind = 'enter' AND phase = 'recompute' ORDER BY seq")]
+    recomputed = [f for (f,) in db_rows(db, "SELECT fqn FROM event_log WHERE kind = 'enter' AND phase = 'recompute' ORDER BY seq")]
     assert recomputed == in_backward
-    assert query(db, "SELECT count(*) FROM events WHERE phase = 3") == [(0,)]  # no backward_call
-    assert query(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
-                     " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
+    assert db_rows(db, "SELECT count(*) FROM events WHERE phase = 3") == [(0,)]  # no backward_call
+    assert db_rows(db, "SELECT count(*) FROM spans s WHERE phase = 'recompute' AND NOT EXISTS (SELECT 1 FROM spans f"
+                       " WHERE f.phase = 'forward' AND f.call_id = s.call_id AND f.fqn = s.fqn)") == [(0,)]
     check_rows(run_cli, db)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.clients import check_rows, query
+from tests.helpers.clients import check_rows
+from tests.helpers.database import db_rows
 
 pytestmark = pytest.mark.slow  # real clients: transformers, Lightning, inductor
 
@@ -82,8 +83,8 @@ def record(tmp_path: Path, script: str, *script_args: str) -> str:
 
 
 def steps_of(db: str) -> tuple[int, list[int]]:
-    ((count,),) = query(db, "SELECT step_count FROM run_ranks")
-    return count, [s for (s,) in query(db, "SELECT DISTINCT step FROM events ORDER BY step")]
+    ((count,),) = db_rows(db, "SELECT step_count FROM run_ranks")
+    return count, [s for (s,) in db_rows(db, "SELECT DISTINCT step FROM events ORDER BY step")]
 
 
 @pytest.mark.parametrize("mode", ["plain", "ckpt"])
@@ -91,17 +92,17 @@ def test_hugging_face_trainer(mode: str, tmp_path: Path, run_cli) -> None:  # ty
     db = record(tmp_path, HF_TRAINER, str(tmp_path / "out"), mode)
     assert steps_of(db) == (6, [0, 1, 2, 3, 4, 5])
     # two micro-batches per optimizer step: two forward calls of the model per step
-    per_step = query(db, "SELECT step, count(*) FROM event_log WHERE fqn = 'GPT2LMHeadModel' AND phase = 'forward' "
-                         "AND kind = 'enter' GROUP BY step ORDER BY step")
+    per_step = db_rows(db, "SELECT step, count(*) FROM event_log WHERE fqn = 'GPT2LMHeadModel' AND phase = 'forward' "
+                           "AND kind = 'enter' GROUP BY step ORDER BY step")
     assert per_step == [(s, 2) for s in range(6)]
-    assert query(db, "SELECT count(*) FROM spans WHERE phase = 'backward' AND fqn = 'GPT2LMHeadModel.transformer.h.1'") == [(12,)]
-    recompute = query(db, "SELECT fqn, call_id FROM spans WHERE phase = 'recompute'")
+    assert db_rows(db, "SELECT count(*) FROM spans WHERE phase = 'backward' AND fqn = 'GPT2LMHeadModel.transformer.h.1'") == [(12,)]
+    recompute = db_rows(db, "SELECT fqn, call_id FROM spans WHERE phase = 'recompute'")
     if mode == "plain":
         assert recompute == []
     else:
         # transformers checkpoints each layer's forward (not its call): the layer's submodules are recomputed
         assert {f for f, _ in recompute} >= {f"GPT2LMHeadModel.transformer.h.{i}.{m}" for i in (0, 1) for m in ("attn", "mlp")}
-        forward = set(query(db, "SELECT fqn, call_id FROM spans WHERE phase = 'forward'"))
+        forward = set(db_rows(db, "SELECT fqn, call_id FROM spans WHERE phase = 'forward'"))
         assert set(recompute) <= forward  # each recompute linked to its forward call (same call_id)
     check_rows(run_cli, db)
 
@@ -110,8 +111,8 @@ def test_lightning_fit(tmp_path: Path, run_cli) -> None:  # type: ignore[no-unty
     db = record(tmp_path, LIGHTNING)
     # forward and backward run inside optimizer.step (Lightning's closure): one step per optimizer step
     assert steps_of(db) == (5, [0, 1, 2, 3, 4])
-    per_step = query(db, "SELECT step, phase, count(*) FROM spans WHERE fqn = 'Tiny' GROUP BY step, phase ORDER BY step, phase")
+    per_step = db_rows(db, "SELECT step, phase, count(*) FROM spans WHERE fqn = 'Tiny' GROUP BY step, phase ORDER BY step, phase")
     assert per_step == [(s, p, 1) for s in range(5) for p in ("backward", "forward")]
-    assert {f for (f,) in query(db, "SELECT DISTINCT fqn FROM spans WHERE phase = 'backward'")} == {
+    assert {f for (f,) in db_rows(db, "SELECT DISTINCT fqn FROM spans WHERE phase = 'backward'")} == {
         "Tiny", "Tiny.body", "Tiny.body.0", "Tiny.body.1", "Tiny.body.2"}
     check_rows(run_cli, db)

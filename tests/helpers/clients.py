@@ -4,7 +4,6 @@ own global module hooks see, and the checks every client's recording must pass."
 from __future__ import annotations
 
 import json
-import sqlite3
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,6 +13,8 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.module_tracker import ModuleTracker as TorchModuleTracker
+
+from tests.helpers.database import db_rows
 
 
 @contextmanager
@@ -45,29 +46,24 @@ def torch_hook_log() -> Iterator[tuple[list[tuple[str, str]], dict[int, tuple[we
                 h.remove()
 
 
-def query(db: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
-
-
 def forward_sequence(db: str, run_id: int = 1, rank: int = 0) -> list[tuple[str, str]]:
-    return [(k, f) for k, f in query(
-        db, "SELECT kind, fqn FROM event_log WHERE run_id = ? AND rank = ? AND phase = 'forward' ORDER BY seq", run_id, rank)]
+    return [(k, f) for k, f in db_rows(
+        db, "SELECT kind, fqn FROM event_log WHERE run_id = :run_id AND rank = :rank AND phase = 'forward' ORDER BY seq",
+        run_id=run_id, rank=rank)]
 
 
 def backward_fqns(db: str, run_id: int = 1, rank: int = 0) -> set[str]:
-    return {f for (f,) in query(db, "SELECT DISTINCT fqn FROM spans WHERE run_id = ? AND rank = ? AND phase = 'backward'", run_id, rank)}
+    return {f for (f,) in db_rows(
+        db, "SELECT DISTINCT fqn FROM spans WHERE run_id = :run_id AND rank = :rank AND phase = 'backward'",
+        run_id=run_id, rank=rank)}
 
 
 def spans_nest_in_time(db: str, run_id: int = 1) -> list[str]:
     """Spans whose time range is not inside their parent's (empty when all nest)."""
-    rows = query(db, """
+    rows = db_rows(db, """
         SELECT c.fqn, c.phase, c.start_ns, c.end_ns, p.fqn, p.start_ns, p.end_ns
         FROM spans c JOIN spans p ON p.run_id = c.run_id AND p.rank = c.rank AND p.span_id = c.parent_span_id
-        WHERE c.run_id = ? AND (c.start_ns < p.start_ns OR c.end_ns > p.end_ns OR c.end_ns IS NULL)""", run_id)
+        WHERE c.run_id = :run_id AND (c.start_ns < p.start_ns OR c.end_ns > p.end_ns OR c.end_ns IS NULL)""", run_id=run_id)
     return [f"{r[0]} {r[1]} [{r[2]}, {r[3]}] outside {r[4]} [{r[5]}, {r[6]}]" for r in rows]
 
 
