@@ -9,16 +9,19 @@ one row per (step, rank).  The rule (docs/ranks.md, "Stragglers"):
   of 100 us, 5% of the step, 3x the module's step-to-step spread (the median absolute deviation
   over steps of the other ranks' median) and, with 4 ranks or more, 2x the ranks' interquartile
   range in that step.
-- A rank waiting for another at a collective inside a module also shows an excess there, later
-  in the step: an excess on one rank that another rank's excess, at least half as large, began
-  before (from each rank's step start) is that wait, not a straggler.
+- A rank waiting for another at a collective inside a module also shows an excess there, but it
+  leaves the module when the others do (on the wall clock the ranks share): an excess whose rank
+  left the module less than half the excess after the others' median is that wait, not a
+  straggler.
 - The **straggler** is the largest excess left.  A rank above the modules' medians in two
-  thirds of them or more, whose own time over the medians passes the step's bar and is not
-  half in any one module, is a **slow rank**: it is named with its ratio instead of a module.
+  thirds of them or more, whose own time over the medians passes 100 us, 5% of the step and 3x
+  its step-to-step spread, by a ratio of 1.1 or more, and is not half in any one module, is a
+  **slow rank**: it is named with its ratio instead of a module.
 - **Where others waited**: the other ranks' median time outside every module span (wall minus
   busy time) beyond the straggler's own, and the modules where they waited for it.
 - **What-if**: the step (the slowest rank's wall time) less the straggler's excess, not below
-  the other ranks' median busy time (their time inside module calls).
+  the other ranks' own step: the most time one of them spent inside module calls, plus the
+  straggler's own time outside them (the optimizer step, data: what every rank does).
 - **Persistent**: a straggler named in at least half the steps, by median excess.
 """
 
@@ -36,6 +39,7 @@ RANK_SPREAD_K = 2.0
 WAIT_SHARE = 0.5
 SLOW_RANK_ABOVE = 2 / 3
 SLOW_RANK_TOP_SHARE = 0.5
+SLOW_RANK_RATIO = 1.1
 PERSISTENT_SHARE = 0.5
 
 STEP_COLUMNS = {
@@ -111,28 +115,24 @@ def _module_cells(modules: pl.DataFrame, per_step: pl.DataFrame) -> pl.DataFrame
 
 
 def _module_stragglers(cells: pl.DataFrame) -> pl.DataFrame:
-    """Per step the largest counted excess that is not a wait for an earlier one on another rank."""
-    cand = cells.filter("counts").select("step", "fqn", "phase", pl.col("max_rank").alias("rank"), "excess_ns",
-                                          "bar_ns", pl.col("max_offset_ns").alias("offset_ns"))
-    other = cand.select("step", pl.col("rank").alias("o_rank"), pl.col("excess_ns").alias("o_excess"),
-                        pl.col("offset_ns").alias("o_offset"))
-    waits = (cand.join(other, on="step").filter(
-        (pl.col("o_rank") != pl.col("rank")) & (pl.col("o_offset") < pl.col("offset_ns"))
-        & (pl.col("o_excess") >= WAIT_SHARE * pl.col("excess_ns")))
-        .select("step", "fqn", "phase").unique())
-    kept = cand.join(waits, on=["step", "fqn", "phase"], how="anti")
-    return (kept.sort("step", "excess_ns", "rank", descending=[False, True, False])
+    """Per step the largest counted excess whose rank left the module after the others (by half
+    the excess or more): one that left with them was waiting at a collective, not slower."""
+    kept = cells.filter(pl.col("counts") & (pl.col("max_late_ns") >= WAIT_SHARE * pl.col("excess_ns")))
+    return (kept.sort("step", "excess_ns", "max_rank", descending=[False, True, False])
             .group_by("step", maintain_order=True).first()
-            .select("step", "rank", "fqn", "phase", "excess_ns", "bar_ns"))
+            .select("step", pl.col("max_rank").alias("rank"), "fqn", "phase", "excess_ns", "bar_ns"))
 
 
 def _slow_ranks(ranks: pl.DataFrame, per_step: pl.DataFrame) -> pl.DataFrame:
     """Per step the rank slower in most modules alike, if any, with its excess and ratio."""
     frame = ranks.join(per_step, on="step").with_columns(
-        (pl.col("self_ns") - pl.col("median_sum_ns")).alias("excess_ns"),
-        pl.max_horizontal(pl.lit(float(FLOOR_NS)), STEP_SHARE * pl.col("step_ns")).alias("bar_ns"))
+        (pl.col("self_ns") - pl.col("median_sum_ns")).alias("excess_ns"))
+    frame = frame.with_columns(_mad("excess_ns").over("rank").alias("spread_ns")).with_columns(
+        pl.max_horizontal(pl.lit(float(FLOOR_NS)), STEP_SHARE * pl.col("step_ns"),
+                          STEP_SPREAD_K * pl.col("spread_ns")).alias("bar_ns"))
     slow = frame.filter(
         (pl.col("excess_ns") > pl.col("bar_ns"))
+        & (pl.col("self_ns") >= SLOW_RANK_RATIO * pl.col("median_sum_ns"))
         & (pl.col("above") >= SLOW_RANK_ABOVE * pl.col("cells"))
         & (pl.col("top_excess_ns") < SLOW_RANK_TOP_SHARE * pl.col("excess_ns")))
     return (slow.with_columns((pl.col("self_ns") / pl.col("median_sum_ns")).alias("ratio"))
@@ -144,7 +144,7 @@ def _slow_ranks(ranks: pl.DataFrame, per_step: pl.DataFrame) -> pl.DataFrame:
 def _choose(per_step: pl.DataFrame, module_pick: pl.DataFrame, rank_pick: pl.DataFrame,
             ranks: pl.DataFrame) -> pl.DataFrame:
     """A slow rank replaces a module of its own, and wins over another rank's smaller excess; the
-    what-if step is not below the other ranks' median busy time."""
+    what-if step is not below the other ranks' own step."""
     frame = per_step.join(module_pick, on="step", how="left").join(rank_pick, on="step", how="left")
     as_rank = pl.col("r_rank").is_not_null() & (
         pl.col("rank").is_null() | (pl.col("rank") == pl.col("r_rank")) | (pl.col("r_excess") > pl.col("excess_ns")))
@@ -159,11 +159,17 @@ def _choose(per_step: pl.DataFrame, module_pick: pl.DataFrame, rank_pick: pl.Dat
         pl.when(is_rank).then(pl.col("r_excess")).otherwise(pl.col("excess_ns")).alias("excess_ns"),
         pl.when(is_rank).then(pl.col("ratio")).otherwise(pl.lit(None, dtype=pl.Float64)).alias("ratio"),
         pl.when(is_rank).then(pl.col("r_bar")).otherwise(pl.col("bar_ns")).alias("bar_ns"))
-    busy = (ranks.join(frame.select("step", pl.col("rank").alias("s_rank")), on="step")
-            .filter((pl.col("rank") != pl.col("s_rank")).fill_null(True))
-            .group_by("step").agg(pl.col("busy_ns").median().alias("busy_median_ns")))
+    # the others' own step: their time in module calls, and the time outside them that the
+    # straggler (who waited for no one) had too
+    joined = ranks.join(frame.select("step", pl.col("rank").alias("s_rank")), on="step")
+    own = joined.filter(pl.col("rank") == pl.col("s_rank")).select(
+        "step", (pl.col("wall_ns") - pl.col("busy_ns")).clip(lower_bound=0).alias("s_out"))
+    busy = (joined.filter((pl.col("rank") != pl.col("s_rank")).fill_null(True))
+            .group_by("step").agg(pl.col("busy_ns").max().alias("others_busy_ns"))
+            .join(own, on="step", how="left")
+            .select("step", (pl.col("others_busy_ns") + pl.col("s_out").fill_null(0)).alias("others_ns")))
     frame = frame.join(busy, on="step", how="left")
-    what_if = pl.max_horizontal(pl.col("step_ns") - pl.col("excess_ns"), pl.col("busy_median_ns"))
+    what_if = pl.max_horizontal(pl.col("step_ns") - pl.col("excess_ns"), pl.col("others_ns"))
     return frame.with_columns(
         pl.when(pl.col("kind").is_null()).then(pl.col("step_ns")).otherwise(what_if).alias("what_if_step_ns"))
 

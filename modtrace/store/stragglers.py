@@ -3,8 +3,8 @@
 One statement over the ``spans``, ``span_steps`` and ``steps`` views (the run's steps under its
 own rule) sums each rank's own (self) time per (step, module, phase) and reduces it over the
 ranks: the median, the median of the ranks other than the slowest, the quartiles, the minimum
-and the maximum with their ranks, and when the slowest rank first entered the module in the
-step.  A second part of the same statement gives per (step, rank) the rank's self time beside
+and the maximum with their ranks, and how much later the slowest rank left the module than the
+others (on the wall clock the ranks share).  A second part of the same statement gives per (step, rank) the rank's self time beside
 the modules' medians, so a rank slower in every module alike can be told from one slow module.
 What leaves the database is bounded by steps x (modules + ranks), never by spans.
 
@@ -53,19 +53,23 @@ _BODY = """
 cell AS (
     SELECT t.step, s.rank, s.fqn, s.phase,
            CAST(SUM(s.self_ns) AS BIGINT) AS self_ns,
-           MIN(s.start_ns) AS first_ns
+           MAX(s.end_ns) + MIN(a.wall_anchor_ns - {p}) AS end_ns
     FROM spans s
     JOIN span_steps t ON t.run_id = s.run_id AND t.rank = s.rank AND t.span_id = s.span_id
     JOIN shared h ON h.step = t.step
+    JOIN run_ranks a ON a.run_id = s.run_id AND a.rank = s.rank
     WHERE s.run_id = {p} AND s.self_ns IS NOT NULL AND s.phase IS NOT NULL
+      -- closed when the graph task ended: its time runs on through the end-of-backward
+      -- callbacks (DDP's reducer waiting for its all-reduce), not the module's own work
+      AND s.status <> 'closed_at_end_of_backward'
     GROUP BY t.step, s.rank, s.fqn, s.phase
 ),
 ranked AS (
-    SELECT c.step, c.rank, c.fqn, c.phase, c.self_ns, c.first_ns - st.start_ns AS offset_ns,
-           ROW_NUMBER() OVER (PARTITION BY c.step, c.fqn, c.phase ORDER BY c.self_ns, c.rank DESC) AS pos,
-           COUNT(*) OVER (PARTITION BY c.step, c.fqn, c.phase) AS n
-    FROM cell c
-    JOIN steps st ON st.run_id = {p} AND st.rank = c.rank AND st.step = c.step
+    SELECT step, rank, fqn, phase, self_ns, end_ns,
+           ROW_NUMBER() OVER (PARTITION BY step, fqn, phase ORDER BY self_ns, rank DESC) AS pos,
+           ROW_NUMBER() OVER (PARTITION BY step, fqn, phase ORDER BY end_ns, rank) AS end_pos,
+           COUNT(*) OVER (PARTITION BY step, fqn, phase) AS n
+    FROM cell
 ),
 module AS (
     SELECT step, fqn, phase,
@@ -80,7 +84,12 @@ module AS (
            MAX(CASE WHEN pos = 1 THEN rank END) AS min_rank,
            MAX(self_ns) AS max_ns,
            MAX(CASE WHEN pos = n THEN rank END) AS max_rank,
-           MAX(CASE WHEN pos = n THEN offset_ns END) AS max_offset_ns
+           -- how much later the slowest rank left the module than the others (one clock):
+           -- a rank waiting at a collective leaves with the others, a straggler after them
+           MAX(CASE WHEN pos = n THEN CAST(end_ns AS DOUBLE PRECISION) END)
+               - CASE WHEN MAX(n) = 2 THEN MAX(CASE WHEN pos = 1 THEN CAST(end_ns AS DOUBLE PRECISION) END)
+                      ELSE AVG(CASE WHEN end_pos = (n + 1) / 2 OR end_pos = (n + 2) / 2
+                                    THEN CAST(end_ns AS DOUBLE PRECISION) END) END AS max_late_ns
     FROM ranked
     GROUP BY step, fqn, phase
 ),
@@ -99,7 +108,7 @@ per_rank AS (
 SELECT 'module' AS part, step, max_rank AS rank, fqn, phase, ranks AS n, median_ns, others_ns,
        CAST(q1_ns AS DOUBLE PRECISION) AS a_ns, CAST(q3_ns AS DOUBLE PRECISION) AS b_ns,
        CAST(min_ns AS DOUBLE PRECISION) AS c_ns, min_rank AS other_rank,
-       CAST(max_ns AS DOUBLE PRECISION) AS d_ns, CAST(max_offset_ns AS DOUBLE PRECISION) AS e_ns
+       CAST(max_ns AS DOUBLE PRECISION) AS d_ns, max_late_ns AS e_ns
 FROM module
 UNION ALL
 SELECT 'rank', p.step, p.rank, NULL, NULL, p.cells, p.median_ns, CAST(p.above AS DOUBLE PRECISION),
@@ -140,7 +149,7 @@ def reduce_ranks(store: Store, run_id: int, ranks: int, *, skip_steps: int = 0,
     params: list[object] = [run_id, int(skip_steps)]
     if step_kind is not None:
         params = [run_id, run_id, int(skip_steps), step_kind]
-    params += [run_id, run_id, run_id]
+    params += [_base_anchor(store, run_id), run_id, run_id]
     with driver_cursor(store) as cur:
         cur.execute(sql, tuple(params))
         rows = cur.fetchall()
@@ -149,13 +158,22 @@ def reduce_ranks(store: Store, run_id: int, ranks: int, *, skip_steps: int = 0,
         "step", "fqn", "phase", pl.col("n").alias("ranks"), "median_ns", "others_ns",
         pl.col("a_ns").alias("q1_ns"), pl.col("b_ns").alias("q3_ns"), pl.col("c_ns").alias("min_ns"),
         pl.col("other_rank").alias("min_rank"), pl.col("d_ns").alias("max_ns"), pl.col("rank").alias("max_rank"),
-        pl.col("e_ns").alias("max_offset_ns")).sort("step", "fqn", "phase")
+        pl.col("e_ns").alias("max_late_ns")).sort("step", "fqn", "phase")
     per_rank = frame.filter(pl.col("part") == "rank").select(
         "step", "rank", pl.col("n").alias("cells"), pl.col("others_ns").alias("above"),
         pl.col("a_ns").alias("self_ns"), pl.col("median_ns").alias("median_sum_ns"),
         pl.col("b_ns").alias("top_excess_ns"), pl.col("c_ns").alias("wall_ns"),
         pl.col("d_ns").alias("busy_ns")).sort("step", "rank")
     return RankTables(modules, per_rank)
+
+
+def _base_anchor(store: Store, run_id: int) -> int:
+    """The run's earliest rank anchor: wall-clock times relative to it stay exact as doubles."""
+    p = mark(store)
+    with driver_cursor(store) as cur:
+        cur.execute(f"SELECT MIN(wall_anchor_ns) FROM run_ranks WHERE run_id = {p}", (run_id,))
+        row = cur.fetchone()
+    return int(row[0] or 0)
 
 
 def recorded_steps(store: Store, run_id: int) -> dict[int, list[int]]:
