@@ -19,8 +19,10 @@ import torch
 from torch import nn
 
 import modtrace
-from tests.helpers.clients import query
+from tests.helpers.database import db_rows
 from tests.helpers.device_clock import FakeDeviceClock, FakeEvent, FakeStream
+from tests.helpers.recording import FakeClock
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.slow  # real inductor compiles
 
@@ -85,21 +87,18 @@ class Net(nn.Module):
         return self.head(x).sum()
 
 
-def record(db: Path, name: str, model: nn.Module, run: Any, steps: int = 6) -> None:
-    """Train ``run`` (the model's callable) for ``steps`` steps under a recorder."""
+def record(db: Path, name: str, model: nn.Module, run: Any, steps: int = 6, **recorder: Any) -> None:
+    """Train ``run`` (the model's callable) for ``steps`` steps under a recorder (``recorder``: its other arguments)."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(BATCH, SEQ, D, generator=torch.Generator().manual_seed(0))
-    with modtrace.Recorder(db=str(db), run=name, handle_sigterm=False, counters="off") as rec:
-        for _ in range(steps):
-            run(x).backward()
-            opt.step()
-            opt.zero_grad()
+    with modtrace.Recorder(db=str(db), run=name, handle_sigterm=False, counters="off", **recorder) as rec:
+        train(model, steps, loss=lambda _: run(x), opt=opt)
     rec.wait_analyzed()
 
 
 def spans(db: Path, run: str) -> list[tuple[Any, ...]]:
-    return query(str(db), "SELECT s.span_id, s.parent_span_id, s.fqn, s.phase, s.status, s.step, s.duration_ns, "
-                 "s.self_ns FROM spans s JOIN runs r ON r.id = s.run_id WHERE r.name = ? ORDER BY s.span_id", run)
+    return db_rows(str(db), "SELECT s.span_id, s.parent_span_id, s.fqn, s.phase, s.status, s.step, s.duration_ns, "
+                   "s.self_ns FROM spans s JOIN runs r ON r.id = s.run_id WHERE r.name = :run ORDER BY s.span_id", run=run)
 
 
 def attributed(rows: list[tuple[Any, ...]]) -> set[tuple[str, str]]:
@@ -162,13 +161,15 @@ def test_model_compiled_whole_has_every_block_inside(tmp_path: Path, run_cli) ->
 
 
 def test_diff_blames_the_mlp_that_does_more_inside_the_compiled_graph(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    # On a clock that ticks once per read, a call's time is the kernels (and hooks) that ran inside
+    # it: the stored rows, not the host's speed, decide the verdict.
     db = tmp_path / "runs.db"
     torch.manual_seed(0)
     base = Net()
-    record(db, "base", base, torch.compile(base), steps=12)
+    record(db, "base", base, torch.compile(base), steps=12, clock=FakeClock())
     torch.manual_seed(0)
     cand = Net(extra_in_block2=6)
-    record(db, "cand", cand, torch.compile(cand), steps=12)
+    record(db, "cand", cand, torch.compile(cand), steps=12, clock=FakeClock())
     res = run_cli("diff", "--db", str(db), "base", "cand", "--format", "json", "--fail-on", "regression")
     doc = json.loads(res.out)
     blamed = {(r["fqn"], r["phase"]) for r in doc["timing"] if r["verdict"] == "regression"}
@@ -285,8 +286,8 @@ def test_work_counters_of_a_compiled_model_go_to_its_inner_modules(tmp_path: Pat
             opt.step()
             opt.zero_grad()
     rec.wait_analyzed()
-    rows = query(str(db), "SELECT s.fqn, s.phase, s.step, s.flops FROM spans s WHERE s.status = 'attributed' "
-                 "AND s.flops IS NOT NULL AND s.step = 2")
+    rows = db_rows(str(db), "SELECT s.fqn, s.phase, s.step, s.flops FROM spans s WHERE s.status = 'attributed' "
+                   "AND s.flops IS NOT NULL AND s.step = 2")
     got: dict[tuple[str, str], int] = {}
     for fqn, phase, _step, flops in rows:
         got[(fqn, phase)] = got.get((fqn, phase), 0) + flops
@@ -331,8 +332,8 @@ def test_device_time_of_the_inner_modules_comes_from_events_around_their_kernels
             opt.step()
             opt.zero_grad()
     rec.wait_analyzed()
-    rows = query(str(db), "SELECT s.span_id, s.parent_span_id, s.fqn, s.phase, s.status, s.step, s.start_ns, s.end_ns, "
-                 "s.device_start_ns, s.device_end_ns FROM spans s ORDER BY s.span_id")
+    rows = db_rows(str(db), "SELECT s.span_id, s.parent_span_id, s.fqn, s.phase, s.status, s.step, s.start_ns, s.end_ns, "
+                   "s.device_start_ns, s.device_end_ns FROM spans s ORDER BY s.span_id")
     inner = [r for r in rows if r[4] == "attributed"]
     assert inner_modules("Net.") <= {(r[2], r[3]) for r in inner}
     by_id = {r[0]: r for r in rows}
@@ -383,7 +384,7 @@ def test_modtrace_record_of_a_script_that_compiles_attributes_its_inner_modules(
     out = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", str(db), "-q", str(script)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    got = query(str(db), "SELECT fqn, phase, status, count(*) FROM spans GROUP BY fqn, phase, status ORDER BY 1, 2, 3")
+    got = db_rows(str(db), "SELECT fqn, phase, status, count(*) FROM spans GROUP BY fqn, phase, status ORDER BY 1, 2, 3")
     # (its input needs no grad: no hook marks the end of its backward, closed with the graph task, as eager)
     assert ("Sequential", "forward", "ok", 3) in got and ("Sequential", "backward", "closed_at_end_of_backward", 3) in got
     inner = {(fqn, phase) for fqn, phase, status, _n in got if status == "attributed"}
