@@ -1,7 +1,7 @@
 """The cross-rank reduction behind ``modtrace stragglers``, run as SQL where the rows are.
 
-One statement over the ``spans``, ``span_steps`` and ``steps`` views (the run's steps under its
-own rule) sums each rank's own (self) time per (step, module, phase) and reduces it over the
+One statement over the stored analysis (``span_rows`` with each span's step found as the
+``span_steps`` view finds it, in one pass; ``steps``, ``modules``, ``run_ranks``) sums each rank's own (self) time per (step, module, phase) and reduces it over the
 ranks: the median, the median of the ranks other than the slowest, the quartiles, the minimum
 and the maximum with their ranks, and how much later the slowest rank left the module than the
 others (on the wall clock the ranks share).  A second part of the same statement gives per (step, rank) the rank's self time beside
@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from modtrace.core.contracts import PHASES
 from modtrace.store.cursor import driver_cursor, mark
 from modtrace.store.engine import Store
 
@@ -50,19 +51,34 @@ shared AS (
 ),"""
 
 _BODY = """
-cell AS (
-    SELECT t.step, s.rank, s.fqn, s.phase,
-           CAST(SUM(s.self_ns) AS BIGINT) AS self_ns,
-           MAX(s.end_ns) + MIN(a.wall_anchor_ns - {p}) AS end_ns
-    FROM spans s
-    JOIN span_steps t ON t.run_id = s.run_id AND t.rank = s.rank AND t.span_id = s.span_id
-    JOIN shared h ON h.step = t.step
-    JOIN run_ranks a ON a.run_id = s.run_id AND a.rank = s.rank
-    WHERE s.run_id = {p} AND s.self_ns IS NOT NULL AND s.phase IS NOT NULL
+-- each span's step as the span_steps view finds it (the latest step_starts row of its thread at
+-- or before it), read from span_rows in one pass instead of the view joined back to spans
+numbered AS (
+    SELECT s.rank, s.module_id, s.phase, s.thread_id, s.self_ns, s.start_ns + s.duration_ns AS end_ns,
+           COUNT(a.span_id) OVER (PARTITION BY s.rank, s.thread_id ORDER BY s.span_id) AS nth
+    FROM span_rows s
+    LEFT JOIN step_starts a ON a.run_id = s.run_id AND a.rank = s.rank AND a.thread_id = s.thread_id
+                           AND a.span_id = s.span_id
+    WHERE s.run_id = {p} AND s.self_ns IS NOT NULL
       -- closed when the graph task ended: its time runs on through the end-of-backward
       -- callbacks (DDP's reducer waiting for its all-reduce), not the module's own work
-      AND s.status <> 'closed_at_end_of_backward'
-    GROUP BY t.step, s.rank, s.fqn, s.phase
+      AND (s.status IS NULL OR s.status <> 3)
+),
+by_id AS (
+    SELECT b.step, n.rank, n.module_id, n.phase,
+           CAST(SUM(n.self_ns) AS BIGINT) AS self_ns, MAX(n.end_ns) AS end_ns
+    FROM numbered n
+    JOIN step_starts b ON b.run_id = {p} AND b.rank = n.rank AND b.thread_id = n.thread_id AND b.nth = n.nth
+    JOIN shared h ON h.step = b.step
+    GROUP BY b.step, n.rank, n.module_id, n.phase
+),
+cell AS (
+    SELECT i.step, i.rank, m.fqn, i.phase, CAST(SUM(i.self_ns) AS BIGINT) AS self_ns,
+           MAX(i.end_ns) + MIN(a.wall_anchor_ns - {p}) AS end_ns
+    FROM by_id i
+    JOIN modules m ON m.run_id = {p} AND m.rank = i.rank AND m.module_id = i.module_id
+    JOIN run_ranks a ON a.run_id = {p} AND a.rank = i.rank
+    GROUP BY i.step, i.rank, m.fqn, i.phase
 ),
 ranked AS (
     SELECT step, rank, fqn, phase, self_ns, end_ns,
@@ -105,7 +121,7 @@ per_rank AS (
     JOIN module m ON m.step = c.step AND m.fqn = c.fqn AND m.phase = c.phase
     GROUP BY c.step, c.rank
 )
-SELECT 'module' AS part, step, max_rank AS rank, fqn, phase, ranks AS n, median_ns, others_ns,
+SELECT 'module' AS part, step, max_rank AS rank, fqn, CAST(phase AS INTEGER) AS phase, ranks AS n, median_ns, others_ns,
        CAST(q1_ns AS DOUBLE PRECISION) AS a_ns, CAST(q3_ns AS DOUBLE PRECISION) AS b_ns,
        CAST(min_ns AS DOUBLE PRECISION) AS c_ns, min_rank AS other_rank,
        CAST(max_ns AS DOUBLE PRECISION) AS d_ns, max_late_ns AS e_ns
@@ -133,7 +149,7 @@ def _schema() -> dict[str, pl.DataType]:
     import polars as pl
 
     f, i = pl.Float64(), pl.Int64()
-    return {"part": pl.String(), "step": i, "rank": i, "fqn": pl.String(), "phase": pl.String(), "n": i,
+    return {"part": pl.String(), "step": i, "rank": i, "fqn": pl.String(), "phase": i, "n": i,
             "median_ns": f, "others_ns": f, "a_ns": f, "b_ns": f, "c_ns": f, "other_rank": i, "d_ns": f, "e_ns": f}
 
 
@@ -149,13 +165,14 @@ def reduce_ranks(store: Store, run_id: int, ranks: int, *, skip_steps: int = 0,
     params: list[object] = [run_id, int(skip_steps)]
     if step_kind is not None:
         params = [run_id, run_id, int(skip_steps), step_kind]
-    params += [_base_anchor(store, run_id), run_id, run_id]
+    params += [run_id, run_id, _base_anchor(store, run_id), run_id, run_id, run_id]
     with driver_cursor(store) as cur:
         cur.execute(sql, tuple(params))
         rows = cur.fetchall()
     frame = pl.DataFrame(rows, schema=_schema(), orient="row")
+    phases = pl.col("phase").replace_strict(dict(enumerate(PHASES)), default=None, return_dtype=pl.String)
     modules = frame.filter(pl.col("part") == "module").select(
-        "step", "fqn", "phase", pl.col("n").alias("ranks"), "median_ns", "others_ns",
+        "step", "fqn", phases.alias("phase"), pl.col("n").alias("ranks"), "median_ns", "others_ns",
         pl.col("a_ns").alias("q1_ns"), pl.col("b_ns").alias("q3_ns"), pl.col("c_ns").alias("min_ns"),
         pl.col("other_rank").alias("min_rank"), pl.col("d_ns").alias("max_ns"), pl.col("rank").alias("max_rank"),
         pl.col("e_ns").alias("max_late_ns")).sort("step", "fqn", "phase")
