@@ -186,5 +186,30 @@ def check(ctx: click.Context, run: str, db: str | None, fmt: str, show_all: bool
         table = Table(["severity", "kind", "rank", "seq", "count", "message"], out, row_styles=_styles(out))
         click.echo(get_renderer("rows", "table", terminal=stdout_terminal()).render(table), nl=False)
         click.echo(f"run {ref.name}: {_counts(issues)}")
+    if fmt == "table" and (ref.details.get("ranks") or 0) > 1 and ref.details.get("analysis") == "stored":
+        click.echo(_straggler_line(db, ref))
     if (issues["severity"] == "error").any():
         ctx.exit(1)
+
+
+_STRAGGLER_CHECK_EVENTS = 5_000_000
+
+
+def _straggler_line(db: str | None, ref: Any) -> str:
+    """One line on a multi-rank run's persistent straggler (``modtrace stragglers``)."""
+    import modtrace.api
+    from modtrace.core.errors import UsageError
+    from modtrace.renderers.stragglers import who
+
+    if (ref.details.get("events") or 0) > _STRAGGLER_CHECK_EVENTS:  # the reduction reads every span
+        return f"stragglers: not computed by check for a run this large (modtrace stragglers {ref.name})"
+    try:
+        with modtrace.api.open(db) as database:
+            found = database.stragglers(ref).to_dict()
+    except UsageError as exc:  # no step every rank recorded
+        return f"stragglers: none compared ({exc})"
+    if not found["persistent"]:
+        return f"stragglers: no persistent straggler over {len(found['steps'])} steps of {found['ranks']} ranks"
+    top = found["persistent"][0]
+    return (f"stragglers: {who(top)} held back {top['steps']} of {len(found['steps'])} steps, median "
+            f"+{top['median_excess_ns'] / 1e6:.2f} ms (modtrace stragglers {ref.name})")

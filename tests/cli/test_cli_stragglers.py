@@ -34,6 +34,9 @@ def test_a_slow_module_on_one_rank_is_named_each_step_with_its_what_if(any_db: s
     out = run_cli("stragglers", "job", "--db", any_db)
     assert out.code == 0, out
     assert "persistent straggler: rank 1 Net.blocks.1.work forward: 6/6 steps" in out.out
+    checked = run_cli("check", "job", "--db", any_db)
+    assert checked.out.splitlines()[-1].startswith(
+        "stragglers: rank 1 Net.blocks.1.work forward held back 6 of 6 steps, median +"), checked.out
 
 
 def test_a_rank_slower_everywhere_is_a_slow_rank_and_a_balanced_run_has_none(any_db: str) -> None:
