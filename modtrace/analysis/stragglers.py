@@ -21,7 +21,8 @@ one row per (step, rank).  The rule (docs/ranks.md, "Stragglers"):
   busy time) beyond the straggler's own, and the modules where they waited for it.
 - **What-if**: the step (the slowest rank's wall time) less the straggler's excess, not below
   the other ranks' own step: the most time one of them spent inside module calls, plus the
-  straggler's own time outside them (the optimizer step, data: what every rank does).
+  straggler's own time outside them (the optimizer step, data: what every rank does); never
+  above the step.
 - **Persistent**: a straggler named in at least half the steps, by median excess.
 """
 
@@ -169,7 +170,8 @@ def _choose(per_step: pl.DataFrame, module_pick: pl.DataFrame, rank_pick: pl.Dat
             .join(own, on="step", how="left")
             .select("step", (pl.col("others_busy_ns") + pl.col("s_out").fill_null(0)).alias("others_ns")))
     frame = frame.join(busy, on="step", how="left")
-    what_if = pl.max_horizontal(pl.col("step_ns") - pl.col("excess_ns"), pl.col("others_ns"))
+    what_if = pl.min_horizontal(pl.col("step_ns"),
+                                pl.max_horizontal(pl.col("step_ns") - pl.col("excess_ns"), pl.col("others_ns")))
     return frame.with_columns(
         pl.when(pl.col("kind").is_null()).then(pl.col("step_ns")).otherwise(what_if).alias("what_if_step_ns"))
 
