@@ -6,7 +6,7 @@ import contextlib
 import gc
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -335,6 +335,19 @@ def _diff_document(database: Database, base: str, cand: str, step_on: str | None
     return document(result, result.sides[0], result.sides[1], options, "regression")
 
 
+def _stragglers(database: Any, info: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A multi-rank run's ``modtrace stragglers`` for the report's section, when it can be had."""
+    from modtrace.core.errors import UsageError
+
+    if (info.get("ranks") or 0) < 2 or info.get("analysis") != "stored":
+        return None
+    try:
+        found: dict[str, Any] = database.stragglers(info["id"]).to_dict()
+    except UsageError:  # no step every rank recorded
+        return None
+    return found
+
+
 @click.command()
 @click.argument("run")
 @db_option
@@ -383,12 +396,13 @@ def report(run: str, db: str | None, base: str | None, window: int, output: str,
                     raise UsageError(f"--vs {base}: is the same run as {run}")
                 base = base_run.name
             diff = _diff_document(database, base, data.info["name"], step_on, chosen, window)
+        stragglers = _stragglers(database, data.info)
     if rank is not None and data.spans.height and rank not in set(data.spans["rank"].unique().to_list()):
         raise UsageError(f"--rank {rank}: run {data.info['name']!r} has no spans on that rank")
     with progress_bar("building report", data.spans.height, quiet=quiet) as advance:
         payload = report_data(
             data.info, data.spans, data.issues, steps=_cli.step_table(data.spans), step=step, rank=rank, diff=diff,
-            progress=advance, peak_tflops=peak_tflops,
+            progress=advance, peak_tflops=peak_tflops, stragglers=stragglers,
         )
     html = get_renderer("report", "html").render(payload)
     with atomic_text(output) as out:

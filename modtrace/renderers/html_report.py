@@ -253,13 +253,15 @@ def report_data(
     diff: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
     peak_tflops: float | None = None,
+    stragglers: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report's model: run metadata, per-step times, flame chart data, top modules, issues, diff.
 
     ``steps`` is ``modtrace.analysis.step_time.step_table(spans)``: step time, its phases and wall time.
     ``diff`` is the document ``modtrace diff BASE RUN --format json`` prints (``diff_document.document``),
     so the report's diff shows the same numbers under the same names.  ``peak_tflops``: the
-    device's peak, for each module's ``peak_percent``.
+    device's peak, for each module's ``peak_percent``.  ``stragglers``: a multi-rank run's
+    ``Stragglers.to_dict()`` (``modtrace stragglers``), for its section.
     """
     from modtrace._version import __version__
 
@@ -293,6 +295,7 @@ def report_data(
         "diff": diff_data(diff) if diff is not None else None,
         "diff_headline": headline(dict(diff)) if diff is not None else None,
         "trend": trend_data(diff) if diff is not None else None,
+        "stragglers": dict(stragglers) if stragglers is not None else None,
     }
 
 

@@ -34,6 +34,10 @@ def test_a_slow_module_on_one_rank_is_named_each_step_with_its_what_if(any_db: s
     out = run_cli("stragglers", "job", "--db", any_db)
     assert out.code == 0, out
     assert "persistent straggler: rank 1 Net.blocks.1.work forward: 6/6 steps" in out.out
+    report = run_cli("report", "job", "--db", any_db, "-o", "-", "-q")
+    data = json.loads(report.out.split('id="modtrace-data">', 1)[1].split("</script>", 1)[0])
+    assert data["rank"] == 0 and data["stragglers"]["persistent"][0]["fqn"] == "Net.blocks.1.work"
+    assert 'id="stragglers-section"' in report.out
     checked = run_cli("check", "job", "--db", any_db)
     assert checked.out.splitlines()[-1].startswith(
         "stragglers: rank 1 Net.blocks.1.work forward held back 6 of 6 steps, median +"), checked.out

@@ -572,6 +572,42 @@
   });
   if (!mods.length) document.getElementById("modules-table").appendChild(el("p", { cls: "note", text: "no closed spans" }));
 
+  // -- stragglers (a multi-rank run: modtrace stragglers) ----------------------------
+
+  if (DATA.stragglers) {
+    var st = DATA.stragglers;
+    var stBox = document.getElementById("stragglers");
+    document.getElementById("stragglers-section").hidden = false;
+    function who(s) {
+      if (!s) return "";
+      return s.kind === "rank" ? "rank " + s.rank + " (every module, " + s.ratio.toFixed(2) + "x)"
+        : "rank " + s.rank + " " + s.fqn + " " + s.phase;
+    }
+    stBox.appendChild(el("p", { cls: "note", text: "The other sections show rank " + DATA.rank + " of " + st.ranks +
+      " (--rank picks another). Per step, the rank and module that held the step back beyond the ranks' noise, where the others waited, and the step without it (docs/ranks.md, Stragglers)." }));
+    st.persistent.forEach(function (p) {
+      stBox.appendChild(el("p", { text: "Persistent straggler: " + who(p) + ", " + p.steps + " of " +
+        st.steps.length + " steps, median +" + fmtNs(p.median_excess_ns) + "; what-if step " + fmtNs(p.what_if_step_ns) }));
+    });
+    if (!st.persistent.length) stBox.appendChild(el("p", { cls: "ok", text: "No persistent straggler: no rank and module held back half the steps or more." }));
+    if (st.left_out_steps.length) stBox.appendChild(el("p", { cls: "note", text: "Left out (not every rank recorded them): steps " + st.left_out_steps.join(", ") }));
+    stBox.appendChild(scroll(table([
+      { key: "step", label: "step", num: true },
+      { key: "step_ns", label: "step", num: true, fmt: function (v) { return fmtNs(v); } },
+      { key: "straggler", label: "straggler", get: function (r) { return who(r.straggler); } },
+      { key: "excess", label: "excess", num: true, get: function (r) { return r.straggler ? r.straggler.excess_ns : null; },
+        fmt: function (v) { return v === null ? "" : "+" + fmtNs(v); } },
+      { key: "waited", label: "others waited", get: function (r) {
+        if (!r.waited) return "";
+        var parts = [];
+        if (r.waited.outside_ns) parts.push("outside modules " + fmtNs(r.waited.outside_ns));
+        if (r.waited.inside) parts.push("in " + r.waited.inside.fqn + " " + r.waited.inside.phase + " " + fmtNs(r.waited.inside.ns));
+        return parts.join("; ");
+      } },
+      { key: "what_if_step_ns", label: "what-if step", num: true, fmt: function (v) { return fmtNs(v); } },
+    ], st.steps)));
+  }
+
   // -- nesting issues -----------------------------------------------------------
 
   var issuesBox = document.getElementById("issues");
