@@ -19,20 +19,6 @@ from tests.helpers.report import embedded, record_tiny, record_toy, sql
 REPO = Path(__file__).resolve().parents[2]
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # -- the file ----------------------------------------------------------------------
 
 
