@@ -1,4 +1,4 @@
-"""A small training loop, in this process or recorded: the one every test that trains uses.
+"""A small training loop, in this process or recorded, for the tests that train a model.
 
 ``train`` runs training steps over a given model (under whatever Recorder or
 Tracker the test has started); ``record_training`` records a small model's
