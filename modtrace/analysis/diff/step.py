@@ -9,6 +9,7 @@ cannot be told from machine load with one run), so its verdict is ``unknown``.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -44,11 +45,7 @@ def step_levels(units: pl.DataFrame, quantile: float) -> list[float]:
 
 def median(values: Sequence[float]) -> float | None:
     """The median of plain numbers (None of none)."""
-    ordered = sorted(values)
-    n = len(ordered)
-    if not n:
-        return None
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return statistics.median(values) if values else None
 
 
 @dataclass(frozen=True)
