@@ -9,7 +9,7 @@ The data flow, one module per step::
     aggregate.*               spans -> per-step samples, module tree
 
     stream.analyze_rounds     event chunks -> spans and issues, round by round
-    diff.diff_runs            two runs' calls -> what changed
+    diff.diff_history         base runs' and a candidate's calls -> what changed
 
 Nothing here prints, plots, opens a database or imports ``modtrace.store``:
 ``modtrace.results.materialize`` reads the frames from the store and writes the

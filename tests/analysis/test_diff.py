@@ -16,24 +16,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modtrace.analysis.diff import (
-    DiffOptions,
-    calls_of_spans,
-    collapse_subtrees,
+from modtrace.analysis.diff import DiffOptions, calls_of_spans, diff_spans
+from modtrace.analysis.diff.samples import (
     compared_calls,
     compared_samples,
-    diff_spans,
     fill_steps,
-    mann_whitney,
-    median_summary,
-    min_p_value,
     module_keys,
     module_lookup,
-    sort_within,
     step_units,
     with_mkey,
 )
-from modtrace.analysis.diff.stats import rank_sums_sorted
+from modtrace.analysis.diff.stats import (
+    min_p_value,
+    normal_quantile,
+    sort_within,
+    two_sample_p,
+    two_sample_stats,
+)
+from modtrace.analysis.diff.structure import collapse_subtrees
 from modtrace.analysis.events import PHASE_ENUM, STATUS_ENUM
 from modtrace.analysis.spans import SPAN_COLUMNS
 
@@ -469,19 +469,22 @@ def reference_mann_whitney(x: list[float], y: list[float]) -> tuple[float, float
     return u, math.erfc(z / math.sqrt(2))
 
 
+def blocks(values: list[list[int]]) -> pl.DataFrame:
+    """Equal blocks of samples, one per key ``k``, as ``two_sample_stats`` reads them."""
+    return pl.DataFrame({"k": [k for k, vs in enumerate(values) for _ in vs], "v": [v for vs in values for v in vs]})
+
+
 def test_mann_whitney_known_values() -> None:
-    long = pl.DataFrame({
-        "key": [0] * 6 + [1] * 6,
-        "side": [0, 0, 0, 1, 1, 1] * 2,
-        "v": [1, 2, 3, 4, 5, 6, 5, 5, 5, 5, 5, 5],
-    })
-    out = {k: (u, p) for k, u, p in mann_whitney(long).iter_rows()}
+    b, c = blocks([[1, 2, 3], [5, 5, 5]]), blocks([[4, 5, 6], [5, 5, 5]])
+    out = {k: (u, p) for k, u, p in two_sample_stats(b, c, "v", 2, 3, 3, 0.99, 2.5758).select("k", "u", "p_value").iter_rows()}
     assert out[0][0] == 9.0
     assert out[0][1] == pytest.approx(0.0809, abs=1e-4)
     assert out[1] == (4.5, 1.0)  # all tied
+    assert two_sample_p(b["v"].head(3), c["v"].head(3)) == out[0][1]
     # negative values (a self time can be) rank the same as shifted ones
-    shifted = {k: (u, p) for k, u, p in mann_whitney(long.with_columns(pl.col("v") - 100)).iter_rows()}
-    assert shifted == out
+    shift = pl.col("v") - 100
+    shifted = two_sample_stats(b.with_columns(shift), c.with_columns(shift), "v", 2, 3, 3, 0.99, 2.5758)
+    assert {k: (u, p) for k, u, p in shifted.select("k", "u", "p_value").iter_rows()} == out
 
 
 @settings(max_examples=30, deadline=None)
@@ -490,7 +493,7 @@ def test_the_packed_metric_matches_the_general_statistics(
     keys: int, n_b: int, n_c: int, spread: int, rnd: random.Random
 ) -> None:
     """compare_timing's one-sort statistics (equal blocks) = the general rank sums and medians."""
-    from modtrace.analysis.diff.stats import _two_sample_stats_grouped, two_sample_stats
+    from modtrace.analysis.diff.stats import _two_sample_stats_grouped
 
     def side(n: int) -> pl.DataFrame:
         return pl.DataFrame({
@@ -507,26 +510,22 @@ def test_the_packed_metric_matches_the_general_statistics(
     assert fast.columns == slow.columns
     for column in fast.columns:
         assert fast[column].to_list() == pytest.approx(slow[column].to_list(), rel=1e-12, abs=1e-9), column
-    long = pl.DataFrame({"key": pl.concat([b["k"], c["k"]]), "side": side01, "v": v})
-    assert fast["p_value"].to_list() == pytest.approx(mann_whitney(long).sort("key")["p_value"].to_list(), abs=1e-12)
-    medians = median_summary(b.rename({"k": "key"}), "v", 0.99).sort("key")
-    assert fast["b_median"].to_list() == medians["median"].to_list()
-    assert fast["b_se"].to_list() == pytest.approx(medians["se"].to_list())
+    for k in range(keys):
+        xb, xc = b.filter(pl.col("k") == k)["v"], c.filter(pl.col("k") == k)["v"]
+        assert fast["p_value"][k] == pytest.approx(two_sample_p(xb, xc), abs=1e-12)
+        assert fast["b_median"][k] == xb.median() and fast["c_median"][k] == xc.median()
 
 
 def test_median_and_its_standard_error_from_order_statistics() -> None:
-    from modtrace.analysis.diff import normal_quantile
-
     z = normal_quantile(0.995)
-    samples = pl.DataFrame({"key": [0] * 9 + [1] * 9, "v": [5, 1, 9, 3, 7, 2, 8, 4, 6] + [10] * 9})
-    out = {k: (n, m, se) for k, n, m, se in median_summary(samples, "v", 0.99).sort("key").iter_rows()}
+    samples = blocks([[5, 1, 9, 3, 7, 2, 8, 4, 6], [10] * 9])
+    out = two_sample_stats(samples, samples, "v", 2, 9, 9, 0.99, z).sort("k")
     # n = 9: c = round(5 - z * 3 / 2) = 1, so the interval spans the extremes.
-    assert out[0] == (9, 5.0, pytest.approx((9 - 1) / (2 * z)))
-    assert out[1] == (9, 10.0, 0.0)
-    big = pl.DataFrame({"key": [0] * 100, "v": list(range(100, 0, -1))})
-    ((_, n, m, se),) = median_summary(big, "v", 0.99).rows()
+    assert out.select("b_median", "b_se").rows() == [(5.0, pytest.approx((9 - 1) / (2 * z))), (10.0, 0.0)]
+    big = blocks([list(range(100, 0, -1))])
+    ((m, se),) = two_sample_stats(big, big, "v", 1, 100, 100, 0.99, z).select("b_median", "b_se").rows()
     c = round(101 / 2 - z * 10 / 2)  # 38: x[63] - x[38] of 1..100
-    assert (n, m, se) == (100, 50.5, pytest.approx((100 - c + 1 - c) / (2 * z)))
+    assert (m, se) == (50.5, pytest.approx((100 - c + 1 - c) / (2 * z)))
 
 
 @settings(max_examples=60, deadline=None)
@@ -535,18 +534,13 @@ def test_median_and_its_standard_error_from_order_statistics() -> None:
     st.lists(st.lists(st.integers(-3, 6), min_size=1, max_size=12), min_size=3, max_size=3),
 )
 def test_mann_whitney_matches_the_textbook_formula(xs: list[list[int]], ys: list[list[int]]) -> None:
-    # several keys of different sizes at once, in one frame, shuffled
-    rows = [(k, 0, v) for k, x in enumerate(xs) for v in x] + [(k, 1, v) for k, y in enumerate(ys[: len(xs)]) for v in y]
-    long = pl.DataFrame(rows, schema={"key": pl.Int64, "side": pl.Int64, "v": pl.Int64}, orient="row")
-    out = {k: (u, p) for k, u, p in mann_whitney(long.sample(fraction=1.0, shuffle=True, seed=1)).iter_rows()}
-    assert set(out) == set(range(len(xs)))
-    # both ways of ranking ties (a few tied rows corrected apart, or every row's block) agree
-    ordered = sort_within(long["key"], (long["v"] + 3) * 2 + long["side"])
-    assert rank_sums_sorted(ordered, ties_apart=True).equals(rank_sums_sorted(ordered, ties_apart=False))
-    for k, x in enumerate(xs):
-        ref_u, ref_p = reference_mann_whitney([float(v) for v in x], [float(v) for v in ys[k]])
-        assert out[k][0] == pytest.approx(ref_u)
-        assert out[k][1] == pytest.approx(ref_p, abs=1e-12)
+    for x, y in zip(xs, ys, strict=False):
+        _, ref_p = reference_mann_whitney([float(v) for v in x], [float(v) for v in y])
+        assert two_sample_p(pl.Series(x), pl.Series(y)) == pytest.approx(ref_p, abs=1e-12)
+        if len(x) == len(y):  # equal blocks: U and p of the one-sort path too
+            ref_u, _ = reference_mann_whitney([float(v) for v in x], [float(v) for v in y])
+            ((u, p),) = two_sample_stats(blocks([x]), blocks([y]), "v", 1, len(x), len(y), 0.99, 2.5758).select("u", "p_value").rows()
+            assert (u, p) == (pytest.approx(ref_u), pytest.approx(ref_p, abs=1e-12))
 
 
 # -- structure ------------------------------------------------------------------------
@@ -623,12 +617,12 @@ def test_phase_filter_limits_every_finding() -> None:
 
 
 def test_a_module_missing_from_the_lookup_is_named_by_its_id() -> None:
-    from modtrace.analysis.diff import RunCalls, diff_runs
+    from modtrace.analysis.diff import RunCalls, diff_history
 
     base, cand = calls_of_spans(synth(seed=1)), calls_of_spans(synth(seed=2))
     head = list(TREE).index("Net.head")
     lost = RunCalls(cand.calls, cand.modules.filter(pl.col("module_id") != head), cand.devices)
-    result = diff_runs(base, lost)
+    result = diff_history([base], lost)
     assert kinds(result)[:2] == [
         ("module_removed", "Net.head", None, "called", "not called"),
         ("module_added", f"<module {head}>", None, "not called", "called"),
@@ -678,7 +672,7 @@ def history(noise: float = 0.03) -> list:  # type: ignore[type-arg]
 
 
 def test_a_history_tells_a_step_wide_slowdown_from_load() -> None:
-    from modtrace.analysis.diff import diff_history, diff_runs
+    from modtrace.analysis.diff import diff_history
 
     bases = history()
     aa = diff_history(bases, calls_of_spans(synth(self_us=scaled(1.08), seed=20)))
@@ -692,7 +686,7 @@ def test_a_history_tells_a_step_wide_slowdown_from_load() -> None:
     assert max(per_run) / min(per_run) > 1.1
     assert all(c.passed for c in found.step.checks)
     # one base run cannot tell it from a busier machine, and does not fail
-    assert not diff_runs(bases[0], slow).failed("regression")
+    assert not diff_history(bases[:1], slow).failed("regression")
 
 
 def test_a_history_blames_one_slower_module_and_not_its_ancestors() -> None:

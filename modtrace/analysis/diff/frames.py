@@ -125,15 +125,9 @@ def key_phase_name(key: pl.Expr) -> pl.Expr:
     return pl.lit(pl.Series(PHASES)).gather(key_phase(key))
 
 
-def phase_codes(phases: tuple[str, ...] | None) -> list[int] | None:
-    """Phase names -> their codes; None (every phase) stays None."""
-    return None if phases is None else [PHASES.index(p) for p in phases]
-
-
 def of_phases(calls: pl.DataFrame, phases: tuple[str, ...] | None) -> pl.DataFrame:
     """The calls of ``phases`` (None: all)."""
-    codes = phase_codes(phases)
-    return calls if codes is None else calls.filter(pl.col("phase").is_in(codes))
+    return calls if phases is None else calls.filter(pl.col("phase").is_in([PHASES.index(p) for p in phases]))
 
 
 # -- options and result --------------------------------------------------------------

@@ -1,13 +1,10 @@
-"""The whole diff: base runs' and a candidate's calls -> timing verdicts, the step verdict,
-structure findings, the first order divergence.
+"""The whole diff: base runs' and a candidate's calls -> a ``DiffResult``.
 
-One path for one base run and for a history of them (``diff_history``; ``diff_runs`` is a history
-of one): each run is prepared (compared steps, filled samples, placement, call sequence), the base
-runs' samples pooled with their ranks apart (``step.RANK_STRIDE``), then ``verdicts`` judges the
-modules, ``step`` the step, ``structure`` and ``order`` the rest.  What varies from one base run
-to the next is noise, so a history widens every bar by its own spread (docs/diff.md, "The rule").
-Structure is compared against the pooled steps of the base runs (a module is removed when some
-base run called it and the candidate did not), call order against the newest base run.
+One path for one base run and for a history of them (``diff_history``): each run is prepared
+(compared steps, filled samples, placement, call sequence, probes), the base runs' samples pooled
+with their ranks apart (``step.RANK_STRIDE``), then ``verdicts`` judges the modules, ``step`` the
+step, ``structure`` and ``order`` the rest (structure against the pooled base steps, call order
+against the newest base run).  The rule: docs/diff.md, "The rule".
 """
 
 from __future__ import annotations
@@ -55,8 +52,8 @@ class _Side:
     units: pl.DataFrame  # rank, step, step_ns
     raw: pl.DataFrame  # samples as called (compared_samples)
     samples: pl.DataFrame  # filled samples with shares
-    placed: pl.DataFrame | None  # mkey, device, stream (the newest base run's and the candidate's)
-    sequence: pl.DataFrame | None  # call_sequences (idem)
+    placed: pl.DataFrame  # mkey, device, stream (of a pool: the newest base run's)
+    sequence: pl.DataFrame  # call_sequences (idem)
     probed: pl.DataFrame  # units with probe_ns (speed.probed_units)
 
 
@@ -144,17 +141,11 @@ def diff_history(bases: Sequence[RunCalls], cand: RunCalls, options: DiffOptions
                       calls=calls)
 
 
-def diff_runs(base: RunCalls, cand: RunCalls, options: DiffOptions | None = None) -> DiffResult:
-    """The candidate against one base run: ``diff_history`` of a history of one."""
-    return diff_history([base], cand, options)
-
-
 def compare_rest(b: _Side, c: _Side, names: pl.DataFrame, options: DiffOptions
                  ) -> tuple[pl.DataFrame, Divergence | None, pl.DataFrame, bool]:
     """Structure findings, the first order divergence, the data-dependent calls per step, and
     whether either run's call order varies from step to step (then order is not compared: a
     divergence between the runs is what their own steps already do)."""
-    assert b.placed is not None and c.placed is not None and b.sequence is not None and c.sequence is not None
     structure = compare_structure(b.samples, c.samples, names, b.placed, c.placed)
     varies = order_varies(b.sequence) or order_varies(c.sequence)
     divergence = None if varies else first_divergence(b.sequence, c.sequence, names, options)
@@ -164,5 +155,5 @@ def compare_rest(b: _Side, c: _Side, names: pl.DataFrame, options: DiffOptions
 
 
 def diff_spans(base_spans: pl.DataFrame, cand_spans: pl.DataFrame, options: DiffOptions | None = None) -> DiffResult:
-    """``diff_runs`` of two spans frames."""
-    return diff_runs(calls_of_spans(base_spans), calls_of_spans(cand_spans), options)
+    """``diff_history`` of two spans frames: the candidate against one base run."""
+    return diff_history([calls_of_spans(base_spans)], calls_of_spans(cand_spans), options)

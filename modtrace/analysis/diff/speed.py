@@ -1,14 +1,10 @@
 """Step times at one machine speed: each step against the speed probe taken before it.
 
 A run recorded with the speed probe (``modtrace.recording.speed_probe``) timed the same fixed
-work just before each recorded step; on a shared runner the step and the probe before it slow
-down together, their ratio does not.  These functions turn a run's steps into the measures the
-step verdict weighs ("wall", "cpu", "cpu_raw"; ``step.measure_step``), each defined once in
-docs/diff.md ("The step"), with why each is taken.
-
-A step takes the probe in the gap before it: the latest probe on its rank taken before the
-step's first call (by event seq: the probe notes the seq the next event took), and not already
-taken by the step before (a step re-cut into root calls may have none).
+work just before each recorded step.  These functions turn a run's steps into the measures the
+step verdict weighs ("wall", "cpu", "cpu_raw"; ``step.measure_step``), defined once in
+docs/diff.md ("The step").  A step takes the latest probe on its rank taken before its first
+call (by event seq) and not already taken by the step before.
 """
 
 from __future__ import annotations
@@ -24,30 +20,21 @@ from modtrace.core.codes import ProbeWork
 PROBE_CAP = 1.5
 
 
-def probe_windows(speeds: pl.DataFrame) -> pl.DataFrame:
-    """Probe rows -> with, from each probe to the rank's next, ``window_cpu_ns``: the recording
-    thread's CPU time, and ``share``: that over the host's time (the share of the window the
-    program ran, at most 1); both null for the last probe and where the run noted no CPU time
-    (an injected clock)."""
-    nxt = pl.col("cpu_ns").shift(-1).over("rank", order_by="seq"), pl.col("real_ns").shift(-1).over("rank", order_by="seq")
-    cpu = nxt[0] - pl.col("cpu_ns")
-    share = cpu / (nxt[1] - pl.col("real_ns"))
-    return speeds.with_columns(pl.when(cpu > 0).then(cpu).alias("window_cpu_ns"),
-                               pl.when(share > 0).then(pl.min_horizontal(share, pl.lit(1.0))).alias("share"))
-
-
 def probed_units(compared: pl.DataFrame, units: pl.DataFrame, speeds: pl.DataFrame | None) -> pl.DataFrame:
     """Step units (rank, step, step_ns) with ``probe_ns``, the probe taken in the gap before each
-    step (null where none was), ``window_cpu_ns``, the thread's CPU time from it to the next probe
-    (null where that is not known), and ``share``, the share of the CPU its window had
-    (``probe_windows``; a window without one takes the run's median share; null where the run
-    noted no CPU time).  From the compared calls' first seq (span_id) per step and ``speeds``."""
+    step (null where none was), ``window_cpu_ns``, the thread's CPU time from it to the next probe,
+    and ``share``, that over the host's time (at most 1; a window without one takes the run's
+    median share); both null where the run noted no CPU time (an injected clock)."""
     if speeds is None or speeds.height == 0 or units.height == 0:
         return units.with_columns(pl.lit(None, pl.Int64).alias("probe_ns"), pl.lit(None, pl.Int64).alias("window_cpu_ns"),
                                   pl.lit(None, pl.Float64).alias("share"))
     starts = compared.group_by("rank", "step").agg(pl.col("span_id").min().cast(pl.Int64).alias("_start")).with_columns(
         pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32))
-    probes = probe_windows(speeds).select(pl.col("rank").cast(pl.Int32), pl.col("seq").alias("_probe_seq"), "probe_ns",
+    nxt_cpu, nxt_real = (pl.col(c).shift(-1).over("rank", order_by="seq") for c in ("cpu_ns", "real_ns"))
+    cpu, share = nxt_cpu - pl.col("cpu_ns"), (nxt_cpu - pl.col("cpu_ns")) / (nxt_real - pl.col("real_ns"))
+    windows = speeds.with_columns(pl.when(cpu > 0).then(cpu).alias("window_cpu_ns"),
+                                  pl.when(share > 0).then(pl.min_horizontal(share, pl.lit(1.0))).alias("share"))
+    probes = windows.select(pl.col("rank").cast(pl.Int32), pl.col("seq").alias("_probe_seq"), "probe_ns",
                                           pl.col("window_cpu_ns").cast(pl.Int64), "share").sort("_probe_seq")
     timed = units.join(starts, on=["rank", "step"], how="left").sort("_start")
     matched = timed.join_asof(probes, left_on="_start", right_on="_probe_seq", by="rank", strategy="backward",
@@ -92,13 +79,13 @@ def at_shares(sides: Sequence[pl.DataFrame]) -> list[pl.DataFrame]:
 
 
 def reference_probe(history: Sequence[pl.DataFrame]) -> float:
-    """The history's median probe: the speed adjusted step times are expressed at."""
+    """The history's median probe: the speed step times are expressed at."""
     return float(pl.concat([u.select("probe_ns") for u in history])["probe_ns"].median())  # type: ignore[arg-type]
 
 
 def adjusted(units: pl.DataFrame, reference: float) -> pl.DataFrame:
-    """``probed_units`` with ``step_ns`` replaced by step_ns * reference / probe_ns."""
-    return units.with_columns((pl.col("step_ns") * reference / pl.col("probe_ns")).round(0).cast(pl.Int64).alias("step_ns"))
+    """Step units with ``step_ns`` at the reference speed: step_ns * reference / probe_ns."""
+    return units.select("rank", "step", (pl.col("step_ns") * reference / pl.col("probe_ns")).round(0).cast(pl.Int64))
 
 
 def _capped_probe() -> pl.Expr:
@@ -106,22 +93,16 @@ def _capped_probe() -> pl.Expr:
 
 
 def _cpu_work() -> pl.Expr:
-    """A step's window of CPU time less its capped probe (``cpu_per_step``)."""
     return pl.max_horizontal(pl.col("window_cpu_ns") - _capped_probe(), pl.lit(0))
 
 
 def cpu_per_step(units: pl.DataFrame) -> pl.DataFrame:
-    """``probed_units`` of one or more runs (ranks apart) -> (rank, step, step_ns) with ``step_ns``
-    the step's window of CPU time less its probe (a probe counts for at most ``PROBE_CAP`` times
-    the rank's median: a longer one was preempted, and the CPU clock beside it had stopped)."""
+    """``probed_units`` of one or more runs (ranks apart) -> (rank, step, step_ns): the step's
+    window of CPU time less its probe, capped at ``PROBE_CAP`` times the rank's median."""
     return units.select("rank", "step", _cpu_work().round(0).cast(pl.Int64).alias("step_ns"))
 
 
 def cpu_at_speed(units: pl.DataFrame, reference: float) -> pl.DataFrame:
-    """``cpu_per_step`` times ``reference`` over the step's probe (capped as there).
-    Each step's own probe follows the machine's speed through the run (a neighbour on the
-    other hyperthread of the core, the clock), but it is timed on the wall clock, and one
-    preempted on a crowded machine reads a whole time slice long where the CPU clock beside it
-    had stopped."""
+    """``cpu_per_step`` times ``reference`` over the step's probe (capped as there)."""
     return units.select("rank", "step", (_cpu_work() * reference / _capped_probe()).round(0).cast(pl.Int64)
                         .alias("step_ns"))

@@ -1,17 +1,7 @@
 """The statistics of a diff: Mann-Whitney U, Holm, order-statistic intervals, a Laplace noise null.
 
-Everything works on integer samples of many keys at once (one key per
-module and phase), from one sort where possible: ranks, rank sums and
-order statistics of a sorted block need no grouping.
-
-- ``two_sample_stats``: per key, the medians of two samples, their standard
-  errors (McKean-Schrader, from order statistics) and the two-sided
-  Mann-Whitney U test (normal approximation, tie-corrected variance,
-  continuity correction);
-- ``holm``: Holm's step-down adjustment of p-values over a family;
-- ``laplace_noise_p``: how unlikely each value is as noise around the
-  median of all, Laplace noise whose scale comes from their median absolute
-  deviation (MAD).
+Samples of many keys (one per module and phase) are judged at once, from one sort where
+possible: ranks, rank sums and order statistics of a sorted block need no grouping.
 """
 
 from __future__ import annotations
@@ -25,8 +15,6 @@ import polars as pl
 INT64_LIMIT = 2**63
 # Below this variance of U, every value of a key is tied: p = 1.
 _MIN_VARIANCE = 1e-9
-# Tied rows (as a fraction of all) below which ties are corrected apart from the plain ranks.
-_TIES_APART_BELOW = 0.25
 
 
 def normal_quantile(p: float) -> float:
@@ -59,12 +47,7 @@ def min_steps(alpha: float) -> int:
 
 
 def holm(p_values: pl.Series) -> pl.Series:
-    """Holm-adjusted p-values (family-wise error over all the keys compared); nulls stay null.
-
-    With one test per module and phase, some raw p < 0.01 are expected by
-    chance alone in a large model; the adjusted ones are < alpha only for
-    changes that are real with probability 1 - alpha over the whole family.
-    """
+    """Holm-adjusted p-values (family-wise error over all the keys compared); nulls stay null."""
     values = p_values.to_list()
     present = sorted((p, i) for i, p in enumerate(values) if p is not None)
     m = len(present)
@@ -94,16 +77,8 @@ def sort_within(key: pl.Series, value: pl.Series) -> pl.DataFrame:
     return pl.DataFrame({"k": k, "x": x}).sort("x").sort("k", maintain_order=True)
 
 
-def rank_sums(key: pl.Series, side: pl.Series, value: pl.Series) -> pl.DataFrame:
-    """Per key ``k`` of two samples (``side`` 0 and 1) of integers: n, n1, r1 (sum of the average
-    ranks of side 1 in the pooled sample) and tie (sum over blocks of t equal values of t^3 - t)."""
-    v = value.cast(pl.Int64)
-    shift = int(v.min()) if v.len() else 0
-    return rank_sums_sorted(sort_within(key, (v - shift) * 2 + side.cast(pl.Int64)))
-
-
 def mw_p_values(sums: pl.DataFrame) -> pl.DataFrame:
-    """``rank_sums`` -> k, u (U of side 1) and p_value (normal approximation, tie-corrected
+    """Rank sums (``rank_sums_sorted``) -> k, u (U of side 1) and p_value (normal approximation, tie-corrected
     variance, continuity correction; null when a side is empty, 1.0 when every value is tied)."""
     n1 = pl.col("n1")
     big_n = pl.col("n")
@@ -122,17 +97,6 @@ def mw_p_values(sums: pl.DataFrame) -> pl.DataFrame:
         for z, ok in zip(per["_z"].to_list(), per["_ok"].to_list(), strict=True)
     ]
     return per.select("k", "u", pl.Series("p_value", p, dtype=pl.Float64))
-
-
-def mann_whitney(long: pl.DataFrame) -> pl.DataFrame:
-    """Two-sided Mann-Whitney U per ``key`` of ``long`` (key, side 0 base / 1 cand, v integer).
-
-    Returns key, ``u`` (U of the candidate) and ``p_value``.  The ranks come
-    from one sort of (key, v); the tie term sum(t^3 - t) sums t^2 - 1 over
-    the t rows of each block of equal values.
-    """
-    out = mw_p_values(rank_sums(long["key"], long["side"], long["v"]))
-    return out.select(pl.col("k").alias("key"), "u", "p_value")
 
 
 def _order_stat_positions(n: int, confidence: float) -> tuple[int, int, int, int, float]:
@@ -163,34 +127,15 @@ def _block_stats(sorted_x: pl.Series, n_keys: int, n: int, confidence: float, pr
     })
 
 
-def median_summary(samples: pl.DataFrame, column: str, confidence: float) -> pl.DataFrame:
-    """Per ``key`` of filled samples: n, median of ``column`` and its standard error (McKean-Schrader)."""
-    counts = samples.group_by("key").agg(pl.len().alias("_n")).sort("key")
-    sizes = set(counts["_n"].to_list())
-    if len(sizes) > 1:
-        raise ValueError("median_summary needs the same number of samples for every key (use fill_steps)")
-    n = sizes.pop() if sizes else 0
-    dense = counts.with_row_index("_g").select("key", pl.col("_g").cast(pl.Int64))
-    s = samples.join(dense, on="key")
-    v = s[column].cast(pl.Int64)
-    shift = int(v.min()) if v.len() else 0
-    ordered = sort_within(s["_g"], v - shift)
-    stats = _block_stats(ordered["x"] + shift, dense.height, n, confidence, "")
-    return dense.join(stats, left_on="_g", right_on="k").select(
-        "key", pl.lit(n, dtype=pl.Int64).alias("n"), "median", "se"
-    )
-
-
 def two_sample_stats(base: pl.DataFrame, cand: pl.DataFrame, column: str, n_keys: int, n_b: int, n_c: int,
             confidence: float, z: float) -> pl.DataFrame:
     """Filled samples of both runs (dense key ``k`` in [0, n_keys), ``n_b`` / ``n_c`` rows per key)
-    -> per k: medians, standard errors, U and p of ``column``, from one sort.
+    -> per k: medians (``b_median``, ``c_median``), standard errors (McKean-Schrader), ``spread``
+    (z times their combined error), ``u`` and ``p_value`` of ``column``.
 
-    The hot loop of a diff (four metrics of every module and step of both
-    runs).  Every key has n = n_b + n_c values, so after one sort of
-    (k, value, side) packed into an Int64 the key of row i is i // n and its
-    position in the key i % n: ranks, rank sums and order statistics need no
-    grouping (``rank_sums`` is the general form, for unequal groups).
+    The hot loop of a diff.  Every key has n = n_b + n_c values, so after one sort of
+    (k, value, side) packed into an Int64 the key of row i is i // n and its position in the
+    key i % n: ranks, rank sums and order statistics need no grouping.
     """
     n = n_b + n_c
     key = pl.concat([base["k"], cand["k"]]).cast(pl.Int64)
@@ -234,7 +179,7 @@ def two_sample_stats(base: pl.DataFrame, cand: pl.DataFrame, column: str, n_keys
 
 def _two_sample_stats_grouped(key: pl.Series, side: pl.Series, v: pl.Series, n_keys: int, n_b: int, n_c: int,
                     confidence: float, z: float) -> pl.DataFrame:
-    """``_metric`` for values too wide to pack with their key."""
+    """``two_sample_stats`` of values too wide to pack with their key."""
     shift = int(v.min())  # type: ignore[arg-type]
     s = sort_within(key, (v - shift) * 2 + side)
     value = s["x"] // 2 + shift
@@ -252,69 +197,24 @@ def _with_medians(sums: pl.DataFrame, sorted_b: pl.Series, sorted_c: pl.Series, 
     )
 
 
-def rank_sums_sorted(s: pl.DataFrame, *, ties_apart: bool | None = None) -> pl.DataFrame:
-    """``rank_sums`` of rows sorted by ``sort_within`` (x = value * 2 + side, value >= 0).
-
-    A block of t equal values at 0-based positions f..l of its key has the
-    average rank (f + l + 2) / 2 for each, and contributes t^3 - t to the
-    tie term.  Ties are few in nanosecond times, so by default (when under a
-    quarter of the rows tie) every row takes its rank p + 1 and only the
-    tied rows are corrected, apart; otherwise (identical runs, many zeros)
-    every row gets its block's bounds.  ``ties_apart`` forces one way.
-    """
-    row = pl.int_range(pl.len(), dtype=pl.Int64)
-    u = pl.col("x") // 2
+def rank_sums_sorted(s: pl.DataFrame) -> pl.DataFrame:
+    """Rows sorted by ``sort_within`` (x = value * 2 + side, value >= 0) -> per key ``k``: n, n1,
+    r1 (the rank sum of side 1) and tie (the tie term).  A block of t equal values at 0-based
+    positions f..l of its key has the average rank (f + l + 2) / 2 and adds t^3 - t."""
+    p = pl.int_range(pl.len(), dtype=pl.Int64)
     first = (pl.col("k") != pl.col("k").shift(1)).fill_null(True)
     last = (pl.col("k") != pl.col("k").shift(-1)).fill_null(True)
-    tied = ((u == u.shift(1)) & ~first) | ((u == u.shift(-1)) & ~last)
-    rows = s.with_columns(
-        (row - pl.when(first).then(row).forward_fill()).alias("_p"),
-        (pl.col("x") % 2).alias("_s"),
-        u.alias("_u"),
-        tied.fill_null(False).alias("_tied"),
-        first.alias("_first"),
-        last.alias("_last"),
-    )
-    if ties_apart is None:
-        ties_apart = int(rows["_tied"].sum()) < _TIES_APART_BELOW * rows.height
-    if not ties_apart:
-        new = pl.col("_first") | (pl.col("_u") != pl.col("_u").shift(1))
-        end = pl.col("_last") | (pl.col("_u") != pl.col("_u").shift(-1))
-        lo = pl.when(new).then("_p").forward_fill()
-        hi = pl.when(end).then("_p").backward_fill()
-        return rows.select(
-            "k", "_s", ((lo + hi + 2) * pl.col("_s")).alias("_r2"), ((hi - lo + 1) ** 2 - 1).alias("_t")
-        ).group_by("k", maintain_order=True).agg(
-            pl.len().cast(pl.Float64).alias("n"),
-            pl.col("_s").sum().cast(pl.Float64).alias("n1"),
-            (pl.col("_r2").sum() / 2).cast(pl.Float64).alias("r1"),
-            pl.col("_t").sum().cast(pl.Float64).alias("tie"),
-        )
-    rank = pl.col("_p") + 1
-    plain = rows.group_by("k", maintain_order=True).agg(
+    rows = s.with_columns((p - pl.when(first).then(p).forward_fill()).alias("_p"), (pl.col("x") // 2).alias("_u"),
+                          (pl.col("x") % 2).alias("_s"), first.alias("_first"), last.alias("_last"))
+    lo = pl.when(pl.col("_first") | (pl.col("_u") != pl.col("_u").shift(1))).then("_p").forward_fill()
+    hi = pl.when(pl.col("_last") | (pl.col("_u") != pl.col("_u").shift(-1))).then("_p").backward_fill()
+    return rows.select(
+        "k", "_s", ((lo + hi + 2) * pl.col("_s")).alias("_r2"), ((hi - lo + 1) ** 2 - 1).alias("_t")
+    ).group_by("k", maintain_order=True).agg(
         pl.len().cast(pl.Float64).alias("n"),
         pl.col("_s").sum().cast(pl.Float64).alias("n1"),
-        (rank * pl.col("_s")).sum().cast(pl.Float64).alias("_r1"),
-    )
-    ties = (
-        rows.filter("_tied")
-        .group_by("k", "_u")
-        .agg(
-            pl.len().cast(pl.Float64).alias("_t"),
-            pl.col("_s").sum().cast(pl.Float64).alias("_c"),
-            (rank * pl.col("_s")).sum().cast(pl.Float64).alias("_rs"),
-            rank.mean().alias("_avg"),
-        )
-        .group_by("k")
-        .agg(
-            (pl.col("_c") * pl.col("_avg") - pl.col("_rs")).sum().alias("_corr"),
-            (pl.col("_t") ** 3 - pl.col("_t")).sum().alias("tie"),
-        )
-    )
-    return plain.join(ties, on="k", how="left", maintain_order="left").select(
-        "k", "n", "n1",
-        (pl.col("_r1") + pl.col("_corr").fill_null(0.0)).alias("r1"),
-        pl.col("tie").fill_null(0.0).cast(pl.Float64),
+        (pl.col("_r2").sum() / 2).cast(pl.Float64).alias("r1"),
+        pl.col("_t").sum().cast(pl.Float64).alias("tie"),
     )
 
 
@@ -322,40 +222,23 @@ def two_sample_p(a: pl.Series, b: pl.Series) -> float | None:
     """Two-sided Mann-Whitney p of two integer samples (None when one is empty)."""
     if a.len() == 0 or b.len() == 0:
         return None
-    v = pl.concat([a, b])
+    v = pl.concat([a, b]).cast(pl.Int64)
     side = pl.concat([pl.zeros(a.len(), pl.Int64, eager=True), pl.ones(b.len(), pl.Int64, eager=True)])
-    p = mw_p_values(rank_sums(pl.zeros(v.len(), pl.Int64, eager=True), side, v))["p_value"][0]
+    ordered = sort_within(pl.zeros(v.len(), pl.Int64, eager=True), (v - int(v.min())) * 2 + side)
+    p = mw_p_values(rank_sums_sorted(ordered))["p_value"][0]
     return None if p is None else float(p)
 
 
-def laplace_null(x: pl.Series) -> tuple[float, float]:
-    """(centre, scale) of ``x`` taken as Laplace noise: the median m and b = MAD / ln 2.
-
-    The median absolute deviation (MAD) is the robust estimate of b.  When
-    more than half the values sit exactly at the median it is 0, and b is
-    then the mean absolute deviation from the median (Laplace's maximum
-    likelihood estimate of b): a value off the median is judged against the
-    spread of the others, instead of counting as infinitely unlikely.
-    """
-    if x.len() == 0:
-        return 0.0, 0.0
-    m = float(x.median())  # type: ignore[arg-type]
-    dev = (x - m).abs()
-    mad = float(dev.median())
-    if mad > 0:
-        return m, mad / math.log(2)
-    return m, float(dev.mean())
-
-
-def laplace_p(x: list[float | None], centre: float, scale: float) -> pl.Series:
-    """p = exp(-|x - centre| / scale) of each value under ``laplace_null``'s noise: 1 at the
-    centre, null for a null value."""
-    p: list[float | None] = []
-    for v in x:
-        if v is None:
-            p.append(None)
-            continue
-        dev = abs(v - centre)
-        # scale 0: every value of the null sits at its centre (laplace_null), no evidence of noise either way
-        p.append(1.0 if dev == 0 or scale <= 0 else math.exp(-dev / scale))
-    return pl.Series(p, dtype=pl.Float64)
+def laplace_noise_p(x: list[float | None]) -> pl.Series:
+    """p = exp(-|x - m| / b) of each value as Laplace noise around the median m of all, with
+    b = MAD / ln 2 (the robust estimate); when more than half the values sit at the median the MAD
+    is 0, and b is their mean absolute deviation (Laplace's maximum likelihood estimate).  1 at
+    the median, null for a null value."""
+    values = pl.Series([v for v in x if v is not None], dtype=pl.Float64)
+    m = float(values.median()) if values.len() else 0.0  # type: ignore[arg-type]
+    dev = (values - m).abs()
+    mad = float(dev.median()) if values.len() else 0.0
+    scale = mad / math.log(2) if mad > 0 else float(dev.mean() or 0.0)
+    # scale 0: every value sits at the median, no evidence of noise either way
+    return pl.Series([None if v is None else 1.0 if v == m or scale <= 0 else math.exp(-abs(v - m) / scale)
+                      for v in x], dtype=pl.Float64)

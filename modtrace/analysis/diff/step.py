@@ -1,10 +1,7 @@
 """The step: the candidate's step time against the base runs', as checks (docs/diff.md, "The step").
 
-``judge_step`` takes the base runs' step units (ranks apart by ``RANK_STRIDE``) and the
-candidate's, with their speed probes when every run took them, chooses the measure of the step
-(``measure_step``), and returns a ``StepVerdict`` whose checks decide it.  One base run is a
-history of one: the same code judges it, and its ``history_runs`` check fails (a step-wide change
-cannot be told from machine load with one run), so its verdict is ``unknown``.
+``measure_step`` chooses the measure of the step, ``judge_step`` returns the ``StepVerdict`` whose
+checks decide it; one base run fails ``history_runs``, so its verdict is ``unknown``.
 """
 
 from __future__ import annotations
@@ -81,9 +78,7 @@ class Measures:
         return {name: s for name, m in self.measures.items() if (s := m.spread()) is not None}
 
     def confirming(self, options: DiffOptions) -> str | None:
-        """The other CPU measure, which must agree with a step-wide change (check ``confirmed``);
-        the CPU time as measured only while it spread at most ``confirm_spread`` times as wide as
-        the judged measure (a wider one's veto would be its own noise); None on other measures."""
+        """The measure of check ``confirmed`` (docs/diff.md, "The step"), or None."""
         other = next((name for name in self.measures if name != self.judged), None)
         spreads = self.spreads()
         if other != "cpu_raw" or other not in spreads or self.judged not in spreads:
@@ -93,12 +88,9 @@ class Measures:
 
 def measure_step(base: pl.DataFrame, cand: pl.DataFrame, base_probed: list[pl.DataFrame], cand_probed: pl.DataFrame,
                  *, cpu: bool, same_work: bool) -> Measures:
-    """The measures of the step (docs/diff.md, "The step"): "raw" (the steps' own times) unless
-    every compared step of every run has its own speed probe (and every probe timed the same work,
-    ``same_work``); then, with ``cpu`` (a CPU program on one intra-op thread) and every window of
-    CPU time noted, "cpu" (the thread's CPU time per step at the base runs' speed) and "cpu_raw"
-    (as measured), judging the one whose base runs spread less (a tie keeps "cpu"); else "wall"
-    (the step at the base runs' speed)."""
+    """The measures of the step and the one judged (docs/diff.md, "The step"): "raw", or with a
+    probe before every step of every run (of the same work, ``same_work``) "cpu" and "cpu_raw"
+    (``cpu``: a CPU program on one intra-op thread, every window of CPU time noted), else "wall"."""
     sides = [*base_probed, cand_probed]
     if not same_work or unprobed(sides):
         return Measures({"raw": Measure(base, cand)}, "raw")
@@ -113,15 +105,13 @@ def measure_step(base: pl.DataFrame, cand: pl.DataFrame, base_probed: list[pl.Da
         return Measures(measures, judged, ref, speed / ref)
     *history, cand_at = at_shares(sides)
     ref = reference_probe(history)
-    wall = Measure(adjusted(pl.concat(history), ref).drop("probe_ns"), adjusted(cand_at, ref).drop("probe_ns"))
+    wall = Measure(adjusted(pl.concat(history), ref), adjusted(cand_at, ref))
     return Measures({"wall": wall}, "wall", ref, speed / ref)
 
 
 def step_bounds(levels: Sequence[float], options: DiffOptions, at_speed: bool) -> tuple[float, float] | None:
-    """(below, above): the candidate's level is a step-wide improvement below ``below`` and a
-    regression above ``above`` (check ``beyond_history``); None without positive levels.  At speed
-    the range widened by ``step_margin`` or its own width relative to its median, whichever is
-    larger; raw, by its own width and ``step_margin`` both (raw times carry the machine's load)."""
+    """(below, above): the bars of check ``beyond_history`` (docs/diff.md, "The step"); None
+    without positive levels."""
     if not levels or min(levels) <= 0:
         return None
     low, high = min(levels), max(levels)

@@ -1,18 +1,7 @@
 """Structure: what is called, in which phase, how often and where, compared between two runs.
 
-One row per finding (``STRUCTURE_SCHEMA``): ``module_removed`` /
-``module_added`` (a module called in one run only, its called submodules
-folded in), ``phase_removed`` / ``phase_added`` (e.g. a recompute that
-appeared), ``calls_changed``, ``device_changed`` and ``stream_changed``.
-``order_changed`` comes from ``order``.
-
-Calls per step are compared as distributions (``calls_per_step``): a
-module called the same number of times in every step of both runs changed
-when that number did; one whose count varies from step to step inside a
-run (routing in a mixture of experts, early exit, loops over data) changed
-only when the two runs' ranges of calls per step do not overlap, i.e. the
-change lies outside both runs' own variation.  A module that appears or
-disappears is always a finding.
+One row per finding (``STRUCTURE_SCHEMA``; the kinds and when each is found: docs/diff.md,
+"Structure"); ``order_changed`` comes from ``order``.
 """
 
 from __future__ import annotations

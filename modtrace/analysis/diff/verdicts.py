@@ -1,12 +1,6 @@
 """Timing: the filled samples of the base run(s) and the candidate -> per (module, phase)
-statistics, the rule's checks, and a verdict.
-
-``compare_timing`` gives one row per (fqn, phase) present on both sides: the medians of four
-metrics (self and inclusive time per step, and their shares of the step) with a confidence
-interval and a Holm-adjusted Mann-Whitney p each (shown, not judged), and the checks of the
-rule on *levels* (a low quantile of the time per step) and their shares of the step.  The rule
-and every check's name, value and bar are stated once, in docs/diff.md ("The rule"); each check
-here is one expression named as there.
+statistics (shown), the rule's checks on levels (judged) and a verdict.  Each check is one
+expression named as in docs/diff.md ("The rule"), where the rule is stated.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ from modtrace.analysis.diff.frames import (
 )
 from modtrace.analysis.diff.stats import (
     holm,
-    laplace_null,
-    laplace_p,
+    laplace_noise_p,
     min_p_value,
     normal_quantile,
     two_sample_stats,
@@ -43,14 +36,11 @@ def compare_timing(
     *, n_base: int, n_cand: int, step_ns: float | None = None, history: pl.DataFrame | None = None,
     base_levels: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """Filled samples of two runs (``fill_steps``; ``n_base`` / ``n_cand`` compared steps) -> timing
-    frame (``TIMING_COLUMNS``).
+    """Filled samples of the base runs (pooled) and the candidate (``fill_steps``; ``n_base`` /
+    ``n_cand`` compared steps) -> the timing frame (``TIMING_COLUMNS``) of the keys both have.
 
-    Only keys present in both runs are compared; the others are structure
-    findings.  ``step_ns`` (the base run's median step time) gives ``impact_pct``.  With
-    ``history`` (``history.run_ranges``: per key the lowest and highest of the base runs'
-    medians, reported; ``base`` then pools those runs' steps) ``base_levels`` holds each base
-    run's ``low_levels``, which the verdict judges the candidate against.
+    ``step_ns`` (the base runs' median step time) gives ``impact_pct``; ``history``
+    (``run.run_ranges``) the history columns; ``base_levels`` each base run's ``low_levels``.
     """
     keys = (
         base.select("key").unique().join(cand.select("key").unique(), on="key")
@@ -150,15 +140,9 @@ _HISTORY_COLUMNS = tuple(c for c in TIMING_COLUMNS if "_history_" in c and c != 
 
 
 def low_levels(samples: pl.DataFrame, quantile: float, run: pl.Expr | None = None) -> pl.DataFrame:
-    """Filled samples -> per (``_run``, key) the ``quantile`` of the self and inclusive time per
-    step (``self_level``, ``incl_level``) and their shares of the run's level step (the sum of
-    every key's self level): ``self_level_share``, ``incl_level_share``.
-
-    Load only ever adds time to a step: a busy neighbour preempts the process in whichever
-    module runs, so the upper part of a module's per-step times is the machine's and a low
-    quantile is the module's own.  ``run`` numbers the runs pooled in ``samples`` (a history);
-    None: one run.
-    """
+    """Filled samples -> per (``_run``, key) the levels (docs/diff.md, "Levels"): ``self_level``,
+    ``incl_level`` and their shares of the run's level step, ``self_level_share``,
+    ``incl_level_share``.  ``run`` numbers the runs pooled in ``samples``; None: one run."""
     levels = samples.group_by((pl.lit(0) if run is None else run).alias("_run"), "key").agg(
         pl.col("self_ns").cast(pl.Float64).quantile(quantile, "linear").alias("self_level"),
         pl.col("incl_ns").cast(pl.Float64).quantile(quantile, "linear").alias("incl_level"),
@@ -171,11 +155,9 @@ def low_levels(samples: pl.DataFrame, quantile: float, run: pl.Expr | None = Non
 
 def compare_levels(base: pl.DataFrame, cand: pl.DataFrame) -> pl.DataFrame:
     """``low_levels`` of the base run(s) and of the candidate -> per key, for m in self and incl:
-    the base runs' median level (``_{m}_ref``), their lowest and highest level share
-    (``_{m}_share_lo``, ``_{m}_share_hi``), the candidate's level and share, and ``_{m}_vs_typical``:
-    the candidate's share over the base runs' median share, over the median of that ratio
-    across every key compared (how much more of the step the module takes than the typical
-    module does: machine load moves the typical module too)."""
+    the reference level ``_{m}_ref``, the base runs' lowest, median and highest level share
+    (``_{m}_share_lo``, ``_mid``, ``_hi``), the candidate's (``_{m}_cand``, ``_{m}_share_cand``)
+    and ``_{m}_vs_typical`` (check ``vs_typical``'s value)."""
     refs = base.group_by("key").agg(
         *(pl.col(f"{m}_level").median().alias(f"_{m}_ref") for m in ("self", "incl")),
         *(agg(f"{m}_level_share").alias(f"_{m}_share_{n}") for m in ("self", "incl")
@@ -193,14 +175,13 @@ def compare_levels(base: pl.DataFrame, cand: pl.DataFrame) -> pl.DataFrame:
 
 
 def _direction(metric: str) -> pl.Expr:
-    """+1 where the candidate's level lies above the base runs' median level, else -1: the way
-    each check of the key is judged (slower needs every value above its bar, faster below)."""
+    """+1 where the candidate's level lies above the reference level, else -1."""
     return pl.when(pl.col(f"_{metric}_cand") > pl.col(f"_{metric}_ref")).then(1).otherwise(-1)
 
 
 def _check(name: str, value: pl.Expr, bar_up: pl.Expr, bar_down: pl.Expr, direction: pl.Expr) -> pl.Expr:
-    """One check as a ``CHECK_TYPE`` struct: passed when ``value`` lies beyond the bar of the
-    key's direction (above ``bar_up`` when slower, below ``bar_down`` when faster)."""
+    """One check (``CHECK_TYPE``): passed when ``value`` lies above ``bar_up`` (slower) or below
+    ``bar_down`` (faster), as ``direction`` says."""
     bar = pl.when(direction > 0).then(bar_up).otherwise(bar_down).cast(pl.Float64)
     value = value.cast(pl.Float64).fill_nan(None)  # polars orders NaN above every number
     passed = pl.when(direction > 0).then(value > bar).otherwise(value < bar).fill_null(False)
@@ -208,8 +189,7 @@ def _check(name: str, value: pl.Expr, bar_up: pl.Expr, bar_down: pl.Expr, direct
 
 
 def module_checks(metric: str, options: DiffOptions, min_p: float) -> pl.Expr:
-    """The rule's checks of ``metric`` (self, incl) of every key, as a list (docs/diff.md, "The
-    rule"), from the columns of ``compare_levels`` and the medians."""
+    """The checks of ``metric`` (self, incl) of every key, as a list (docs/diff.md, "A module")."""
     m, d = metric, _direction(metric)
     ref, cand = pl.col(f"_{m}_ref"), pl.col(f"_{m}_cand")
     delta_us = options.min_delta_ns / 1000
@@ -247,9 +227,7 @@ def _all_passed(column: str) -> pl.Expr:
 
 
 def _inherited(frame: pl.DataFrame, options: DiffOptions) -> pl.Series:
-    """Per row: not blamed itself, but the context of a change below it: a module with a compared
-    descendant (by name, same phase) whose inclusive time passed every check, or whose inclusive
-    level moved by ``min_delta_ns`` above a descendant that is blamed."""
+    """Per row, whether the module is ``inherited`` (docs/diff.md, "A module")."""
     inclusive = frame.select(_all_passed("inclusive_checks"))["inclusive_checks"].to_list()
     moved = frame.select((pl.col("_incl_cand") - pl.col("_incl_ref")).abs() > options.min_delta_ns)
     moved_list = moved.to_series().fill_null(False).to_list()
@@ -273,29 +251,15 @@ def _empty_timing() -> pl.DataFrame:
 
 
 def _vs_rest(metric: str) -> pl.Expr:
-    """Candidate over base of share / (1 - share) at the medians: the module's time relative to the
-    rest of the step.  Null when the base share is 0 or a share is the whole step."""
+    """Candidate over base of share / (1 - share) at the medians; null when the base share is 0
+    or a share is the whole step."""
     sb, sc = pl.col(f"{metric}_base"), pl.col(f"{metric}_cand")
     ok = (sb > 0) & (sb < 1) & (sc < 1)
     return pl.when(ok).then((sc / (1 - sc)) / (sb / (1 - sb)))
 
 
 def _noise_p(frame: pl.DataFrame, metric: str) -> pl.Series:
-    """``{metric}_noise_p_adjusted``, reported, not judged: how unlikely each module's
-    ``vs_rest`` is as run-to-run noise around the typical module's.
-
-    x = log(vs_rest) of every compared module; the typical module is their
-    median m.  Two recordings of the same code on a shared machine differ
-    module by module (an op bound by memory slows more than one bound by
-    arithmetic when a neighbour loads the machine), with heavier tails than
-    a normal law: x - m is taken as Laplace noise whose scale b comes from
-    the median absolute deviation (b = MAD / ln 2), an empirical null
-    estimated from all the modules of this pair of runs.  The p-value of a
-    module, exp(-|x - m| / b), is Holm-adjusted over the modules.  It is
-    taken on medians, which a preempted process moves, so the rule judges
-    ``vs_typical`` on levels instead (``compare_levels``).
-    """
-    vs_rest = frame[f"{metric}_vs_rest"]
-    logs = [None if v is None or v <= 0 else math.log(v) for v in vs_rest.to_list()]
-    m, scale = laplace_null(pl.Series([x for x in logs if x is not None], dtype=pl.Float64))
-    return holm(laplace_p(logs, m, scale)).alias(f"{metric}_noise_p_adjusted")
+    """``{metric}_noise_p_adjusted``, reported, not judged (docs/diff.md): how unlikely each
+    module's log ``vs_rest`` is as Laplace noise around the typical module's, Holm-adjusted."""
+    logs = [None if v is None or v <= 0 else math.log(v) for v in frame[f"{metric}_vs_rest"].to_list()]
+    return holm(laplace_noise_p(logs)).alias(f"{metric}_noise_p_adjusted")
