@@ -459,3 +459,31 @@ def budget_plan(models: Sequence[StepModel], budget: int, forward_ns: dict[str, 
     added = int(added_ns_of(frozenset(modules))) if modules else 0
     return BudgetPlan(budget, True, search, n, modules, predicted_peak(models, found), added, step_ns + added,
                       lowest)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """``Database.memory``'s answer: the peak of each counted step (``steps``, every device), the
+    modules by what their forward keeps beside their forward time (``modules``, on ``device``:
+    the device of the largest peak unless one was asked for), the what-if for the modules asked
+    to checkpoint (``what_if``, None when none was) and the budget's cheapest set (``budget``,
+    None when no budget was given).  ``timed_steps``: the steps the times are medians over (the
+    uncounted ones when there are any: counting slows a step).  ``to_dict()`` is the JSON."""
+
+    run: str
+    device: str
+    steps: tuple[StepPeak, ...]
+    modules: tuple[ModuleMemory, ...]
+    step_ns: int
+    timed_steps: int
+    what_if: WhatIf | None = None
+    budget: BudgetPlan | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run, "device": self.device, "step_ns": self.step_ns, "timed_steps": self.timed_steps,
+            "steps": [asdict(s) for s in self.steps],
+            "modules": [asdict(m) for m in self.modules],
+            "what_if": None if self.what_if is None else self.what_if.to_dict(),
+            "budget": None if self.budget is None else self.budget.to_dict(),
+        }

@@ -17,7 +17,7 @@ issues are the stored analysis when the run has one, otherwise computed
 from its events (nothing is written); ``analyze`` stores them.  Frames
 follow the contracts in ``modtrace.core.contracts``.
 
-``Database`` is the product: thirteen members, each documented with an
+``Database`` is the product: fourteen members, each documented with an
 example.  Module-level functions cover the database itself (``upgrade``,
 ``current_revision``, ``check_schema``) and read-only SQL (``query``,
 ``query_library``, ``resolve_query``).
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         RunCalls,
         StepVerdict,
     )
+    from modtrace.analysis.memory_plan import MemoryReport
     from modtrace.analysis.stragglers import Stragglers
     from modtrace.api._steps import Stepped
     from modtrace.api._tree import TreeOptions
@@ -62,21 +63,26 @@ if TYPE_CHECKING:
     from modtrace.store.runs import RunFilter
 
 __all__ = [
-    "AnalyzeSummary", "Check", "Database", "DiffOptions", "DiffResult", "DiffSummary", "ModuleVerdict", "Run",
-    "RunLike", "StepVerdict", "check_schema", "current_revision", "open",
-    "query", "query_library", "resolve_query", "upgrade",
+    "AnalyzeSummary", "BudgetPlan", "Check", "Database", "DiffOptions", "DiffResult", "DiffSummary", "MemoryReport",
+    "ModuleMemory", "ModuleVerdict", "Run", "RunLike", "StepPeak", "StepVerdict", "WhatIf", "check_schema",
+    "current_revision", "open", "query", "query_library", "resolve_query", "upgrade",
 ]
 
 
 _DIFF_TYPES = ("Check", "DiffOptions", "DiffResult", "DiffSummary", "ModuleVerdict", "StepVerdict")
+_MEMORY_TYPES = ("BudgetPlan", "MemoryReport", "ModuleMemory", "StepPeak", "WhatIf")
 
 
 def __getattr__(name: str) -> Any:
-    # The diff's option and result types, without importing polars with this module.
+    # The diff's and memory's result types, without importing polars with this module.
     if name in _DIFF_TYPES:
         import modtrace.analysis.diff
 
         return getattr(modtrace.analysis.diff, name)
+    if name in _MEMORY_TYPES:
+        import modtrace.analysis.memory_plan
+
+        return getattr(modtrace.analysis.memory_plan, name)
     raise AttributeError(f"module 'modtrace.api' has no attribute {name!r}")
 
 
@@ -517,6 +523,46 @@ class Database:
         ref = self._ref(run)
         return stragglers(self._store, ref.id, ref.name, step_kind=step_kind, skip_steps=skip_steps,
                           stored=self._has_analysis(ref))
+
+    def memory(self, run: RunLike, *, checkpoint: str | Sequence[str] = (), budget: int | str | None = None,
+               device: str | None = None) -> MemoryReport:
+        """Where a run's memory goes and what activation checkpointing would buy (``modtrace
+        memory``; the model is in docs/memory.md): the peak live tensor memory of each counted
+        step, each module's forward by what it keeps beside its forward time, and optionally a
+        what-if and a budget search.
+
+        Parameters
+        ----------
+        run
+            The run (see ``run``); recorded with work counters on (``Recorder(counters=...)``), else
+            a ``UsageError`` saying so.
+        checkpoint
+            Globs on module names (``blocks.*``, ``*.mlp``; matched against the full name and the
+            name under the root module); the outermost matching forward calls are the ones
+            checkpointed (non-reentrant) in the what-if.
+        budget
+            Bytes (an int, or text such as ``2GiB``, ``500MB``): find the cheapest set of modules,
+            by measured recompute time, whose checkpointing brings the predicted peak within it.
+        device
+            The device the modules, what-if and budget are for; default the device of the largest
+            peak.
+
+        Returns
+        -------
+        MemoryReport
+            ``steps`` (``StepPeak`` per counted step and device), ``modules`` (``ModuleMemory``,
+            most kept first), ``what_if`` (``WhatIf``: predicted ``peak_bytes``, ``step_ns``,
+            ``added_ns``) and ``budget`` (``BudgetPlan``); ``to_dict()`` is the JSON.
+
+        Examples
+        --------
+        >>> db.memory("@").steps[0].peak_bytes  # doctest: +SKIP
+        >>> db.memory("@", checkpoint=["blocks.*"]).what_if.peak_bytes  # doctest: +SKIP
+        >>> db.memory("@", budget="2GiB").budget.modules  # doctest: +SKIP
+        """
+        from modtrace.api._memory import memory
+
+        return memory(self, self._store, self._ref(run), checkpoint=checkpoint, budget=budget, device=device)
 
     def delete(self, runs: RunLike | Sequence[RunLike], *, force: bool = False) -> list[DeletedRun]:
         """Delete runs with every row that belongs to them (events, spans, issues, trees, device

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "check": ("analysis", "check", "List a run's nesting issues; exit 1 on errors."),
     "diff": ("diff", "diff", "Compare two runs: structure and timing regressions."),
     "stragglers": ("stragglers", "stragglers", "Name the rank and module that held each step back."),
+    "memory": ("memory", "memory", "Where memory goes per module; what checkpointing would buy."),
     "query": ("query", "query", "Run a SQL query from queries/, a file or a string."),
     "export": ("export", "export", "Export a run to Perfetto/Chrome trace, Parquet or CSV."),
     "report": ("export", "report", "Write a self-contained HTML report of a run."),

@@ -14,6 +14,7 @@ rows       ``rows.Table``       table, json, csv, markdown
 tree       ``tree.TreeView``    table, json
 diff       ``diff.DiffView``    table, json, csv, markdown
 stragglers ``Stragglers.to_dict``  table, json, csv, markdown
+memory     ``MemoryReport.to_dict``  table, json, csv, markdown
 report     the report's model   html (``html_report.report_data``)
 trace      ``perfetto.Trace``   perfetto
 =========  ===================  ==========================================
@@ -62,6 +63,12 @@ REGISTRY: dict[str, dict[str, str]] = {
         "csv": "modtrace.renderers.stragglers:StragglersCsvRenderer",
         "markdown": "modtrace.renderers.stragglers:StragglersMarkdownRenderer",
     },
+    "memory": {
+        "table": "modtrace.renderers.memory:MemoryTableRenderer",
+        "json": "modtrace.renderers.memory:MemoryJsonRenderer",
+        "csv": "modtrace.renderers.memory:MemoryCsvRenderer",
+        "markdown": "modtrace.renderers.memory:MemoryMarkdownRenderer",
+    },
     "report": {"html": "modtrace.renderers.html_report:HtmlReportRenderer"},
     "trace": {"perfetto": "modtrace.renderers.perfetto:PerfettoRenderer"},
 }
@@ -81,6 +88,10 @@ def get_renderer(kind: Literal["diff"], name: str, *, progress: Progress | None 
 @overload
 def get_renderer(
     kind: Literal["stragglers"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None
+) -> Renderer[Mapping[str, Any]]: ...
+@overload
+def get_renderer(
+    kind: Literal["memory"], name: str, *, progress: Progress | None = None, terminal: Terminal | None = None
 ) -> Renderer[Mapping[str, Any]]: ...
 @overload
 def get_renderer(

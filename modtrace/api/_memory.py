@@ -1,0 +1,104 @@
+"""``Database.memory``: the counted steps' storages read (``store.memory_plan``), each step's
+timeline and forward calls built and the what-if and budget asked of them
+(``analysis.memory_plan``); times from the run's spans and steps."""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from modtrace.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from modtrace.analysis.memory_plan import MemoryReport, StepModel
+    from modtrace.api import Database
+    from modtrace.api._runs import Run
+    from modtrace.store.engine import Store
+
+
+def no_memory_line(name: str) -> str:
+    return (f"run {name!r} has no counted step with memory: record it with work counters on "
+            f"(modtrace record --counters first|every-step, Recorder(counters='first')), then: "
+            f"modtrace memory {shlex.quote(name)}")
+
+
+def memory(database: Database, store: Store, ref: Run, *, checkpoint: Sequence[str] = (), budget: int | str | None = None,
+           device: str | None = None) -> MemoryReport:
+    import polars as pl
+
+    from modtrace.analysis.memory_plan import (
+        MemoryReport,
+        budget_plan,
+        chosen_modules,
+        module_forward_ns,
+        module_memory,
+        recompute_ns,
+        step_model,
+        step_peaks,
+        what_if,
+    )
+    from modtrace.core.sizes import parse_bytes
+    from modtrace.store.memory_plan import counted_ranges, has_storages, read_returns, read_storages
+
+    patterns = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+    if any(not p.strip() for p in patterns):
+        raise UsageError("checkpoint: an empty pattern", cli="--checkpoint: an empty pattern")
+    limit = None if budget is None else parse_bytes(budget)
+    ranges = counted_ranges(store, ref.id)
+    if not ranges or not has_storages(store, ref.id):
+        raise UsageError(no_memory_line(ref.name))
+    spans = database._spans_on(ref, "host")
+    storages = read_storages(store, ref.id)
+    returns = read_returns(store, ref.id)
+    models: list[StepModel] = []
+    for rank, first, last in ranges:
+        in_range = spans.filter((pl.col("rank") == rank) & pl.col("span_id").is_between(first, last))
+        step = in_range.filter(pl.col("span_id") == first)["step"]
+        mine = storages.filter((pl.col("rank") == rank) & (pl.col("first_seq") == first))
+        if mine.height == 0 or step.len() == 0 or step[0] is None:
+            continue
+        back = returns.filter(pl.col("rank") == rank)
+        for dev in sorted(mine["device"].unique().to_list(), key=str):
+            models.append(step_model(mine.filter(pl.col("device") == dev), in_range, back, rank=rank,
+                                     step=int(step[0]), first_seq=first, device=str(dev)))
+    if not models:
+        raise UsageError(no_memory_line(ref.name))
+    devices = sorted({m.device for m in models})
+    if device is None:
+        device = max(models, key=lambda m: m.peak_bytes).device
+    elif device not in devices:
+        raise UsageError(f"run {ref.name!r} tracked no memory on device {device!r}; its devices: {', '.join(devices)}")
+    chosen = [m for m in models if m.device == device]
+    steps = database.steps(ref)
+    counted = {(m.rank, m.step) for m in models}
+    timed = steps.filter(~pl.struct("rank", "step").map_elements(
+        lambda s: (s["rank"], s["step"]) in counted, return_dtype=pl.Boolean))
+    if timed.height == 0:
+        timed = steps
+    step_ns = int(statistics.median(timed["step_ns"].to_list())) if timed.height else 0
+    forward_ns = module_forward_ns(spans, timed)
+    report = MemoryReport(run=ref.name, device=device, steps=tuple(step_peaks(models)),
+                          modules=tuple(module_memory(chosen, forward_ns)), step_ns=step_ns, timed_steps=timed.height)
+    if patterns:
+        fqns = chosen_modules(chosen, patterns)
+        unmatched = [p for p in patterns if not chosen_modules(chosen, [p])]
+        if unmatched:
+            raise UsageError(f"checkpoint pattern {unmatched[0]!r} matches no module called forward in a counted step "
+                             f"of run {ref.name!r} (patterns are globs on module names, e.g. 'blocks.*' or "
+                             f"'*.mlp')", cli=f"--checkpoint {unmatched[0]!r} matches no module called forward in a "
+                             f"counted step of run {ref.name!r} (a glob on module names, e.g. 'blocks.*' or '*.mlp')")
+        from modtrace.analysis.memory_plan import outermost_names
+
+        added = recompute_ns(spans, outermost_names(chosen, fqns), timed)
+        from dataclasses import replace
+
+        report = replace(report, what_if=what_if(chosen, patterns, step_ns=step_ns, added_ns=added))
+    if limit is not None:
+        from dataclasses import replace
+
+        plan = budget_plan(chosen, limit, forward_ns, step_ns=step_ns,
+                           added_ns_of=lambda f: recompute_ns(spans, f, timed))
+        report = replace(report, budget=plan)
+    return report
