@@ -25,7 +25,13 @@ summary on its last line:
     attributed from its kernels has device times (events recorded either
     side of each kernel launch), and the Linear layers' attributed device
     self time is within 20% of the profiler's GEMM kernel time in the same
-    steps.
+    steps;
+(g) ``step_peak``: with memory counted on every step (``Recorder(counters="every-step")``),
+    each step's peak in ``step_memory`` (the CUDA device's) is within 10% of
+    ``torch.cuda.max_memory_allocated`` with the peak statistics reset at the step's start;
+(h) ``kept_vs_memtracker``: each module's forward ``kept_mem_bytes`` on the counted step
+    is within 5% of torch's ``MemTracker`` (post-forward minus pre-forward total) for
+    the same model and input on CUDA, run beside it (issue 41, point 6).
 
 It is written against the phase-2 API (``Recorder(device_time=...)``,
 ``event_log.device_ts_ns``/``mem_bytes``, the spans' device columns,
@@ -65,6 +71,7 @@ import modtrace  # noqa: E402
 from modtrace.store.engine import open_store  # noqa: E402
 
 EVENT_LOG_COLUMNS = ("device_ts_ns", "mem_bytes")
+MEMORY_SPAN_COLUMNS = ("kept_mem_bytes", "peak_mem_bytes")
 SPAN_COLUMNS = ("device_start_ns", "device_end_ns", "device_duration_ns", "device_self_ns", "mem_delta_bytes",
                 "mem_max_bytes")
 
@@ -87,6 +94,11 @@ def phase2_api(db_dir: Path) -> dict[str, bool]:
             live = {r[1] for r in conn.execute(f"PRAGMA table_info({rel})")}
             for c in cols:
                 found[f"{rel}.{c}"] = c in live
+        spans = {r[1] for r in conn.execute("PRAGMA table_info(spans)")}
+        for c in MEMORY_SPAN_COLUMNS:
+            found[f"spans.{c}"] = c in spans
+        found["step_memory"] = bool(conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'step_memory'").fetchone())
     for command, option in (("record", "--no-device-time"), ("tree", "--clock")):
         out = subprocess.run([sys.executable, "-m", "modtrace", command, "--help"], capture_output=True, text=True,
                              cwd=ROOT, timeout=60)
@@ -428,8 +440,88 @@ def check_f(db: Path, dev: torch.device) -> dict[str, Any]:
             "ratio": ratio}
 
 
+class MemBlock(nn.Module):
+    """Linear, GELU, Linear: its forward keeps the GELU's input and output for the backward."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+        self.proj = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.proj(torch.nn.functional.gelu(self.fc(x)))
+        return out
+
+
+def mem_net(dev: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[MemBlock(1024) for _ in range(4)]).to(dev)
+
+
+def check_g(db: Path, dev: torch.device) -> dict[str, Any]:
+    need("step_memory")
+    net = mem_net(dev)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    x = torch.randn(4096, 1024, device=dev)  # tensors of 16 MiB and more: the allocator's rounding is noise
+    torch_peaks = []
+    with modtrace.Recorder(db=str(db), run="g", counters="every-step") as rec:
+        for _ in range(3):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(dev)
+            net(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+            torch_peaks.append(torch.cuda.max_memory_allocated(dev))
+    rec.wait_analyzed()
+    rows = query(db, "SELECT step, device, peak_bytes FROM step_memory WHERE run_id = ? ORDER BY step", run_id(db, "g"))
+    ours = [int(peak) for _step, device, peak in rows if "cuda" in str(device)]
+    ratios = [o / t for o, t in zip(ours, torch_peaks, strict=False)]
+    ok = len(ours) == len(torch_peaks) and all(0.9 <= r <= 1.1 for r in ratios)
+    return {"ok": ok, "step_memory": rows, "max_memory_allocated": torch_peaks, "ratios": ratios}
+
+
+def check_h(db: Path, dev: torch.device) -> dict[str, Any]:
+    need("spans.kept_mem_bytes")
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+
+    x = torch.randn(4096, 1024, device=dev)
+    net = mem_net(dev)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4)
+    tracker = MemTracker()
+    tracker.track_external(net, opt, x)
+    with tracker:
+        net(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    theirs: dict[str, int] = {}
+    for module, stats in tracker.memory_tracking.items():
+        if not isinstance(module, nn.Module):
+            continue
+        pre, post = stats.snapshots.get(_ModState.PRE_FW, []), stats.snapshots.get(_ModState.POST_FW, [])
+        if pre and post:
+            theirs[stats.mod_fqn] = post[0].get(dev, {}).get("Total", 0) - pre[0].get(dev, {}).get("Total", 0)
+    del net, opt
+    net = mem_net(dev)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4)
+    with modtrace.Recorder(db=str(db), run="h", counters="first") as rec:
+        net(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    rec.wait_analyzed()
+    rows = query(db, "SELECT fqn, kept_mem_bytes FROM spans WHERE run_id = ? AND phase = 'forward' "
+                 "AND kept_mem_bytes IS NOT NULL AND device LIKE 'cuda%'", run_id(db, "h"))
+    ours = {str(fqn): int(kept) for fqn, kept in rows}
+    # MemTracker names modules from the root's class (Sequential.0), modtrace likewise.
+    pairs = {name: (ours.get(name), kept) for name, kept in theirs.items() if kept > 0}
+    ratios = {name: (o / t if o is not None else None) for name, (o, t) in pairs.items()}
+    ok = bool(ratios) and all(r is not None and 0.95 <= r <= 1.05 for r in ratios.values())
+    return {"ok": ok, "memtracker_kept": theirs, "modtrace_kept": ours, "ratios": ratios}
+
+
 CHECKS = {"a_matmul_vs_profiler": check_a, "b_side_stream": check_b, "c_memory_delta": check_c,
-          "d_host_cost": check_d, "e_check_clean": check_e, "f_compiled_on_cuda": check_f}
+          "d_host_cost": check_d, "e_check_clean": check_e, "f_compiled_on_cuda": check_f,
+          "g_step_peak": check_g, "h_kept_vs_memtracker": check_h}
 
 
 def main() -> int:
