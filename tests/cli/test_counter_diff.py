@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import modtrace
+from tests.helpers.training import record_training
 
 
 class MLP(nn.Module):
@@ -49,22 +49,11 @@ class Model(nn.Module):
         return x
 
 
-def _record(db: str, run: str, repeats: int) -> None:
-    torch.manual_seed(0)
-    model = Model(repeats)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with modtrace.Recorder(db=db, run=run, writer="inline"):
-        for _ in range(4):
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-
-
 def test_counter_diff_is_quiet_on_aa_and_names_only_the_module_whose_work_changed(db_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     db = str(db_path)
-    _record(db, "base", 1)
-    _record(db, "again", 1)
-    _record(db, "cand", 3)
+    record_training(db, "base", 4, model=lambda: Model(1), writer="inline")
+    record_training(db, "again", 4, model=lambda: Model(1), writer="inline")
+    record_training(db, "cand", 4, model=lambda: Model(3), writer="inline")
     aa = run_cli("diff", "base", "again", "--db", db, "--fail-on", "counters", "--format", "json")
     assert aa.code == 0, aa
     doc = json.loads(aa.out)

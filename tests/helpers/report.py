@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 import modtrace
-from tests.helpers.database import db_rows
 from tests.helpers.training import record_training
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,10 +49,6 @@ def record_toy(db: str, run: str, *, steps: int = 8, slow_ns: int = 0, **recorde
     """The toy model for ``steps`` steps on an injected clock; ``slow_ns`` slows Toy.body.2 per call."""
     clock = StepClock()
     record_training(db, run, steps, model=lambda: Toy(clock, slow_ns), clock=clock, **recorder)
-
-
-# The one reader of rows (tests/helpers/database.py) by the name tests/renderers/test_report.py uses.
-sql = db_rows
 
 
 def train_tiny() -> ModuleType:

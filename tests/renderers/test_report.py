@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.report import embedded, record_tiny, record_toy, sql
+from tests.helpers.database import db_rows
+from tests.helpers.report import embedded, record_tiny, record_toy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,7 @@ def test_report_is_one_self_contained_file_with_the_runs_data(tmp_path: Path, ru
 
     data = embedded(html)
     assert data["run"]["name"] == "ck" and data["run"]["status"] == "completed"
-    spans_per_step = dict(sql(db, "SELECT step, COUNT(*) FROM spans WHERE run_id = 1 GROUP BY step"))
+    spans_per_step = dict(db_rows(db, "SELECT step, COUNT(*) FROM spans WHERE run_id = 1 GROUP BY step"))
     assert data["span_count"] == sum(spans_per_step.values())
     assert [s["step"] for s in data["steps"]] == sorted(spans_per_step) == [0, 1, 2]
     assert [s["spans"] for s in data["steps"]] == [spans_per_step[s] for s in sorted(spans_per_step)]
@@ -53,15 +54,15 @@ def test_report_is_one_self_contained_file_with_the_runs_data(tmp_path: Path, ru
         assert phases == {"forward", "backward", "recompute"}
         assert all(s[0] >= 0 and s[0] + s[1] <= step["duration_ns"] for s in step["spans"])
     # Per-step times (docs/schema.md, "Step time"): the root spans' durations, split by self time.
-    roots = dict(sql(db, "SELECT step, SUM(duration_ns) FROM spans WHERE run_id = 1 AND depth = 0 GROUP BY step"))
+    roots = dict(db_rows(db, "SELECT step, SUM(duration_ns) FROM spans WHERE run_id = 1 AND depth = 0 GROUP BY step"))
     assert {s["step"]: s["step_ns"] for s in data["steps"]} == roots
     for phase in ("forward", "backward", "recompute"):
-        selfs = dict(sql(db, f"SELECT step, SUM(self_ns) FROM spans WHERE run_id = 1 AND phase = '{phase}' GROUP BY step"))
+        selfs = dict(db_rows(db, f"SELECT step, SUM(self_ns) FROM spans WHERE run_id = 1 AND phase = '{phase}' GROUP BY step"))
         assert {s["step"]: s[f"{phase}_ns"] for s in data["steps"]} == selfs
     assert all(s["recompute_ns"] > 0 and s["forward_ns"] + s["backward_ns"] + s["recompute_ns"] == s["step_ns"]
                for s in data["steps"])
     # Issues: what nesting_issues holds (checkpoint early stops and closes at the end of backward).
-    issues = sql(db, "SELECT severity, kind, COUNT(*) FROM nesting_issues WHERE run_id = 1 GROUP BY severity, kind")
+    issues = db_rows(db, "SELECT severity, kind, COUNT(*) FROM nesting_issues WHERE run_id = 1 GROUP BY severity, kind")
     assert {(c["severity"], c["kind"], c["n"]) for c in data["issues"]["counts"]} == set(issues)
     assert data["issues"]["total"] == len(data["issues"]["rows"]) == sum(n for *_, n in issues)
     assert data["diff"] is None
@@ -170,14 +171,14 @@ def test_report_numbers_are_the_clis_numbers(tmp_path: Path, run_cli) -> None:  
 def test_report_of_a_run_never_analysed_is_analysed_on_the_fly_without_writing(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     db = str(tmp_path / "t.db")
     record_toy(db, "raw", steps=2, analyze=False)
-    assert sql(db, "SELECT COUNT(*) FROM span_rows") == [(0,)]
+    assert db_rows(db, "SELECT COUNT(*) FROM span_rows") == [(0,)]
     out = tmp_path / "r.html"
     result = run_cli("report", "raw", "--db", db, "-o", str(out))
     assert result.code == 0, result
     assert "has no stored analysis; analysing its events now" in result.err
     data = embedded(out.read_text())
-    assert data["span_count"] == sql(db, "SELECT COUNT(*) FROM events")[0][0] // 2
-    assert sql(db, "SELECT COUNT(*) FROM span_rows") == [(0,)]  # a read command writes nothing
+    assert data["span_count"] == db_rows(db, "SELECT COUNT(*) FROM events")[0][0] // 2
+    assert db_rows(db, "SELECT COUNT(*) FROM span_rows") == [(0,)]  # a read command writes nothing
     quiet = run_cli("report", "raw", "--db", db, "-o", str(out), "--quiet")
     assert (quiet.code, quiet.err) == (0, "")
 
@@ -220,7 +221,7 @@ def test_report_of_two_ranks_lists_both_and_charts_the_chosen_one(tmp_path: Path
     data = embedded(out.read_text())
     assert data["ranks"] == [0, 1] and data["rank"] == 1
     assert [(s["rank"], s["step"]) for s in data["steps"]] == [(r, s) for r in (0, 1) for s in range(3)]
-    per_step = dict(sql(db, "SELECT step, COUNT(*) FROM spans WHERE rank = 1 GROUP BY step"))
+    per_step = dict(db_rows(db, "SELECT step, COUNT(*) FROM spans WHERE rank = 1 GROUP BY step"))
     assert {s["step"]: len(s["spans"]) for s in data["flame"]["steps"]} == per_step
 
 
@@ -252,4 +253,4 @@ def test_report_from_postgresql(pg_url: str, tmp_path: Path, run_cli) -> None:  
     assert result.code == 0, result
     data = embedded(out.read_text())
     assert data["diff"]["timing"][0]["fqn"] == "Toy.body.2" and data["diff"]["timing"][0]["verdict"] == "regression"
-    assert data["span_count"] == sql(pg_url, "SELECT COUNT(*) FROM spans WHERE run_id = 2")[0][0]
+    assert data["span_count"] == db_rows(pg_url, "SELECT COUNT(*) FROM spans WHERE run_id = 2")[0][0]
