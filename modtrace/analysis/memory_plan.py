@@ -138,15 +138,19 @@ def _alive_after(c: CallMemory, positions: np.ndarray) -> np.ndarray:
 
 def _ops(storages: pl.DataFrame) -> tuple[int, np.ndarray, np.ndarray]:
     """(base bytes, positions, levels) of one device's storages: every allocation and free in
-    position order; within a position allocations first, each position's by sid (the order the
-    recorder saw them), then frees (the high side: a position's allocations all counted live)."""
+    position order, and within a position in the order the recorder saw them (its memory
+    counter: ``sid`` at the allocation, ``free_order`` at the free).  Without ``free_order`` a
+    position's allocations come first (the high side: all counted live together)."""
     base = int(storages.filter(pl.col("alloc_seq").is_null())["nbytes"].sum() or 0)
     allocs = storages.filter(pl.col("alloc_seq").is_not_null()).select(
-        pl.col("alloc_seq").alias("pos"), pl.lit(0).alias("order"), "sid", pl.col("nbytes").alias("delta"))
+        pl.col("alloc_seq").alias("pos"), pl.lit(0).alias("kind"), pl.col("sid").alias("order"),
+        pl.col("nbytes").alias("delta"))
+    free_order = pl.col("free_order") if "free_order" in storages.columns else pl.lit(None, dtype=pl.Int64)
     frees = storages.filter(pl.col("free_seq").is_not_null()).select(
-        pl.col("free_seq").alias("pos"), pl.lit(1).alias("order"), "sid", (-pl.col("nbytes")).alias("delta"))
-    ops = pl.concat([allocs, frees]).cast({"pos": pl.Int64, "order": pl.Int8, "sid": pl.Int64, "delta": pl.Int64})
-    ops = ops.sort("pos", "order", "sid")
+        pl.col("free_seq").alias("pos"), pl.lit(1).alias("kind"),
+        free_order.fill_null(np.iinfo(np.int64).max).alias("order"), (-pl.col("nbytes")).alias("delta"))
+    ops = pl.concat([allocs, frees]).cast({"pos": pl.Int64, "kind": pl.Int8, "order": pl.Int64, "delta": pl.Int64})
+    ops = ops.sort("pos", "order", "kind")
     pos = ops["pos"].to_numpy().astype(np.int64)
     level = base + np.cumsum(ops["delta"].to_numpy().astype(np.int64))
     return base, pos, level

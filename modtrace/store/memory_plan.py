@@ -11,7 +11,7 @@ from modtrace.store.cursor import driver_cursor, mark
 if TYPE_CHECKING:
     import polars as pl
 
-STORAGE_COLUMNS = ("rank", "first_seq", "sid", "device", "nbytes", "alloc_seq", "free_seq")
+STORAGE_COLUMNS = ("rank", "first_seq", "sid", "device", "nbytes", "alloc_seq", "free_seq", "free_order")
 RETURN_COLUMNS = ("rank", "call_id", "sid")
 
 
@@ -35,13 +35,16 @@ def has_storages(store: Store, run_id: int) -> bool:
 
 
 def read_storages(store: Store, run_id: int) -> pl.DataFrame:
-    """``STORAGE_COLUMNS`` of the run's tracked storages (device as text)."""
+    """``STORAGE_COLUMNS`` of the run's tracked storages, the device by its name (``devices.name``,
+    as torch prints it; its id as text where the name is missing)."""
     import polars as pl
 
-    sql = (f"SELECT {', '.join(STORAGE_COLUMNS)} FROM mem_storages WHERE run_id = {mark(store)} "
-           "ORDER BY rank, first_seq, sid")
+    picked = ", ".join(f"ms.{c}" if c != "device" else "COALESCE(d.name, CAST(ms.device AS VARCHAR(20)))"
+                       for c in STORAGE_COLUMNS)
+    sql = (f"SELECT {picked} FROM mem_storages ms LEFT JOIN devices d ON d.run_id = ms.run_id AND d.rank = ms.rank "
+           f"AND d.device_id = ms.device WHERE ms.run_id = {mark(store)} ORDER BY ms.rank, ms.first_seq, ms.sid")
     schema = {c: pl.Int64 for c in STORAGE_COLUMNS} | {"rank": pl.Int32, "device": pl.String}
-    rows = [(*r[:3], None if r[3] is None else str(r[3]), *r[4:]) for r in _rows(store, sql, run_id)]
+    rows = _rows(store, sql, run_id)
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
