@@ -91,12 +91,17 @@ SELECT
     sc.ops,
     sc.ops_self,
     sc.unknown_ops,
-    sc.unknown_ops_self
+    sc.unknown_ops_self,
+    sm.kept_mem_bytes,
+    sm.kept_mem_bytes_self,
+    sm.peak_mem_bytes,
+    sm.peak_mem_bytes_self
 FROM span_rows s
 JOIN modules m ON m.run_id = s.run_id AND m.rank = s.rank AND m.module_id = s.module_id
 LEFT JOIN devices d ON d.run_id = s.run_id AND d.rank = s.rank AND d.device_id = s.device_id
 LEFT JOIN span_device_rows sd ON sd.run_id = s.run_id AND sd.rank = s.rank AND sd.span_id = s.span_id
 LEFT JOIN span_counter_rows sc ON sc.run_id = s.run_id AND sc.rank = s.rank AND sc.span_id = s.span_id
+LEFT JOIN span_memory_rows sm ON sm.run_id = s.run_id AND sm.rank = s.rank AND sm.span_id = s.span_id
 """
 
 # The run's steps as its analysis stored them (step_rows, step_starts; modtrace.results.materialize

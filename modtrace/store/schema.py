@@ -35,7 +35,7 @@ from modtrace.core.contracts import RUN_STATUSES, SEVERITIES
 
 # Alembic revision ids, oldest first.  The last one is head.  A test checks
 # this against the migration scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016", "0017", "0018", "0019")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013", "0014", "0015", "0016", "0017", "0018", "0019", "0020")
 HEAD = REVISIONS[-1]
 
 # Tables a modtrace database has; used to tell ours from another application's.
@@ -306,6 +306,73 @@ span_counter_rows = Table(
     comment="Work counters of the spans of counted steps, inclusive and self, written by modtrace analyze from call_counters; query them through spans.",
 )
 
+# Memory per module call on counted steps (modtrace.tracking.memory, docs/schema.md "Memory").
+mem_storages = Table(
+    "mem_storages",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the storage."),
+    Column("first_seq", BigInteger, nullable=False, comment="counted_ranges.first_seq of the counted range the storage was seen in."),
+    Column("sid", BigInteger, nullable=False, comment="Storage id, unique per (run_id, rank), from the rank's memory counter at its allocation (or first sight): orders the range's allocations and frees (with free_order) at equal seq positions."),
+    Column("device", Integer, nullable=False, comment="devices.device_id of the storage's device."),
+    Column("nbytes", BigInteger, nullable=False, comment="Bytes of the storage (on CUDA rounded up to 512, as the caching allocator allocates)."),
+    Column("alloc_seq", BigInteger, nullable=True, comment="Position of the allocation: it happened after event alloc_seq - 1 and before event alloc_seq; NULL: alive before the range (a baseline storage: parameters, gradients, optimizer state, inputs)."),
+    Column("free_seq", BigInteger, nullable=True, comment="Position of the free, as alloc_seq; NULL: still alive when the range ended."),
+    Column("free_order", BigInteger, nullable=True, comment="The rank's memory counter at the free (sid's counter): orders it among the allocations and frees at the same position; NULL when not freed."),
+    Column("call_id", BigInteger, nullable=False, comment="events.call_id of the innermost module call open at the allocation (as call_counters charge ops); 0: none, or a baseline storage."),
+    Column("phase", SmallInteger, nullable=False, comment="0 forward, 1 backward, 2 recompute, 3 backward_call (modtrace.core.codes.Phase) of that call."),
+    Column("graph_task", BigInteger, nullable=False, comment="Autograd graph task of that call; -1 in forward."),
+    PrimaryKeyConstraint("run_id", "rank", "first_seq", "sid", name="pk_mem_storages"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_mem_storages_run"),
+    sqlite_with_rowid=False,
+    comment="Tensor storages seen on counted steps: each allocation (and free) with the module call it happened in, and the storages alive before; written by the recorder at the end of the recording.",
+)
+
+mem_returns = Table(
+    "mem_returns",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the call."),
+    Column("call_id", BigInteger, nullable=False, comment="events.call_id of a forward module call of a counted range."),
+    Column("sid", BigInteger, nullable=False, comment="mem_storages.sid of a storage of a tensor the call returned."),
+    PrimaryKeyConstraint("run_id", "rank", "call_id", "sid", name="pk_mem_returns"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_mem_returns_run"),
+    sqlite_with_rowid=False,
+    comment="The storages each forward call of a counted step returned (what a module checkpointed without reentrancy still keeps); written by the recorder at the end of the recording.",
+)
+
+span_memory_rows = Table(
+    "span_memory_rows",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the span."),
+    Column("span_id", BigInteger, nullable=False, comment="span_rows.span_id of the span."),
+    Column("kept_mem_bytes", BigInteger, nullable=True, comment="Bytes allocated on the span's device by the span and its descendants and still alive at its exit; NULL when never exited."),
+    Column("kept_mem_bytes_self", BigInteger, nullable=True, comment="Of those, bytes allocated while the span itself was the innermost call."),
+    Column("peak_mem_bytes", BigInteger, nullable=True, comment="The most live tensor bytes on the span's device during the span above the level at its enter (>= 0)."),
+    Column("peak_mem_bytes_self", BigInteger, nullable=True, comment="The most live bytes above the level at its enter reached at allocations of the span's own (>= 0)."),
+    PrimaryKeyConstraint("run_id", "rank", "span_id", name="pk_span_memory_rows"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_span_memory_rows_run"),
+    sqlite_with_rowid=False,
+    comment="Kept and peak memory of the spans of counted steps, written by modtrace analyze from mem_storages; query them through spans.",
+)
+
+step_memory = Table(
+    "step_memory",
+    metadata,
+    Column("run_id", Integer, nullable=False, comment="The run (runs.id)."),
+    Column("rank", Integer, nullable=False, comment="Rank that recorded the step."),
+    Column("first_seq", BigInteger, nullable=False, comment="counted_ranges.first_seq of the counted range."),
+    Column("step", Integer, nullable=True, comment="The step the range began in, under the run's step rule (span_steps.step of the span at first_seq); NULL when unknown."),
+    Column("device", String(64), nullable=False, comment="Device as torch prints it (devices.name)."),
+    Column("base_bytes", BigInteger, nullable=False, comment="Live tensor bytes on the device at the range's start that the range saw (parameters, gradients, optimizer state, inputs)."),
+    Column("peak_bytes", BigInteger, nullable=False, comment="The most live tensor bytes on the device during the range, base_bytes included."),
+    PrimaryKeyConstraint("run_id", "rank", "first_seq", "device", name="pk_step_memory"),
+    ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE", name="fk_step_memory_run"),
+    sqlite_with_rowid=False,
+    comment="Base and peak live tensor memory of each counted step per device, written by modtrace analyze from mem_storages.",
+)
+
 span_rows = Table(
     "span_rows",
     metadata,
@@ -445,6 +512,7 @@ PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
         "step", "thread_id", "start_ns", "end_ns", "duration_ns", "self_ns", "device", "stream", "status",
         "device_start_ns", "device_end_ns", "device_duration_ns", "device_self_ns", "mem_delta_bytes", "mem_max_bytes",
         "flops", "flops_self", "bytes", "bytes_self", "ops", "ops_self", "unknown_ops", "unknown_ops_self",
+        "kept_mem_bytes", "kept_mem_bytes_self", "peak_mem_bytes", "peak_mem_bytes_self",
     ),
     "nesting_issues": (
         "run_id", "rank", "seq", "kind", "severity", "fqn", "phase", "call_id", "step", "thread_id", "message",
@@ -454,4 +522,5 @@ PUBLIC_RELATIONS: dict[str, tuple[str, ...]] = {
         "run_id", "rank", "step", "step_rule", "start_ns", "wall_ns", "step_ns", "forward_ns", "backward_ns",
         "recompute_ns", "spans", "unclosed",
     ),
+    "step_memory": ("run_id", "rank", "first_seq", "step", "device", "base_bytes", "peak_bytes"),
 }
