@@ -62,6 +62,11 @@ from modtrace.core.contracts import CROSSED, DUPLICATE_ENTER, DUPLICATE_EXIT, NO
 _NO_END = 1 << 62
 
 
+# The rank's module frame, or a function giving it as it is now: a rank analysed while it is
+# recorded (``results.incremental``) registers modules as it goes, each before its first event.
+Modules = pl.DataFrame | Callable[[], pl.DataFrame]
+
+
 @dataclass(frozen=True)
 class Round:
     """What one round closed: span rows (``SPAN_ROW_COLUMNS``, codes) and issues (``ISSUE_FRAME_COLUMNS``).
@@ -184,7 +189,7 @@ def _validate(
 
 
 def analyze_rounds(
-    chunks: Iterable[pl.DataFrame], modules: pl.DataFrame, *, complete: bool = True
+    chunks: Iterable[pl.DataFrame], modules: Modules, *, complete: bool = True
 ) -> Generator[Round, None, None]:
     """One rank's event chunks, in seq order -> the spans and issues of each round.
 
@@ -227,12 +232,13 @@ def analyze_rounds(
             now, pending = frame.filter(pl.col("seq") < p), frame.filter(pl.col("seq") >= p)
         if now.height == 0 and not (final and carry.height):
             continue
-        now, invalid, context = _validate(now, context, modules)
+        mods = modules() if callable(modules) else modules
+        now, invalid, context = _validate(now, context, mods)
         rows = pl.concat([carry, _fresh_groups(now)], rechunk=True)
-        ev = normalize_events(rows, modules)
+        ev = normalize_events(rows, mods)
         pairing = pair_events(ev)
         spans = time_spans(pairing.pairs, pairing.child_ns)
-        issues = collect_issues(ev, pairing, modules, complete=complete if final else True)
+        issues = collect_issues(ev, pairing, mods, complete=complete if final else True)
         if invalid.height:
             issues = pl.concat([invalid, issues]).sort("rank", "seq", "kind")
         # Children written in earlier rounds count against their (carried) parent's self time.
@@ -279,7 +285,7 @@ def _stack_calls(spans: pl.DataFrame) -> pl.DataFrame:
 
 
 def analyze_rank(
-    chunks: Callable[[], Iterable[pl.DataFrame]], modules: pl.DataFrame, *, complete: bool = True
+    chunks: Callable[[], Iterable[pl.DataFrame]], modules: Modules, *, complete: bool = True
 ) -> Iterator[Round]:
     """The analysis of one rank: its events in rounds, as ``analyze_rounds`` cuts them,
     with results identical to the one-piece analysis on every stream.
