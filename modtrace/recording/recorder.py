@@ -46,6 +46,7 @@ from modtrace.recording.speed_probe import SpeedProbe
 from modtrace.recording.step_boundary import Scheduling
 from modtrace.recording.writer_process import WriterProcess
 from modtrace.store.counters import write_counters
+from modtrace.store.memory import write_memory
 from modtrace.store.engine import Store, open_store
 from modtrace.store.retry import ResumingWriter, call_retrying, retry_seconds
 from modtrace.store.runs import add_rank, create_run, finish_rank
@@ -334,7 +335,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             self._writer = ResumingWriter(store, self.run_id, self.rank, self.retry_s)
             if self.writer_mode in ("auto", "process"):
                 try:
-                    self._proc = WriterProcess(store, self.run_id, self.rank, self.retry_s)
+                    self._proc = WriterProcess(store, self.run_id, self.rank, self.retry_s, follow=self.analyze)
                 except Exception:  # no usable interpreter to start: write from this process
                     self._proc = None
             self._tracker = tracker
@@ -440,6 +441,9 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
         calls, counted = self._counting.rows(self.run_id, self.rank)
         if counted:
             call_retrying(lambda: write_counters(store, self.run_id, self.rank, calls, counted), self.retry_s)
+            storages, returns = self._counting.memory_rows(self.run_id, self.rank)
+            if storages:
+                call_retrying(lambda: write_memory(store, self.run_id, self.rank, storages, returns), self.retry_s)
 
     def _dispose(self, store: Store) -> None:
         keeper, self._keeper = self._keeper, None

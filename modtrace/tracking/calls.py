@@ -270,11 +270,13 @@ Entries = Call | list[Call] | None  # one call (the usual case: no list kept per
 
 
 class ThreadState:
-    __slots__ = ("tid", "stack")
+    __slots__ = ("tid", "stack", "memory")
 
     def __init__(self, tid: int) -> None:
         self.tid = tid
         self.stack: list[Call] = []
+        # The counted region's memory log open on this thread (modtrace.tracking.memory), else None
+        self.memory: Any = None
 
 
 class ForwardUnwind:

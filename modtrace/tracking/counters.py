@@ -34,6 +34,7 @@ kernels.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from modtrace.tracking.compiled import counting_key
+from modtrace.tracking.memory import MemoryLog, start_tensors
 
 if TYPE_CHECKING:
     from modtrace.tracking.tracker import Tracker
@@ -128,8 +130,12 @@ def _no_flops(func: Any) -> bool:
 
 
 def _nbytes(values: Any) -> int:
+    return _flat_nbytes(tree_flatten(values)[0])
+
+
+def _flat_nbytes(flat: list[Any]) -> int:
     total = 0
-    for v in tree_flatten(values)[0]:
+    for v in flat:
         if isinstance(v, _Tensor):
             total += v.numel() * v.element_size()
     return total
@@ -138,10 +144,11 @@ def _nbytes(values: Any) -> int:
 class CounterMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Sums each op's FLOPs, bytes and count per (call id, phase, graph task) of the
     innermost module call open where it runs; call id 0 is no module call.  One per
-    counted region of one thread: ``counts`` maps the key to [flops, bytes, ops, unknown]."""
+    counted region of one thread: ``counts`` maps the key to [flops, bytes, ops, unknown].
+    ``memory`` (when given) sees each op's tensors under the same key (``modtrace.tracking.memory``)."""
 
     def __init__(self, tracker: Tracker, formulas: dict[Any, Callable[..., int]], known: dict[Any, bool],
-                 first_seq: int) -> None:
+                 first_seq: int, memory: MemoryLog | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.tracker = tracker
         self.formulas = formulas
@@ -151,6 +158,7 @@ class CounterMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.thread = threading.get_ident()
         self.counts: dict[tuple[int, int, int], list[int]] = {}
         self.enabled = True
+        self.memory = memory
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -195,8 +203,16 @@ class CounterMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if known is None:
                 known = self.known[func] = _no_flops(func)
             unknown = 0 if known else 1
-        nbytes = 0 if func.is_view else _nbytes((args, kwargs)) + _nbytes(out)
+        memory = self.memory
+        if memory is None:
+            nbytes = 0 if func.is_view else _nbytes((args, kwargs)) + _nbytes(out)
+        else:  # both need the tensors: flattened once
+            flat_in = tree_flatten((args, kwargs))[0]
+            flat_out = tree_flatten(out)[0]
+            nbytes = 0 if func.is_view else _flat_nbytes(flat_in) + _flat_nbytes(flat_out)
         key = self._key()
+        if memory is not None:
+            memory.seen(flat_in, flat_out, key)
         acc = self.counts.get(key)
         if acc is None:
             self.counts[key] = [flops, nbytes, 1, unknown]
@@ -232,6 +248,7 @@ class Counting:
         self._lock = threading.Lock()
         self._local = threading.local()
         self.regions: list[CounterMode] = []
+        self._order = itertools.count()  # the rank's memory counter (storage ids, free order)
         self._step_open = False  # a root call of this step was seen (under optimizer or manual steps)
 
     def on_root(self, seq: int, kind: str | None) -> None:
@@ -247,8 +264,11 @@ class Counting:
             if self.policy == "first" and kind in self._kinds:
                 return
             self._kinds.add(kind)
-        mode = CounterMode(self.tracker, self._formulas, self._known, seq)
+        memory = MemoryLog(self.tracker, self._order)
+        memory.baseline(start_tensors(self.tracker))
+        mode = CounterMode(self.tracker, self._formulas, self._known, seq, memory)
         mode.__enter__()  # type: ignore[no-untyped-call]
+        self.tracker.set_memory(memory)
         self._local.mode = mode
         with self._lock:
             self.regions.append(mode)
@@ -258,9 +278,12 @@ class Counting:
         if mode is None:
             return
         self._local.mode = None
+        self.tracker.set_memory(None)
         if mode.enabled:
             mode.enabled = False
             mode.last_seq = last_seq
+            if mode.memory is not None:
+                mode.memory.close()
         mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
     def end_step(self) -> None:
@@ -278,6 +301,8 @@ class Counting:
             else:
                 mode.enabled = False
                 mode.last_seq = last
+                if mode.memory is not None:
+                    mode.memory.close()
 
     def rows(self, run_id: int, rank: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """The ``call_counters`` and ``counted_ranges`` rows of every region so far (call id 0:
@@ -289,6 +314,8 @@ class Counting:
             if mode.enabled:
                 mode.enabled = False
                 mode.last_seq = last
+                if mode.memory is not None:
+                    mode.memory.close()
             outside = [0, 0, 0, 0]
             for key, acc in mode.counts.items():
                 if key[0] == 0:
@@ -301,3 +328,18 @@ class Counting:
         call_rows = [(run_id, rank, call_id, phase, None if task == -1 else task, *acc)
                      for (call_id, phase, task), acc in sorted(calls.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))]
         return call_rows, ranges
+
+    def memory_rows(self, run_id: int, rank: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """The ``mem_storages`` and ``mem_returns`` rows of every region (call after ``rows``,
+        which ends the regions still counting)."""
+        storages: list[tuple[Any, ...]] = []
+        returns: list[tuple[Any, ...]] = []
+        for mode in self.regions:
+            if mode.memory is None:
+                continue
+            mode.memory.close()
+            s, r = mode.memory.rows(run_id, rank, mode.first_seq)
+            storages += s
+            returns += r
+        return storages, returns
+

@@ -74,6 +74,11 @@ class ModuleNames:
         self._rows: list[tuple[int, str, str, int | None, int]] = []  # module_id -> its row as last given
         self.wrappers: set[int] = set()
 
+    def live_modules(self) -> list[nn.Module]:
+        """The named modules still alive (each once)."""
+        found = (ref() for ref in list(self._refs.values()))
+        return [m for m in found if m is not None]
+
     def mark_compiled(self, module_id: int) -> None:
         """The module ran compiled: its row again, with compiled = 1 (once)."""
         with self._lock:

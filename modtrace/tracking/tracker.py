@@ -148,6 +148,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         # Called with (seq, kind) at each root call noted, before its enter row: the
         # counters' step starts (modtrace.tracking.counters.Counting.on_root).
         self.on_root: Callable[[int, str | None], None] | None = None
+        # Optimizers seen stepping (their state is a counted region's baseline memory, modtrace.tracking.memory).
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._init_devices(device_time, device_clock)
         # Time per module inside torch.compile'd code (modtrace.tracking.compiled), when asked.
         self._compiled_detail = compiled_detail
@@ -168,7 +170,13 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         ]
         if self._on_optimizer_step is not None:
             callback = self._on_optimizer_step
-            self._handles.append(register_optimizer_step_post_hook(lambda opt, args, kwargs: callback()))
+            optimizers = self.optimizers
+
+            def stepped(opt: Any, args: Any, kwargs: Any) -> None:
+                optimizers.add(opt)
+                callback()
+
+            self._handles.append(register_optimizer_step_post_hook(stepped))
         if self._compiled_detail:
             detail = CompiledDetail(self, self._clock)
             self.compiled_note = detail.install()
@@ -352,6 +360,19 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
             return (open_calls[-1].call_id if open_calls else 0), PHASE_BACKWARD
         return 0, PHASE_FORWARD
 
+    def live_modules(self) -> list[nn.Module]:
+        """The modules named so far that are still alive."""
+        return self._names.live_modules()
+
+    def set_memory(self, log: Any) -> None:
+        """Note the counted region's memory log open on this thread (None: none), whose
+        forward calls' returned storages the forward exit hands it."""
+        try:
+            st: ThreadState = self._local.st
+        except AttributeError:
+            st = self._thread()
+        st.memory = log
+
     def _open_forward_calls(self) -> int:
         """Forward calls open on this thread."""
         st = getattr(self._local, "st", None)
@@ -506,6 +527,8 @@ class Tracker(BackwardHooks, RecomputeLinks, ForwardUnwind, DeviceLookup):
         self._append((seq, self._clock() - self.t0, KIND_EXIT, frame.module_id, frame.phase, frame.call_id,
                       self.step, st.tid, device_id, self._stream(device_id, seq) if self._cuda_devices else None, STATUS_OK,
                       frame.task, 0))
+        if st.memory is not None and frame.phase == PHASE_FORWARD:  # a counted region's (modtrace.tracking.memory)
+            st.memory.returned(frame.call_id, output)
         if self._wrappers and id(mod) in self._wrappers and not hasattr(frame, "ran_eager"):
             # torch.compile's wrapper ran its module compiled: no hook saw the calls inside
             self._names.mark_compiled(frame.module_id)
