@@ -39,29 +39,12 @@ GENERATE = textwrap.dedent(
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64,
                         bos_token_id=0, eos_token_id=None)
     model = GPT2LMHeadModel(config).eval()
-    # SLOWER
     prompt = torch.randint(1, 100, (1, 7))
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
     assert out.shape == (1, 27), out.shape
     """
 )
-
-# The candidate: block 1's attention does extra work in its forward.
-SLOWER = textwrap.dedent(
-    """
-    class SlowerAttention(GPT2Attention):
-        def forward(self, *args, **kwargs):
-            out = super().forward(*args, **kwargs)
-            x = torch.full((160, 160), 0.01)
-            for _ in range(48):
-                x = torch.tanh(x @ x)
-            return out
-
-    model.transformer.h[1].attn.__class__ = SlowerAttention
-    """
-)
-
 
 def _details(db: Path, ref: str) -> dict[str, Any]:
     store = open_store(str(db))
@@ -76,9 +59,7 @@ def scripts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     monkeypatch.chdir(tmp_path)
     base = tmp_path / "gen.py"
     base.write_text(GENERATE)
-    cand = tmp_path / "gen_slower.py"
-    cand.write_text(GENERATE.replace("# SLOWER\n", SLOWER))
-    return {"base": base, "cand": cand}
+    return {"base": base}
 
 
 def test_generate_gets_a_step_per_model_call_and_two_kinds(run_cli, scripts, db_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -116,9 +97,40 @@ def test_generate_gets_a_step_per_model_call_and_two_kinds(run_cli, scripts, db_
     ]
 
 
-def test_diff_of_generate_runs_compares_decode_steps_and_blames_the_slower_block(run_cli, scripts, db_path: Path) -> None:  # type: ignore[no-untyped-def]
-    for name, script in (("a1", "base"), ("a2", "base"), ("slow", "cand")):
-        assert run_cli("record", "-q", "--run", name, str(scripts[script])).code == 0
+def _generate(db: Path, run: str, *, slower_ns: int = 0) -> None:
+    """``GENERATE`` in this process, recorded on a work clock: every duration is the clock's ticks
+    (one per read) plus, with ``slower_ns``, that much work in block 1's attention per call, so a
+    diff of these runs is judged on the stored times alone, whatever the host's load."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    from tests.helpers.diff_runs import WorkClock
+
+    clock = WorkClock()
+
+    class SlowerAttention(GPT2Attention):
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            out = super().forward(*args, **kwargs)
+            clock.work(slower_ns)
+            return out
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64, bos_token_id=0,
+                        eos_token_id=None)
+    model = GPT2LMHeadModel(config)
+    model.eval()  # type: ignore[no-untyped-call]
+    if slower_ns:
+        model.transformer.h[1].attn.__class__ = SlowerAttention
+    prompt = torch.randint(1, 100, (1, 7))
+    with torch.no_grad(), modtrace.Recorder(db=str(db), run=run, clock=clock, handle_sigterm=False) as rec:
+        model.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    rec.wait_analyzed()
+
+
+def test_diff_of_generate_runs_compares_decode_steps_and_blames_the_slower_block(run_cli, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _generate(db_path, "a1")
+    _generate(db_path, "a2")
+    _generate(db_path, "slow", slower_ns=200_000)
 
     aa = run_cli("diff", "a1", "a2", "--format", "json")
     doc = json.loads(aa.out)
