@@ -3,10 +3,7 @@ under ``torchrun ... -m modtrace record`` (real processes)."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -14,6 +11,7 @@ import pytest
 
 from tests.helpers.clients import check_rows
 from tests.helpers.database import db_rows
+from tests.helpers.torchrun import torchrun_record
 
 pytestmark = pytest.mark.slow
 
@@ -44,21 +42,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch(tmp_path: Path, mode: str) -> tuple[str, subprocess.CompletedProcess[str]]:
-    script = tmp_path / "dist_train.py"
-    script.write_text(SCRIPT)
     db = str(tmp_path / "trace.db")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "modtrace", "record", "--db", db, "--run-name", mode, "-q",
-           str(script), mode]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return db, subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return db, torchrun_record(tmp_path, "dist_train.py", SCRIPT, db, mode, mode)
 
 
 def test_ddp_two_ranks(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]

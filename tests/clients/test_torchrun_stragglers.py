@@ -5,10 +5,6 @@ DDP and FSDP2."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from statistics import median
@@ -16,6 +12,7 @@ from statistics import median
 import pytest
 
 import modtrace
+from tests.helpers.torchrun import torchrun_record
 
 pytestmark = pytest.mark.slow
 
@@ -78,20 +75,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(tmp_path: Path, db: str, name: str, mode: str, slow_rank: int) -> None:
-    script = tmp_path / "straggle.py"
-    script.write_text(SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "modtrace", "record", "--db", db, "--run-name", name, "-q",
-           str(script), mode, str(slow_rank), str(STEPS)]
-    out = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                         text=True, timeout=300)
+    out = torchrun_record(tmp_path, "straggle.py", SCRIPT, db, name, mode, str(slow_rank), str(STEPS))
     assert out.returncode == 0, out.stderr[-4000:]
 
 
