@@ -346,6 +346,8 @@ def materialize(
     write_analysis_rounds(store, run_id, parts, rank=rank, from_events=True, steps=steps)
     _store_device_times(store, run_id, ranks)
     _store_counters(store, run_id, ranks)
+    from modtrace.results.span_memory import store_memory  # kept and peak memory
+    store_memory(store, run_id, ranks)
     some = [f for f in found.issues if f.height]
     issues = pl.concat(some).cast(ISSUE_SCHEMA).sort("rank", "seq", "kind") if some else empty_issues()  # type: ignore[arg-type]
     if not found.spans:
