@@ -46,8 +46,8 @@ from modtrace.recording.speed_probe import SpeedProbe
 from modtrace.recording.step_boundary import Scheduling
 from modtrace.recording.writer_process import WriterProcess
 from modtrace.store.counters import write_counters
-from modtrace.store.memory import write_memory
 from modtrace.store.engine import Store, open_store
+from modtrace.store.memory import write_memory
 from modtrace.store.retry import ResumingWriter, call_retrying, retry_seconds
 from modtrace.store.runs import add_rank, create_run, finish_rank
 from modtrace.store.speeds import write_speeds
