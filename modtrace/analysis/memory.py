@@ -145,10 +145,6 @@ def _one_range(spans: pl.DataFrame, storages: pl.DataFrame) -> pl.DataFrame:
     exit_seq = spans["exit_seq"].fill_null(np.iinfo(np.int64).max).to_numpy()
     closed = spans["exit_seq"].is_not_null().to_numpy()
     dev = spans["device"].fill_null(-1).to_numpy()
-    # Parent index within this range (-1: none here).
-    parent = spans.select(pl.col("parent_span_id")).join(
-        spans.select(pl.col("span_id").alias("parent_span_id"), pl.int_range(pl.len()).alias("pidx")),
-        on="parent_span_id", how="left", maintain_order="left")["pidx"].fill_null(-1).to_numpy().astype(np.int64)
     # Each allocation's owner: the span of its call key (as the counters charge ops).
     keys = spans.select("call_id", "phase", "graph_task", pl.int_range(pl.len()).alias("owner")).unique(
         subset=["call_id", "phase", "graph_task"], keep="first")
@@ -164,20 +160,22 @@ def _one_range(spans: pl.DataFrame, storages: pl.DataFrame) -> pl.DataFrame:
     # Self kept: the span's own allocations on its device still alive at its exit.
     keep = same & (a_free > exit_seq[np.maximum(owner, 0)])
     np.add.at(out["kept_mem_bytes_self"], owner[keep], a_bytes[keep])
-    # Inclusive kept, on each span's device: what its subtree allocated on that device, minus what
-    # of it was freed by the exit.  An allocation freed at f is freed inside every ancestor-or-self
-    # of its owner that exits at or after f: from its "container" (the deepest such) up.
-    order = np.argsort(-_depths(parent), kind="stable")
+    # Inclusive kept, on each span's device: the bytes allocated at positions in (enter, exit]
+    # still alive at the exit.  Spans nest in seq, so an allocation at a counts for the spans
+    # containing a (its holder, the innermost, and its ancestors in the containment tree), and it
+    # is freed by the exit of those containing its free as well (from its "container" up).
+    parent = _containment(span_id, exit_seq)
+    a_seq = allocs["alloc_seq"].to_numpy()
+    holder = _container(np.searchsorted(span_id, a_seq, side="left") - 1, a_seq, parent, exit_seq)
     for d in np.unique(dev[dev >= 0]):
-        on_d = has & (a_dev == d)
+        on_d = (holder >= 0) & (a_dev == d)
         mass = np.zeros(n, dtype=np.int64)
-        np.add.at(mass, owner[on_d], a_bytes[on_d])
-        freed = a_free < np.iinfo(np.int64).max
-        sel = on_d & freed
-        cont = _container(owner[sel], a_free[sel], parent, exit_seq)
+        np.add.at(mass, holder[on_d], a_bytes[on_d])
+        sel = on_d & (a_free < np.iinfo(np.int64).max)
+        cont = _container(holder[sel], a_free[sel], parent, exit_seq)
         ok = cont >= 0
         np.add.at(mass, cont[ok], -a_bytes[sel][ok])
-        incl = _subtree_sums(mass, parent, order)
+        incl = _subtree_sums(mass, parent)
         out["kept_mem_bytes"][dev == d] = incl[dev == d]
     # Peaks from the live levels on each span's device.
     levels = _levels(storages)
@@ -218,7 +216,23 @@ def _depths(parent: np.ndarray) -> np.ndarray:
         cur[live] = parent[cur[live]]
 
 
-def _subtree_sums(mass: np.ndarray, parent: np.ndarray, deepest_first: np.ndarray) -> np.ndarray:
+def _containment(enter: np.ndarray, exit_seq: np.ndarray) -> np.ndarray:
+    """Each span's innermost enclosing span by seq (-1: none), spans sorted by enter: the
+    tree the positions nest in (a nested graph task's backward spans inside the span that ran
+    it, which the spans' own parents leave as roots)."""
+    parent = np.full(enter.size, -1, dtype=np.int64)
+    stack: list[int] = []
+    ends = exit_seq.tolist()
+    for i, e in enumerate(enter.tolist()):
+        while stack and ends[stack[-1]] < e:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
+
+
+def _subtree_sums(mass: np.ndarray, parent: np.ndarray) -> np.ndarray:
     """Each span's mass plus its descendants'."""
     total = mass.copy()
     depth = _depths(parent)
@@ -235,6 +249,8 @@ def _container(owner: np.ndarray, free: np.ndarray, parent: np.ndarray, exit_seq
     by binary lifting (exits grow towards the root)."""
     if owner.size == 0:
         return owner
+    start = owner
+    owner = np.maximum(owner, 0)
     up = [parent]
     while True:
         prev = up[-1]
@@ -251,8 +267,7 @@ def _container(owner: np.ndarray, free: np.ndarray, parent: np.ndarray, exit_seq
         move = todo & (j >= 0)
         move[move] = exit_seq[j[move]] < free[move]
         cur[move] = j[move]
-    result = np.where(inside, cur, parent[cur])
-    return result
+    return np.where(start < 0, -1, np.where(inside, cur, parent[cur]))
 
 
 def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
