@@ -176,13 +176,21 @@ def record(
     command = shlex.join(["modtrace", "record", *ctx.meta.get("modtrace.record.args", [])])
     restore = disable_compilation() if eager else None
     try:
-        return _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
+        code = _record(target, db=db, run_name=run_name, tags=tag_map, command=command,
                        quiet=quiet, analyze=not no_analyze, step_on=step_on, schedule=schedule,
                        device_time=False if no_device_time else None, counters=counters,
                        speed_probe=speed_probe)
     finally:
         if restore is not None:  # a caller in this process (an embedding, a test) compiles again
             restore()
+    import modtrace.cli
+
+    if modtrace.cli.ENDS_WITH_COMMAND and isinstance(code, int):
+        # the run is stored: the user need not wait for the interpreter's teardown
+        from modtrace.recording.process_end import end_process
+
+        end_process(code)  # returns while the program's own (non-daemon) threads run
+    return code
 
 
 def disable_compilation() -> Callable[[], None]:

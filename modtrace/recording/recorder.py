@@ -335,7 +335,7 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             self._writer = ResumingWriter(store, self.run_id, self.rank, self.retry_s)
             if self.writer_mode in ("auto", "process"):
                 try:
-                    self._proc = WriterProcess(store, self.run_id, self.rank, self.retry_s)
+                    self._proc = WriterProcess(store, self.run_id, self.rank, self.retry_s, follow=self.analyze)
                 except Exception:  # no usable interpreter to start: write from this process
                     self._proc = None
             self._tracker = tracker

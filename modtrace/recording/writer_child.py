@@ -67,20 +67,46 @@ def main() -> None:
         return
     send(out, ("ready",))
     analysis: tuple[Any, ...] | None = None
+    follow = _Follow(store, run_id, rank)
     try:
-        analysis = _write(inbox, out, writer)
+        analysis = _write(inbox, out, writer, follow)
     finally:
         writer.close()
     if analysis is None:
-        store.dispose()
         _reply(out, ("closed",))
+        if follow.follower is not None and not follow.failed:
+            # The program died without finishing (stdin closed): what was committed is the
+            # rank's record, analysed as a run that did not complete, as `modtrace analyze` would.
+            _analyze(store, run_id, rank, False, f"id:{run_id}", follow)
+        store.dispose()
         _exit()
     _reply(out, ("closed",))
     try:
-        _reply(out, ("analyzed", *_analyze(store, run_id, rank, *analysis)))
+        _reply(out, ("analyzed", *_analyze(store, run_id, rank, *analysis, follow)))
     finally:
         store.dispose()
     _exit()
+
+
+class _Follow:
+    """The analysis that follows the recording (``results.incremental``), once the program asks
+    for it (``follow``); ``failed`` once a batch was refused (its rank's record has a gap)."""
+
+    def __init__(self, store: Any, run_id: int, rank: int) -> None:
+        self.store, self.run_id, self.rank = store, run_id, rank
+        self.follower: Any = None
+        self.failed = False
+
+    def start(self) -> None:
+        try:
+            from modtrace.results.incremental import Follower
+        except ImportError:  # analysis layer not installed: the end-of-run analysis says so
+            return
+        self.follower = Follower(self.store, self.run_id, self.rank).start()
+
+    def committed(self) -> None:
+        if self.follower is not None:
+            self.follower.committed()
 
 
 def _bind_none_fast() -> None:
@@ -106,7 +132,7 @@ def _exit() -> NoReturn:
     os._exit(0)
 
 
-def _write(inbox: Inbox, out: Any, writer: Any) -> tuple[Any, ...] | None:
+def _write(inbox: Inbox, out: Any, writer: Any, follow: _Follow) -> tuple[Any, ...] | None:
     """Write batches until ``close`` or the end of stdin; the analysis asked for, if any."""
     rng = random.Random()
     interval = 0.0  # typical time between batches (moving average), seconds
@@ -122,6 +148,9 @@ def _write(inbox: Inbox, out: Any, writer: Any) -> tuple[Any, ...] | None:
         if message[0] == "analyze":  # (complete, run name): after the last batch
             analysis = message[1:] if not failed else None
             continue
+        if message[0] == "follow":  # analyse the rank as its batches are committed
+            follow.start()
+            continue
         now = time.monotonic()
         if last_arrival:
             gap = min(now - last_arrival, _MAX_DITHER_S)
@@ -135,15 +164,27 @@ def _write(inbox: Inbox, out: Any, writer: Any) -> tuple[Any, ...] | None:
             try:
                 writer.write(batch_of(message))
             except Exception as exc:
-                failed = True
+                failed = follow.failed = True
                 reply = ("error", one_line(exc))
             else:
                 reply = ("ok",)
         _reply(out, reply)
+        if reply[0] == "ok":
+            follow.committed()
 
 
-def _analyze(store: Any, run_id: int, rank: int, complete: bool, run_name: str) -> tuple[bool, str | None]:
-    """Analyse and store the rank's spans and issues; (done, why not)."""
+def _analyze(store: Any, run_id: int, rank: int, complete: bool, run_name: str,
+             follow: _Follow | None = None) -> tuple[bool, str | None]:
+    """Analyse and store the rank's spans and issues (the tail, when its analysis followed the
+    recording; all of it when there was none, or it could not finish); (done, why not)."""
+    if follow is not None and follow.follower is not None:
+        try:
+            follow.follower.finish(complete)
+        except Exception as exc:  # the events are safe: analysed again from the start below
+            print(f"modtrace: note: the analysis that followed run {run_name!r} stopped ({one_line(exc)}); "
+                  "analysing it again", file=sys.stderr)
+        else:
+            return True, None
     try:
         from modtrace.results.materialize import materialize
 

@@ -21,7 +21,9 @@ the answers that have arrived, waiting for them or not; before waiting it
 tells the child not to hold batches back (``now``).  ``close`` waits until
 the child has committed everything (``closed``), not for it to exit: asked
 to (``analyze_after``), the child then analyses the rank while the program
-goes on, and ``wait_analyzed`` waits for that.  The database's address goes
+goes on, and ``wait_analyzed`` waits for that; asked at the start (``follow``),
+it analyses the rank's steps while the program runs, so that only the tail
+is left then.  The database's address goes
 through the pipe, not argv: a URL may carry a password.
 """
 
@@ -57,7 +59,7 @@ class WriterProcessError(Exception):
 class WriterProcess:
     """Spawns the writer process for (run, rank) of ``store``; does not wait for it."""
 
-    def __init__(self, store: Store, run_id: int, rank: int, retry_s: float = 0.0) -> None:
+    def __init__(self, store: Store, run_id: int, rank: int, retry_s: float = 0.0, *, follow: bool = False) -> None:
         if os.name != "posix" or not sys.executable:
             raise OSError("a writer process needs a POSIX system and a known interpreter")
         self.store = store
@@ -88,6 +90,8 @@ class WriterProcess:
                 self._pipe_bytes = 0
         try:
             self._write_all(frame(("open", target, run_id, rank, retry_s)))
+            if follow:  # analyse the rank as its batches are committed (``results.incremental``)
+                self._write_all(frame(("follow",)))
         except OSError:
             self._dead = True
 

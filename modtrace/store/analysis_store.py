@@ -250,7 +250,7 @@ def read_step_spans(conn: Connection, run_id: int, rank: int | None) -> pl.DataF
 
 def write_analysis_rounds(
     store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame, int | None]], *,
-    rank: int | None = None, from_events: bool = False, steps: StepsMaker | None = None,
+    rank: int | None = None, from_events: bool = False, steps: StepsMaker | None = None, appended: bool = False,
 ) -> None:
     """``write_analysis`` for results that come in parts, each written as it arrives, all
     of them in one transaction: (spans, issues, clear) triples, where ``clear`` names a
@@ -265,14 +265,18 @@ def write_analysis_rounds(
     ``steps``, called on the transaction's connection once every part is written, makes
     the run's (rank's) rows of ``step_rows`` and ``step_starts``, stored in the same
     transaction: the ``steps`` and ``span_steps`` views never show steps of other spans
-    than the stored ones.  Without it the run (rank) has none stored."""
+    than the stored ones.  Without it the run (rank) has none stored.
+
+    ``appended``: the rank's spans and issues written so far (``append_analysis_round``, while
+    it was recorded) are kept, and these parts add to them: the transaction completes them."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
     with _write_transaction(store) as conn:
 
         def clear_old() -> None:
-            conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
-            conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
+            if not appended:
+                conn.exec_driver_sql(f"DELETE FROM span_rows WHERE {where}")
+                conn.exec_driver_sql(f"DELETE FROM nesting_issues WHERE {where}")
             conn.exec_driver_sql(f"DELETE FROM step_rows WHERE {where}")
             conn.exec_driver_sql(f"DELETE FROM step_starts WHERE {where}")
             conn.exec_driver_sql(f"DELETE FROM tree_nodes WHERE run_id = {int(run_id)}")  # the whole run's tree (store.tree_table)
@@ -299,6 +303,21 @@ def write_analysis_rounds(
         replace_span_device_rows(conn, store, run_id, rank, device)
         mark_analysis_stored(conn, run_id, rank)  # runs.analysis, committed with the rows
     _refresh_statistics(store)
+
+
+def append_analysis_round(store: Store, run_id: int, rank: int, spans: pl.DataFrame, issues: pl.DataFrame, *,
+                          clear: bool = False) -> None:
+    """One round of a rank analysed while it is recorded (``results.incremental``), committed on
+    its own: its span rows (computed from this store's events) and issues added to the rank's
+    (``clear``: in place of every row the rank has).  Nothing marks them stored: readers compute
+    the run until ``write_analysis_rounds(..., appended=True)`` completes them."""
+    with _write_transaction(store) as conn:
+        if clear:
+            for table in ("span_rows", "nesting_issues", "span_device_rows"):
+                conn.exec_driver_sql(f"DELETE FROM {table} WHERE run_id = {int(run_id)} AND rank = {int(rank)}")
+        _check_run(conn, run_id)
+        _insert_spans(conn, store, run_id, stored_span_rows(spans), True)
+        _insert(conn, store, "nesting_issues", _issue_rows(issues))
 
 
 # PostgreSQL plans a query of a run's spans from the statistics of these tables; until they

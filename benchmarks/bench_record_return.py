@@ -1,0 +1,125 @@
+"""Benchmark: how long ``modtrace record`` keeps its user waiting after the program's end.
+
+A training script (``blocks`` x (Linear(4,4) + ReLU), forward + backward + SGD step, one CPU
+thread) writes ``time.time()`` to a file as its last line; the command's return is taken when
+its process exits.  The difference is what the user waits for: the last batches written and
+the rank's analysis stored.  Checkouts side by side (``--base DIR``: another work tree, e.g.
+``git worktree add /tmp/wt_base <commit>``), interleaved, medians.  Each recording is also
+checked: its run analysed (``runs.analysis = 'stored'``) and its event count.
+
+    python benchmarks/bench_record_return.py [--events 1000000,10000000] [--repeats 3]
+        [--base /tmp/wt_base] [--db URL] [--blocks 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import load_average, median  # noqa: E402
+
+SCRIPT = """\
+import sys, time, torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+blocks, steps, stamp = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+model = nn.Sequential(*[m for _ in range(blocks) for m in (nn.Linear(4, 4), nn.ReLU())])
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(2, 4)
+for _ in range(steps):
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+open(stamp, "w").write(repr(time.time()))
+"""
+
+
+def events_per_step(blocks: int) -> int:
+    """Forward and backward of the Sequential and each of its 2 * blocks modules, two events each."""
+    return 4 * (1 + 2 * blocks)
+
+
+def record_once(tree: Path, db: str, run: str, blocks: int, steps: int, tmp: Path) -> dict[str, Any]:
+    script = tmp / "train.py"
+    script.write_text(SCRIPT)
+    stamp = tmp / f"{run}.stamp"
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", db, "--run", run, "--quiet",
+                           str(script), str(blocks), str(steps), str(stamp)],
+                          cwd=tree, env=env, capture_output=True, text=True, check=False)
+    returned = time.time()
+    if done.returncode != 0:
+        raise SystemExit(f"record failed ({done.returncode}): {done.stderr[-2000:]}")
+    last_line = float(stamp.read_text())
+    return {"wait_s": returned - last_line, "total_s": returned - t0, "stderr": done.stderr.strip()[-300:]}
+
+
+def check_run(db: str, run: str) -> tuple[int, str]:
+    import sqlalchemy as sa
+
+    url = db if "://" in db else f"sqlite:///{db}"
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        row = conn.exec_driver_sql(
+            "SELECT r.analysis, (SELECT sum(event_count) FROM run_ranks k WHERE k.run_id = r.id) "
+            f"FROM runs r WHERE r.name = '{run}'").first()
+    engine.dispose()
+    assert row is not None
+    return int(row[1] or 0), str(row[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", default="1000000", help="comma-separated sizes")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--blocks", type=int, default=200)
+    ap.add_argument("--base", help="another work tree to time beside this one")
+    ap.add_argument("--db", help="a database URL (default: a temp SQLite file per size)")
+    args = ap.parse_args()
+    here = Path(__file__).resolve().parent.parent
+    trees = {"now": here} if not args.base else {"base": Path(args.base).resolve(), "now": here}
+    out: dict[str, Any] = {"load_average_before": load_average(), "sizes": {}}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for n in (int(s) for s in args.events.split(",")):
+            steps = max(1, n // events_per_step(args.blocks))
+            waits: dict[str, list[float]] = {k: [] for k in trees}
+            totals: dict[str, list[float]] = {k: [] for k in trees}
+            checks: dict[str, Any] = {}
+            for rep in range(args.repeats):
+                order = list(trees) if rep % 2 == 0 else list(reversed(trees))
+                for name in order:
+                    db = args.db or str(tmp / f"{name}-{n}.db")
+                    run = f"{name}-{n}-{rep}"
+                    got = record_once(trees[name], db, run, args.blocks, steps, tmp)
+                    waits[name].append(got["wait_s"])
+                    totals[name].append(got["total_s"])
+                    checks[name] = check_run(db, run)
+                    print(f"{n:,} events {name} rep {rep}: waited {got['wait_s']:.3f} s after the last line "
+                          f"(recording {got['total_s']:.1f} s; {checks[name][0]:,} events, analysis "
+                          f"{checks[name][1]})", file=sys.stderr, flush=True)
+            out["sizes"][n] = {
+                "steps": steps,
+                "events": {k: v[0] for k, v in checks.items()},
+                "analysis": {k: v[1] for k, v in checks.items()},
+                "wait_s_median": {k: round(median(v), 3) for k, v in waits.items()},
+                "wait_s": {k: [round(x, 3) for x in v] for k, v in waits.items()},
+                "record_total_s_median": {k: round(median(v), 1) for k, v in totals.items()},
+            }
+    out["load_average_after"] = load_average()
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

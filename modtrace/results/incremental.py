@@ -1,0 +1,243 @@
+"""A rank analysed while it is recorded: the writer process's share of ``materialize``.
+
+``materialize`` analyses a rank in rounds (``analysis.stream.analyze_rank``) whose results are
+the one-piece analysis'.  Run at the end of a recording, it kept ``modtrace record``'s user
+waiting for the whole rank (docs/performance.md, "Analysis as the run goes").  ``Follower`` runs
+the same rounds in a thread of the writer process while the program runs, over the events
+committed so far: each round's spans and issues are committed as it closes them
+(``store.analysis_store.append_analysis_round``), its spans kept in memory.  At the end
+(``finish``) only the open tail is read and analysed; then, as ``materialize`` does, the rank's
+steps are stored with the run's analysis state (``write_analysis_rounds(..., appended=True)``),
+and its device times, counters and tree, computed from the spans kept, not read back.
+
+Exactness rests on ``analyze_rank``'s: rounds fed consecutive chunks in seq order give the
+one-piece result, and a stream where a cut could matter is analysed again whole at the end.
+Two things make the chunks right while batches still arrive:
+
+- batches commit in order, but a thread may take a seq and append its event a moment later, so
+  an event can land one batch after events with larger seqs.  A chunk therefore ends at the
+  largest seq committed one batch before the latest (``_chunks``), and ``finish`` checks that
+  every committed event was read (the rank's ``event_count``); if not, it says so and the
+  caller analyses the rank from scratch;
+- modules are registered as the program goes, each committed before its first event: each
+  round reads the rank's modules as they are then.
+
+The thread runs at a lower priority (``NICE``): when the program needs both cores, the
+analysis waits rather than the program (docs/performance.md, "Analysis as the run goes").
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    import polars as pl
+    from sqlalchemy import Connection
+
+    from modtrace.store.engine import Store
+
+# A round waits for this many events committed since the last (the end excepted): rounds of a
+# few events would each pay the rounds' fixed cost; the tail left at the end is about this size.
+# MODTRACE_FOLLOW_ROWS overrides it (tests cut small runs into many rounds).
+MIN_ROUND_ROWS = 20_000
+# Events read at a time (a round is at most this many).
+CHUNK_ROWS = 200_000
+# How often, at most, the thread looks at what was committed (it is woken at each batch).
+POLL_S = 0.25
+# The analysis thread's niceness (MODTRACE_ANALYSIS_NICE overrides; 0: the writer's priority).
+NICE = 10
+
+
+class IncompleteFollow(Exception):
+    """The analysis that followed the recording did not see every committed event."""
+
+
+class _Completion:
+    """Whether the run completed, known only at its end.  Only the last round reads it (as a
+    truth value: ``analysis.nesting.collect_issues``), and that round runs after ``finish`` set it."""
+
+    def __init__(self) -> None:
+        self.value = True
+
+    def __bool__(self) -> bool:
+        return self.value
+
+
+class Follower:
+    """Analyses rank ``rank`` of run ``run_id`` in ``store`` as its events are committed."""
+
+    def __init__(self, store: Store, run_id: int, rank: int, *, min_rows: int = MIN_ROUND_ROWS,
+                 chunk_rows: int = CHUNK_ROWS, nice: int | None = None) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.rank = rank
+        self.min_rows = int(os.environ.get("MODTRACE_FOLLOW_ROWS", min_rows))
+        self.chunk_rows = chunk_rows
+        self.nice = int(os.environ.get("MODTRACE_ANALYSIS_NICE", NICE)) if nice is None else nice
+        self._cond = threading.Condition()
+        self._ended = False
+        self._completion = _Completion()
+        self._spans: list[pl.DataFrame] = []
+        self._read = 0  # events read by the current pass over the rank
+        self.rounds = 0
+        self.timings: dict[str, float] = {}  # seconds of each part of ``finish``
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="modtrace-analysis", daemon=True)
+
+    def start(self) -> Follower:
+        self._thread.start()
+        return self
+
+    def committed(self) -> None:
+        """A batch was committed: there may be a round to analyse."""
+        with self._cond:
+            self._cond.notify()
+
+    def finish(self, complete: bool) -> None:
+        """Every event is committed: analyse the tail and store the rank's whole analysis.
+        Raises what the thread met, or ``IncompleteFollow``; the caller then analyses the rank
+        from its events (``materialize``), which replaces whatever was written here."""
+        marks = [time.perf_counter()]
+        self._completion.value = complete
+        with self._cond:
+            self._ended = True
+            self._cond.notify()
+        self._thread.join()
+        marks.append(time.perf_counter())
+        if self._error is not None:
+            raise self._error
+        from modtrace.store.event_range import committed_head
+
+        count, _ = committed_head(self.store, self.run_id, self.rank)
+        if count != self._read:
+            raise IncompleteFollow(f"read {self._read:,} of {count:,} events")
+        self._finalize(marks)
+        marks.append(time.perf_counter())
+        names = ("tail", "basis", "steps", "counters", "tree")
+        self.timings = {n: round(b - a, 4) for n, a, b in zip(names, marks, marks[1:])}
+        if os.environ.get("MODTRACE_FOLLOW_TIMES"):  # benchmarks/bench_record_return.py reads it
+            import sys
+
+            print(f"modtrace: follow: {self.rounds} rounds; end {self.timings}", file=sys.stderr)
+
+    # -- the thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            if self.nice:
+                try:  # this thread only (a Linux thread has a priority of its own)
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+                except (OSError, AttributeError):
+                    pass
+            import polars as pl
+
+            from modtrace.analysis.stream import analyze_rank
+            from modtrace.store.analysis_store import append_analysis_round
+            from modtrace.store.reader import read_modules
+
+            pl.thread_pool_size()  # polars' workers start here, so they run at this thread's priority
+
+            def modules() -> pl.DataFrame:
+                return read_modules(self.store, self.run_id, ranks=[self.rank])
+
+            first = True
+            complete = cast(bool, self._completion)
+            for part in analyze_rank(self._chunks, modules, complete=complete):
+                if part.restart:
+                    self._spans.clear()
+                append_analysis_round(self.store, self.run_id, self.rank, part.spans, part.issues,
+                                      clear=first or part.restart)
+                first = False
+                self._spans.append(part.spans)
+                self.rounds += 1
+        except BaseException as exc:  # reported by finish; the end-of-run analysis takes over
+            self._error = exc
+
+    def _chunks(self) -> Iterator[pl.DataFrame]:
+        """The rank's committed events from its first, in chunks, waiting for more until the end
+        (one pass of ``analyze_rank``; called again for a second pass)."""
+        from modtrace.store.event_range import committed_head, iter_events_between
+
+        self._read = 0
+        after: int | None = None  # the last seq read
+        last_count = -1
+        latest: int | None = None  # largest seq as last seen
+        settled: int | None = None  # largest seq as seen one batch before: every smaller seq is in
+        last_look = 0.0
+        while True:
+            with self._cond:
+                if not self._ended:
+                    self._cond.wait(max(0.0, POLL_S - (time.monotonic() - last_look)))
+                ending = self._ended
+            if not ending and time.monotonic() - last_look < POLL_S:
+                continue
+            last_look = time.monotonic()
+            count, head = committed_head(self.store, self.run_id, self.rank)
+            if count != last_count:
+                settled, latest, last_count = latest, head, count
+            upto = head if ending else settled
+            if upto is None or (after is not None and upto <= after) or (
+                    not ending and upto - (-1 if after is None else after) < self.min_rows):
+                if ending:
+                    return
+                continue
+            for frame in iter_events_between(self.store, self.run_id, self.rank, after, upto, self.chunk_rows):
+                self._read += frame.height
+                after = int(frame["seq"][-1])
+                yield frame
+            if ending:
+                return
+
+    # -- the end --------------------------------------------------------------------
+
+    def _finalize(self, marks: list[float]) -> None:
+        """What ``materialize`` stores after the rounds, from the spans kept: steps (with the
+        analysis state, one transaction), device times, counters, the tree."""
+        import polars as pl
+
+        from modtrace.analysis import Analysis
+        from modtrace.analysis.spans import name_spans
+        from modtrace.results.materialize import _store_device_times, _with_device_times
+        from modtrace.results.steps import step_rows
+        from modtrace.results.tree import store_tree
+        from modtrace.store.analysis_store import write_analysis_rounds
+        from modtrace.store.reader import read_devices, read_modules
+        from modtrace.store.roots import read_step_basis
+
+        store, run_id, rank = self.store, self.run_id, self.rank
+        spans = pl.concat(self._spans, rechunk=True) if self._spans else None
+        basis = read_step_basis(store, run_id)
+
+        def steps(conn: Connection) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+            return step_rows(run_id, basis, spans) if spans is not None and spans.height else None
+
+        marks.append(time.perf_counter())
+        write_analysis_rounds(store, run_id, [], rank=rank, from_events=True, steps=steps, appended=True)
+        marks.append(time.perf_counter())
+        _store_device_times(store, run_id, [rank])
+        _store_counters_of(store, run_id, rank, spans)
+        marks.append(time.perf_counter())
+        if spans is None or spans.height == 0:
+            return
+        named = name_spans(spans, read_modules(store, run_id, ranks=[rank]),
+                           read_devices(store, run_id, ranks=[rank])).sort("rank", "span_id")
+        named = _with_device_times(store, run_id, [rank], Analysis(named, named.clear())).spans
+        store_tree(store, run_id, named, rank=rank)
+
+
+def _store_counters_of(store: Store, run_id: int, rank: int, spans: pl.DataFrame | None) -> None:
+    """``materialize``'s span counter rows of the rank, from ``spans`` (its span rows) rather
+    than read back."""
+    from modtrace.store.counters import has_counters, read_counters, write_span_counters
+
+    if spans is None or not has_counters(store, run_id):
+        return
+    from modtrace.analysis.counters import span_counters
+
+    needed = ("rank", "span_id", "parent_span_id", "depth", "call_id", "phase", "graph_task")
+    calls, ranges = read_counters(store, run_id, rank)
+    write_span_counters(store, run_id, rank, span_counters(spans.select(needed), calls, ranges))
