@@ -152,7 +152,7 @@ def test_recomputation_is_charged_to_recompute_spans(reentrant: bool, db_path: P
         assert peak >= 2 * fc1_out  # fc1's and GELU's outputs lived during the call, and were let go
     # The gradients are made in the backward (in a nested graph task under reentrant checkpointing,
     # still inside the root's backward span) and kept past it.
-    ((root_kept,),) = db_rows(db_path, "SELECT kept_mem_bytes FROM spans WHERE phase = 'backward' AND depth = 0")
+    ((root_kept,),) = db_rows(db_path, "SELECT kept_mem_bytes FROM spans WHERE phase = 'backward' AND fqn = '_Checkpointed'")
     assert root_kept >= sum(p.numel() * p.element_size() for p in model.parameters())
 
 
