@@ -75,7 +75,7 @@ class CallMemory:
     freed_bytes: int  # of kept_bytes, what it did not return: what checkpointing it frees
     forward_peak_bytes: int  # the most live bytes in its forward above the level at its entry
     forward_ns: int
-    kept_free: np.ndarray = field(repr=False, compare=False)  # free positions of K(c), sorted (_NEVER: not freed)
+    kept_free: np.ndarray = field(repr=False, compare=False)  # K(c)'s frees as timeline indices, sorted (_NEVER: none)
     kept_cum: np.ndarray = field(repr=False, compare=False)  # running sums of their bytes, from 0
 
 
@@ -118,42 +118,45 @@ class StepModel:
             i0 = int(np.searchsorted(self.pos, c.exit_seq + 1, side="left"))
             i1 = int(np.searchsorted(self.pos, c.backward_seq, side="right"))
             if i1 > i0:
-                level[i0:i1] -= _alive_after(c, self.pos[i0:i1])
+                level[i0:i1] -= _alive_after(c, np.arange(i0, i1))
         peak = max(self.base_bytes, int(level.max()) if level.size else 0)
         for c in calls:
             assert c.backward_seq is not None
             r = c.backward_seq
-            before = self.level_at(r) - sum(int(_alive_after(o, np.array([r]))[0]) for o in calls
+            last = int(np.searchsorted(self.pos, r, side="right")) - 1  # the last operation before event r
+            before = self.level_at(r) - sum(int(_alive_after(o, np.array([last]))[0]) for o in calls
                                             if o.backward_seq is not None and o.exit_seq < r <= o.backward_seq)
             peak = max(peak, before + c.forward_peak_bytes)
         return peak
 
 
-def _alive_after(c: CallMemory, positions: np.ndarray) -> np.ndarray:
-    """Bytes of K(c) not freed at or before each position (freed at p: gone by p's end; counting
-    it until then keeps the prediction on the high side within a position)."""
-    freed = np.searchsorted(c.kept_free, positions, side="left")
-    return c.kept_cum[-1] - c.kept_cum[freed]
+def _alive_after(c: CallMemory, rows: np.ndarray) -> np.ndarray:
+    """Bytes of K(c) not yet freed once each of the timeline's operations ``rows`` (indices) is done."""
+    freed = np.searchsorted(c.kept_free, rows, side="right")
+    alive: np.ndarray = c.kept_cum[-1] - c.kept_cum[freed]
+    return alive
 
 
-def _ops(storages: pl.DataFrame) -> tuple[int, np.ndarray, np.ndarray]:
-    """(base bytes, positions, levels) of one device's storages: every allocation and free in
-    position order, and within a position in the order the recorder saw them (its memory
-    counter: ``sid`` at the allocation, ``free_order`` at the free).  Without ``free_order`` a
-    position's allocations come first (the high side: all counted live together)."""
+def _ops(storages: pl.DataFrame) -> tuple[int, np.ndarray, np.ndarray, dict[int, int]]:
+    """(base bytes, positions, levels, sid -> the index of its free) of one device's storages:
+    every allocation and free in the order the recorder saw them (its memory counter: ``sid``
+    at the allocation, ``free_order`` at the free), which is position order.  Without
+    ``free_order`` a position's allocations come first (the high side: all counted live)."""
     base = int(storages.filter(pl.col("alloc_seq").is_null())["nbytes"].sum() or 0)
     allocs = storages.filter(pl.col("alloc_seq").is_not_null()).select(
-        pl.col("alloc_seq").alias("pos"), pl.lit(0).alias("kind"), pl.col("sid").alias("order"),
+        pl.col("alloc_seq").alias("pos"), pl.lit(0).alias("kind"), pl.col("sid").alias("order"), "sid",
         pl.col("nbytes").alias("delta"))
     free_order = pl.col("free_order") if "free_order" in storages.columns else pl.lit(None, dtype=pl.Int64)
     frees = storages.filter(pl.col("free_seq").is_not_null()).select(
         pl.col("free_seq").alias("pos"), pl.lit(1).alias("kind"),
-        free_order.fill_null(np.iinfo(np.int64).max).alias("order"), (-pl.col("nbytes")).alias("delta"))
-    ops = pl.concat([allocs, frees]).cast({"pos": pl.Int64, "kind": pl.Int8, "order": pl.Int64, "delta": pl.Int64})
-    ops = ops.sort("pos", "order", "kind")
+        free_order.fill_null(np.iinfo(np.int64).max).alias("order"), "sid", (-pl.col("nbytes")).alias("delta"))
+    ops = pl.concat([allocs, frees]).cast({"pos": pl.Int64, "kind": pl.Int8, "order": pl.Int64, "sid": pl.Int64,
+                                           "delta": pl.Int64})
+    ops = ops.sort("pos", "order", "kind").with_row_index("i")
     pos = ops["pos"].to_numpy().astype(np.int64)
     level = base + np.cumsum(ops["delta"].to_numpy().astype(np.int64))
-    return base, pos, level
+    freed = dict(ops.filter(pl.col("kind") == 1).select("sid", pl.col("i").cast(pl.Int64)).iter_rows())
+    return base, pos, level, freed
 
 
 def _forward_calls(spans: pl.DataFrame) -> list[dict[str, Any]]:
@@ -185,9 +188,10 @@ def step_model(storages: pl.DataFrame, spans: pl.DataFrame, returns: pl.DataFram
                first_seq: int, device: str) -> StepModel:
     """The what-if's view of one counted step on one device (see the module docstring for the
     frames); ``storages`` only that device's."""
-    base, pos, level = _ops(storages)
+    base, pos, level, freed_at = _ops(storages)
     alloc = storages["alloc_seq"].fill_null(-1).cast(pl.Int64).to_numpy()
     free = storages["free_seq"].fill_null(_NEVER).cast(pl.Int64).to_numpy()
+    free_index = np.array([freed_at.get(int(sid), _NEVER) for sid in storages["sid"].to_list()], dtype=np.int64)
     nbytes = storages["nbytes"].cast(pl.Int64).to_numpy()
     sids = storages["sid"].cast(pl.Int64).to_numpy()
     returned: dict[int, set[int]] = {}
@@ -199,8 +203,8 @@ def step_model(storages: pl.DataFrame, spans: pl.DataFrame, returns: pl.DataFram
         kept = (alloc > e) & (alloc <= x) & (free > x)
         back = returned.get(r["call_id"], set())
         mine = kept & ~np.isin(sids, np.fromiter(back, dtype=np.int64, count=len(back)))
-        order = np.argsort(free[mine], kind="stable")
-        kept_free = free[mine][order]
+        order = np.argsort(free_index[mine], kind="stable")
+        kept_free = free_index[mine][order]
         kept_cum = np.concatenate([[0], np.cumsum(nbytes[mine][order])]).astype(np.int64)
         i0 = int(np.searchsorted(pos, e + 1, side="left"))
         i1 = int(np.searchsorted(pos, x, side="right"))
@@ -418,11 +422,11 @@ def cheapest(models: Sequence[StepModel], budget: int, forward_ns: dict[str, int
         lowest = measured
         for n in range(1, len(names) + 1):
             for combo in itertools.combinations(names, n):
-                chosen = frozenset(combo)
-                peak = predicted_peak(models, chosen)
+                trial = frozenset(combo)
+                peak = predicted_peak(models, trial)
                 lowest = min(lowest, peak)
                 if peak <= budget:
-                    key = (_cost(chosen, forward_ns), peak, n, chosen)
+                    key = (_cost(trial, forward_ns), peak, n, trial)
                     if best is None or key[:3] < best[:3]:
                         best = key
         return "exact", (best[3] if best is not None else None), len(names), lowest
@@ -434,13 +438,13 @@ def cheapest(models: Sequence[StepModel], budget: int, forward_ns: dict[str, int
         for name in names:
             if name in chosen or any(name.startswith(o + ".") for o in chosen):
                 continue
-            trial = predicted_peak(models, chosen | {name})
-            drop = peak - trial
+            trial_peak = predicted_peak(models, chosen | {name})
+            drop = peak - trial_peak
             if drop <= 0:
                 continue
             rate = drop / max(_cost(chosen | {name}, forward_ns) - _cost(chosen, forward_ns), 1)
             if pick is None or rate > pick[0]:
-                pick = (rate, name, trial)
+                pick = (rate, name, trial_peak)
         if pick is None:
             return "greedy", None, len(names), lowest
         chosen, peak = chosen | {pick[1]}, pick[2]

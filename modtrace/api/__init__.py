@@ -562,7 +562,9 @@ class Database:
         """
         from modtrace.api._memory import memory
 
-        return memory(self, self._store, self._ref(run), checkpoint=checkpoint, budget=budget, device=device)
+        ref = self._ref(run)
+        return memory(self._store, ref, lambda: self._spans_on(ref, "host"), lambda: self.steps(ref),
+                      checkpoint=checkpoint, budget=budget, device=device)
 
     def delete(self, runs: RunLike | Sequence[RunLike], *, force: bool = False) -> list[DeletedRun]:
         """Delete runs with every row that belongs to them (events, spans, issues, trees, device

@@ -128,12 +128,21 @@ def diff_counters(base_store: Store, base: dict[str, Any], cand_store: Store, ca
 
     if not has_counters(base_store, base["run_id"]) or not has_counters(cand_store, cand["run_id"]):
         return None
-    base_spans = read_counted_spans(base_store, base["run_id"], base.get("rank", rank))
-    cand_spans = read_counted_spans(cand_store, cand["run_id"], cand.get("rank", rank))
+    base_spans = _with_kept(base_store, base["run_id"], read_counted_spans(base_store, base["run_id"], base.get("rank", rank)))
+    cand_spans = _with_kept(cand_store, cand["run_id"], read_counted_spans(cand_store, cand["run_id"], cand.get("rank", rank)))
     paired = unshared_kinds(base, cand)
     if paired is not None:
         base_spans, cand_spans = _relabelled(base_spans, paired[0], paired), _relabelled(cand_spans, paired[1], paired)
     return counter_changes(base_spans, cand_spans, phases)
+
+
+def _with_kept(store: Store, run_id: int, spans: pl.DataFrame) -> pl.DataFrame:
+    """The counted spans with their own kept memory (``kept_mem_bytes_self``, null where the run
+    tracked none), which ``counter_changes`` compares like a counter."""
+    from modtrace.store.memory import read_span_memory
+
+    kept = read_span_memory(store, run_id).select("rank", "span_id", "kept_mem_bytes_self")
+    return spans.join(kept, on=["rank", "span_id"], how="left", maintain_order="left")
 
 
 def _kind_steps(info: dict[str, Any]) -> list[tuple[str, int]]:

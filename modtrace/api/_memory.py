@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import shlex
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from modtrace.core.errors import UsageError
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from modtrace.analysis.memory_plan import MemoryReport, StepModel
-    from modtrace.api import Database
     from modtrace.api._runs import Run
     from modtrace.store.engine import Store
 
@@ -24,9 +25,14 @@ def no_memory_line(name: str) -> str:
             f"modtrace memory {shlex.quote(name)}")
 
 
-def memory(database: Database, store: Store, ref: Run, *, checkpoint: Sequence[str] = (), budget: int | str | None = None,
+def memory(store: Store, ref: Run, spans_of: Callable[[], pl.DataFrame], steps_of: Callable[[], pl.DataFrame], *,
+           checkpoint: str | Sequence[str] = (), budget: int | str | None = None,
            device: str | None = None) -> MemoryReport:
+    """``Database.memory`` of run ``ref``: ``spans_of()`` gives its spans on the host clock,
+    ``steps_of()`` its steps (``Database.steps``), each read only when the run has memory."""
     import polars as pl
+
+    from dataclasses import replace
 
     from modtrace.analysis.memory_plan import (
         MemoryReport,
@@ -34,23 +40,30 @@ def memory(database: Database, store: Store, ref: Run, *, checkpoint: Sequence[s
         chosen_modules,
         module_forward_ns,
         module_memory,
+        outermost_names,
         recompute_ns,
         step_model,
         step_peaks,
         what_if,
     )
     from modtrace.core.sizes import parse_bytes
-    from modtrace.store.memory_plan import counted_ranges, has_storages, read_returns, read_storages
+    from modtrace.store.memory import has_memory, read_returns, read_storages
+    from modtrace.store.memory_plan import counted_ranges
+    from modtrace.store.reader import read_devices
 
     patterns = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
     if any(not p.strip() for p in patterns):
         raise UsageError("checkpoint: an empty pattern", cli="--checkpoint: an empty pattern")
     limit = None if budget is None else parse_bytes(budget)
     ranges = counted_ranges(store, ref.id)
-    if not ranges or not has_storages(store, ref.id):
+    if not ranges or not has_memory(store, ref.id):
         raise UsageError(no_memory_line(ref.name))
-    spans = database._spans_on(ref, "host")
-    storages = read_storages(store, ref.id)
+    spans = spans_of()
+    names = read_devices(store, ref.id).select(pl.col("rank").cast(pl.Int32), pl.col("device_id").cast(pl.Int32),
+                                               pl.col("name").cast(pl.String))
+    storages = read_storages(store, ref.id).join(
+        names, left_on=["rank", "device"], right_on=["rank", "device_id"], how="left").with_columns(
+        pl.col("name").fill_null(pl.col("device").cast(pl.String)).alias("device")).drop("name")
     returns = read_returns(store, ref.id)
     models: list[StepModel] = []
     for rank, first, last in ranges:
@@ -71,7 +84,7 @@ def memory(database: Database, store: Store, ref: Run, *, checkpoint: Sequence[s
     elif device not in devices:
         raise UsageError(f"run {ref.name!r} tracked no memory on device {device!r}; its devices: {', '.join(devices)}")
     chosen = [m for m in models if m.device == device]
-    steps = database.steps(ref)
+    steps = steps_of()
     counted = {(m.rank, m.step) for m in models}
     timed = steps.filter(~pl.struct("rank", "step").map_elements(
         lambda s: (s["rank"], s["step"]) in counted, return_dtype=pl.Boolean))
@@ -89,15 +102,9 @@ def memory(database: Database, store: Store, ref: Run, *, checkpoint: Sequence[s
                              f"of run {ref.name!r} (patterns are globs on module names, e.g. 'blocks.*' or "
                              f"'*.mlp')", cli=f"--checkpoint {unmatched[0]!r} matches no module called forward in a "
                              f"counted step of run {ref.name!r} (a glob on module names, e.g. 'blocks.*' or '*.mlp')")
-        from modtrace.analysis.memory_plan import outermost_names
-
         added = recompute_ns(spans, outermost_names(chosen, fqns), timed)
-        from dataclasses import replace
-
         report = replace(report, what_if=what_if(chosen, patterns, step_ns=step_ns, added_ns=added))
     if limit is not None:
-        from dataclasses import replace
-
         plan = budget_plan(chosen, limit, forward_ns, step_ns=step_ns,
                            added_ns_of=lambda f: recompute_ns(spans, f, timed))
         report = replace(report, budget=plan)

@@ -57,18 +57,20 @@ class TreeOptions:
 
 
 def stored_nodes(store: Store, run_id: int, clock: str, opts: TreeOptions
-                 ) -> tuple[list[dict[str, Any]], dict[int, Any] | None] | None:
-    """The nodes to show from the run's stored tree on ``clock`` and the tree's work counts
-    (``results.counters.node_counts``); None when it cannot answer ``opts``."""
+                 ) -> tuple[list[dict[str, Any]], dict[int, Any] | None, dict[int, Any] | None] | None:
+    """The nodes to show from the run's stored tree on ``clock``, the tree's work counts
+    (``results.counters.node_counts``) and memory (``results.memory.node_memory``); None when it
+    cannot answer ``opts``."""
     from modtrace.core.tree_rows import filter_nodes
     from modtrace.results.counters import node_counts
+    from modtrace.results.memory import node_memory
     from modtrace.results.tree import read_tree_rows
 
     nodes = read_tree_rows(store, run_id, clock, opts.step_on) if opts.whole_run else None
     if nodes is None:
         return None
     shown = filter_nodes(nodes, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
-    return shown, node_counts(store, run_id, nodes)
+    return shown, node_counts(store, run_id, nodes), node_memory(store, run_id, nodes)
 
 
 def step_ranges(steps: list[int]) -> str:
@@ -90,14 +92,16 @@ def step_ranges(steps: list[int]) -> str:
 
 
 def nodes_from_spans(store: Store, run_id: int, run_name: str, frame: pl.DataFrame, opts: TreeOptions
-                     ) -> tuple[pl.DataFrame, dict[int, Any] | None]:
+                     ) -> tuple[pl.DataFrame, dict[int, Any] | None, dict[int, Any] | None]:
     """The nodes frame to show, from the run's spans ``frame`` (with at least ``TREE_SPAN_COLUMNS``),
-    and its nodes' work counts (``results.counters.node_counts``; None when the run counted none)."""
+    its nodes' work counts (``results.counters.node_counts``; None when the run counted none) and
+    memory (``results.memory.node_memory``; None when it has none)."""
     import polars as pl
 
     from modtrace.analysis.aggregate import filter_tree, module_tree
     from modtrace.api._steps import of_kind, restep
     from modtrace.results.counters import node_counts
+    from modtrace.results.memory import node_memory
 
     stepped = restep(store, run_id, run_name, frame, opts.step_on)
     spans = stepped.frame if opts.step_kind in (None, "all") else of_kind(run_name, stepped, opts.step_kind)
@@ -114,8 +118,8 @@ def nodes_from_spans(store: Store, run_id: int, run_name: str, frame: pl.DataFra
         spans = chosen
     whole = module_tree(spans)
     nodes = filter_tree(whole, phases=opts.phases, max_depth=opts.max_depth, min_percent=opts.min_percent)
-    return nodes, node_counts(store, run_id, whole.select("node_id", "parent_node_id", "phase", "fqn").to_dicts(),
-                              spans, frame)
+    keys = whole.select("node_id", "parent_node_id", "phase", "fqn").to_dicts()
+    return nodes, node_counts(store, run_id, keys, spans, frame), node_memory(store, run_id, keys, spans, frame)
 
 
 def tree_nodes(store: Store, run_id: int, run_name: str, clock: str, opts: TreeOptions,
@@ -124,15 +128,18 @@ def tree_nodes(store: Store, run_id: int, run_name: str, clock: str, opts: TreeO
     (``core.work.WORK_KEYS``, None where a node ran in no counted step): the stored tree's rows when
     it answers ``opts`` (read without polars unless the run counted work), else computed from
     ``spans(columns)``, the run's spans on ``clock`` with at least those columns (called only then)."""
+    from modtrace.core.memory_nodes import MEMORY_KEYS
     from modtrace.core.work import derived
 
     stored = stored_nodes(store, run_id, clock, opts)
     if stored is not None:
-        nodes, counts = stored
+        nodes, counts, memory = stored
     else:
         from modtrace.analysis.aggregate import TREE_SPAN_COLUMNS
 
-        frame, counts = nodes_from_spans(store, run_id, run_name, spans(TREE_SPAN_COLUMNS), opts)
+        frame, counts, memory = nodes_from_spans(store, run_id, run_name, spans(TREE_SPAN_COLUMNS), opts)
         nodes = frame.to_dicts()
-    found = counts or {}
-    return [{**n, **derived(found.get(n["node_id"]), n["inclusive_median_ns"], opts.peak_tflops)} for n in nodes]
+    found, held = counts or {}, memory or {}
+    none = dict.fromkeys(MEMORY_KEYS)
+    return [{**n, **derived(found.get(n["node_id"]), n["inclusive_median_ns"], opts.peak_tflops),
+             **held.get(n["node_id"], none)} for n in nodes]

@@ -9,7 +9,7 @@ import click
 from modtrace.cli._options import db_option, format_option, stdout_terminal
 
 
-class ByteSize(click.ParamType):
+class ByteSize(click.ParamType):  # type: ignore[type-arg]
     """A size in bytes: ``2GiB``, ``500MB``, ``1.5G``, ``123456`` (``core.sizes.parse_bytes``)."""
 
     name = "bytes"

@@ -276,11 +276,13 @@ TREE_NODE_FRAME = Contract("tree node frame", (
     ("self_median_ns", "Float64"), ("percent", "Float64"), ("source", "String"),
 ))
 # The tree as ``tree`` and ``Database.tree`` give it: each node with its work per counted step
-# and what derives from it (``core.work``; null where the node ran in no counted step).
+# and what derives from it (``core.work``), then its memory (``core.memory_nodes``); null where
+# the node ran in no counted step.
 TREE_FRAME = Contract("tree frame", (
     *TREE_NODE_FRAME.columns, ("counted_steps", "UInt32"), ("flops_per_step", "Float64"),
     ("bytes_per_step", "Float64"), ("unknown_ops_per_step", "Float64"), ("gflop_per_s", "Float64"),
-    ("flop_per_byte", "Float64"), ("peak_percent", "Float64"),
+    ("flop_per_byte", "Float64"), ("peak_percent", "Float64"), ("kept_mem_per_step", "Float64"),
+    ("peak_mem_bytes", "Int64"),
 ))
 
 # One root call (the outermost module call on its thread) as the tracker notes it (table

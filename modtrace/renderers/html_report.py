@@ -129,7 +129,8 @@ def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES, peak_t
     calls and the totals sum every step; ``self_median_ns`` / ``inclusive_median_ns`` (the report's
     and the tree's "self/step" and "incl/step") are the median, over the steps the module ran in, of
     its time summed over its calls in the step.  With the spans' work counters (``Database.spans``)
-    each row has the tree's work keys (``core.work.WORK_KEYS``), per module and phase.
+    each row has the tree's work keys (``core.work.WORK_KEYS``), per module and phase, and with
+    their memory columns the tree's ``core.memory_nodes.MEMORY_KEYS``.
     """
     from modtrace.core.work import derived
 
@@ -140,6 +141,11 @@ def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES, peak_t
         pl.when(pl.col("flops").is_not_null().any()).then(pl.col(c).sum()).alias(f"_{c}")
         for c in ("flops", "bytes", "unknown_ops")
     ] if counted else []
+    # Memory as the tree has it (core.memory_nodes): kept summed per step, its median; the largest peak.
+    held = "kept_mem_bytes" in sp.columns
+    if held:
+        work += [pl.when(pl.col("kept_mem_bytes").is_not_null().any()).then(pl.col("kept_mem_bytes").sum())
+                 .alias("_kept"), pl.col("peak_mem_bytes").max().alias("_peak_mem")]
     per_step = sp.group_by(*keys, "step").agg(
         pl.len().alias("calls"),
         pl.col("self_ns").sum().alias("_self"),
@@ -151,6 +157,9 @@ def top_modules(spans: pl.DataFrame, rank: int, limit: int = TOP_MODULES, peak_t
         pl.col("_flops").count().alias("counted_steps"),
         *(pl.col(f"_{c}").median().alias(f"{c}_per_step") for c in ("flops", "bytes", "unknown_ops")),
     ] if counted else []
+    if held:
+        work_out += [pl.col("_kept").median().alias("kept_mem_per_step"),
+                     pl.col("_peak_mem").max().alias("peak_mem_bytes")]
     table = (
         per_step.group_by("fqn", "module_type", "phase")
         .agg(

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from modtrace.core.contracts import HOOKS, KERNELS, MIXED
+from modtrace.core.memory_nodes import MEMORY_KEYS
+from modtrace.core.sizes import format_bytes
 from modtrace.core.work import WORK_KEYS
 from modtrace.renderers.base import Renderer
 
@@ -44,7 +46,7 @@ class TreeRenderer(Renderer[TreeView]):
 
 _JSON_KEYS = (
     "fqn", "module_type", "phase", "calls", "steps", "inclusive_total_ns", "self_total_ns",
-    "inclusive_median_ns", "self_median_ns", "percent", "source", *WORK_KEYS,
+    "inclusive_median_ns", "self_median_ns", "percent", "source", *WORK_KEYS, *MEMORY_KEYS,
 )
 
 # The table marks a node whose time was not (or not all) measured by hooks before its name (a
@@ -91,9 +93,10 @@ class TreeTextRenderer(TreeRenderer):
 
     name = "table"
     columns = ("module", "type", "phase", "calls", "incl/step", "self/step", "incl total", "self total", "% step")
-    # The work columns are shown when some node was counted (% peak when a peak was given); on a
-    # terminal too narrow for the table once names are cut, DROPPABLE columns go, in this order.
-    DROPPABLE = ("FLOP/B", "incl total", "self total")
+    # The work columns are shown when some node was counted (% peak when a peak was given), the
+    # memory columns when some node has memory; on a terminal too narrow for the table once names
+    # are cut, DROPPABLE columns go, in this order (memory first).
+    DROPPABLE = ("peak mem", "kept/step", "FLOP/B", "incl total", "self total")
 
     def render(self, model: TreeView) -> str:
         # Plain text, laid out as a borderless table (columns two spaces apart, names
@@ -106,6 +109,8 @@ class TreeTextRenderer(TreeRenderer):
             if any(n.get("peak_percent") is not None for n in model.nodes):
                 shown += ("% peak",)
             columns += shown
+        if any(n.get("kept_mem_per_step") is not None or n.get("peak_mem_bytes") is not None for n in model.nodes):
+            columns += ["kept/step", "peak mem"]
         names = [str(n["fqn"]) for n in model.nodes] if model.full_names else leaf_names(model.nodes)
         sources = {str(node["source"]) for node in model.nodes}
         marked = [s for s in SOURCE_MARKS if s in sources]
@@ -152,6 +157,8 @@ class TreeTextRenderer(TreeRenderer):
             "GFLOP/s": _g(node.get("gflop_per_s")),
             "FLOP/B": _g(node.get("flop_per_byte")),
             "% peak": "" if peak is None else f"{peak:.1f}",
+            "kept/step": format_bytes(node.get("kept_mem_per_step")),
+            "peak mem": format_bytes(node.get("peak_mem_bytes")),
         }
 
 

@@ -13,7 +13,7 @@ from modtrace.renderers import REGISTRY, Renderer, Table, formats, get_renderer
 
 
 def test_every_registered_renderer_implements_the_one_interface() -> None:
-    assert set(REGISTRY) == {"rows", "tree", "diff", "stragglers", "report", "trace"}
+    assert set(REGISTRY) == {"rows", "tree", "diff", "stragglers", "memory", "report", "trace"}
     for kind, names in REGISTRY.items():
         for name in names:
             renderer = get_renderer(kind, name)  # type: ignore[call-overload]
@@ -33,6 +33,7 @@ def test_the_commands_offer_the_formats_their_renderers_have() -> None:
     assert choices("tree") == formats("tree")
     assert choices("diff") == formats("diff")
     assert choices("stragglers") == formats("stragglers")
+    assert choices("memory") == formats("memory")
     for command in ("runs", "show", "check", "query"):
         assert set(choices(command)) <= set(formats("rows"))
 

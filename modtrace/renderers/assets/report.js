@@ -204,6 +204,8 @@
     gflops: "GFLOP/s: achieved throughput, FLOPs/step over incl/step (as in modtrace tree)",
     intensity: "FLOP/B: arithmetic intensity, FLOPs per byte of its ops' tensor inputs and outputs",
     peak: "% peak: GFLOP/s as a percentage of the peak given (--peak-tflops)",
+    kept: "kept/step: median, over the counted steps, of the tensor memory its calls allocated and still held at their exit (in forward: what it keeps for backward and returns), summed over its calls in the step (as in modtrace tree)",
+    peakMem: "peak mem: the most live tensor memory any of its calls reached above the level at its entry, on counted steps (as in modtrace tree)",
     source: "where the time comes from: blank when measured by module hooks; marked when attributed from compiled kernels (see the note under the table)",
     pHolm: "p (Holm): two-sided Mann-Whitney p over the compared steps, Holm-adjusted over every module and phase compared; the verdict uses this one (the JSON also has the unadjusted p_value)",
   };
@@ -532,6 +534,18 @@
       { key: "gflop_per_s", label: "GFLOP/s", num: true, fmt: fmt3, title: GLOSSARY.gflops },
       { key: "flop_per_byte", label: "FLOP/B", num: true, fmt: fmt3, title: GLOSSARY.intensity },
     ];
+    if (mods.some(function (r) { return r.kept_mem_per_step !== null && r.kept_mem_per_step !== undefined; })) {
+      var fmtBytes = function (v) {
+        if (v === null || v === undefined) return "";
+        var units = [["TiB", 1099511627776], ["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
+        for (var i = 0; i < units.length; i++) {
+          if (Math.abs(v) >= units[i][1]) return fmtG(v / units[i][1], 3) + NB + units[i][0];
+        }
+        return v.toFixed(0) + NB + "B";
+      };
+      modWork.push({ key: "kept_mem_per_step", label: "kept/step", num: true, fmt: fmtBytes, title: GLOSSARY.kept });
+      modWork.push({ key: "peak_mem_bytes", label: "peak mem", num: true, fmt: fmtBytes, title: GLOSSARY.peakMem });
+    }
     if (DATA.peak_tflops) {
       modWork.push({ key: "peak_percent", label: "% peak", num: true,
                      fmt: function (v) { return v === null || v === undefined ? "" : v.toFixed(1); }, title: GLOSSARY.peak });
