@@ -220,6 +220,11 @@ class Follower:
         marks.append(time.perf_counter())
         _store_device_times(store, run_id, [rank])
         _store_counters_of(store, run_id, rank, spans)
+        # every relation materialize derives after the rounds is derived here too (the tests
+        # compare each table keyed by run with a fresh analysis: tests/recording/test_follow.py)
+        from modtrace.results.span_memory import store_memory
+
+        store_memory(store, run_id, [rank])
         marks.append(time.perf_counter())
         if spans is None or spans.height == 0:
             return
