@@ -1,9 +1,5 @@
 """Each call-tree node's memory for ``tree`` (``node_memory``), from the spans' kept and peak
 memory (``modtrace.results.span_memory``).
-
-NOTE: rebuilt by the issue-41 recording helper after it overwrote this file by mistake (its
-owner's version was lost); it mirrors ``results.counters.node_counts`` and
-``core.memory_nodes.memory_by_node``.  Its owner may replace it wholesale.
 """
 
 from __future__ import annotations
