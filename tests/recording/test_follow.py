@@ -254,3 +254,25 @@ def test_a_program_killed_outright(tmp_path: Path) -> None:
         time.sleep(0.2)
     got = assert_same_as_fresh(db, "kill")
     assert got["nesting_issues"], "the killed step's open calls are reported"
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_ranks_each_follow_their_own(tmp_path: Path, db_kind: str, request: pytest.FixtureRequest) -> None:
+    """Two ranks record one run at the same time; each writer process analyses its own rank."""
+    db = str(tmp_path / "t.db") if db_kind == "sqlite" else request.getfixturevalue("pg_url")
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(PREAMBLE) + textwrap.dedent(SCRIPTS["train"]))
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "MODTRACE_FOLLOW_ROWS": ROUND_ROWS, "MODTRACE_FOLLOW_TIMES": "1", "OMP_NUM_THREADS": "1",
+               "RANK": str(rank), "WORLD_SIZE": "2"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "modtrace", "record", "--db", db, "--run", "ranks",
+                                       str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err and "analysing it again" not in err, err
+        assert follow_rounds(err) >= 2
+    assert db_rows(db, "SELECT rank, analysis FROM run_ranks ORDER BY rank") == [(0, "stored"), (1, "stored")]
+    assert_same_as_fresh(db, "ranks", by_rank=True)
