@@ -9,7 +9,9 @@ on a SQLite file (``analyze=False``; entering and leaving are off the clock):
 * ``off``: ``Recorder(counters="off")``, the recorder without counters;
 * ``first``: ``Recorder(counters="first")`` (the default) after its counted first
   step: the steps that are not counted, which must cost what ``off`` costs;
-* ``counted``: ``Recorder(counters="every-step")``: every step counted.
+* ``counted``: ``Recorder(counters="every-step")``: every step counted (work and memory);
+* ``counted-no-memory``: the same with the memory log left out (the recorder's
+  ``Counting.memory`` off): the work counters alone, to state memory's share.
 
 Each candidate times ``--steps`` steps after one untimed step and reports the
 mean step; candidates take turns over ``--repeats`` repeats (benchmarks/_common.py
@@ -53,14 +55,16 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-counters-"))
     runs = iter(range(1_000_000))
 
-    def steps(counters: str | None) -> float:
+    def steps(counters: str | None, memory: bool = True) -> float:
         if counters is None:
             step()
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 step()
             return (time.perf_counter() - t0) / args.steps
-        with modtrace.Recorder(db=str(tmp / "bench.db"), run=f"r{next(runs)}", analyze=False, counters=counters):
+        with modtrace.Recorder(db=str(tmp / "bench.db"), run=f"r{next(runs)}", analyze=False, counters=counters) as rec:
+            if rec._counting is not None:
+                rec._counting.memory = memory
             step()  # the first step: counted under every policy but off
             t0 = time.perf_counter()
             for _ in range(args.steps):
@@ -68,15 +72,16 @@ def main() -> None:
             return (time.perf_counter() - t0) / args.steps
 
     candidates = {"bare": lambda: steps(None), "off": lambda: steps("off"), "first": lambda: steps("first"),
-                  "counted": lambda: steps("every-step")}
+                  "counted": lambda: steps("every-step"), "counted-no-memory": lambda: steps("every-step", False)}
     print(f"load average before: {load_average()}")
     samples = interleave(candidates, args.repeats, own_time=candidates)
     meds = medians(samples.wall)
     vs_off = ratios(meds, "off")
     print(f"{args.blocks} x (Linear(16,16) + ReLU), batch {args.batch}, {args.steps} steps x {args.repeats} repeats")
-    print(f"{'candidate':<10} {'step ms (median)':>17} {'vs off':>8}")
+    print(f"{'candidate':<18} {'step ms (median)':>17} {'vs off':>8}")
     for name, value in meds.items():
-        print(f"{name:<10} {value * 1e3:>17.3f} {vs_off.get(name, 1.0):>8.2f}")
+        print(f"{name:<18} {value * 1e3:>17.3f} {vs_off.get(name, 1.0):>8.2f}")
+    print(f"counted / counted-no-memory: {meds['counted'] / meds['counted-no-memory']:.2f}")
     print(f"load average after: {load_average()}")
 
 

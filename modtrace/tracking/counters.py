@@ -203,13 +203,15 @@ class CounterMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if known is None:
                 known = self.known[func] = _no_flops(func)
             unknown = 0 if known else 1
-        memory = self.memory
+        # A view allocates nothing: its storage is its input's, noted when an op that is not a
+        # view first reads it (as baseline) or made it.
+        memory = None if func.is_view else self.memory
         if memory is None:
             nbytes = 0 if func.is_view else _nbytes((args, kwargs)) + _nbytes(out)
         else:  # both need the tensors: flattened once
             flat_in = tree_flatten((args, kwargs))[0]
             flat_out = tree_flatten(out)[0]
-            nbytes = 0 if func.is_view else _flat_nbytes(flat_in) + _flat_nbytes(flat_out)
+            nbytes = _flat_nbytes(flat_in) + _flat_nbytes(flat_out)
         key = self._key()
         if memory is not None:
             memory.seen(flat_in, flat_out, key)
@@ -249,6 +251,7 @@ class Counting:
         self._local = threading.local()
         self.regions: list[CounterMode] = []
         self._order = itertools.count()  # the rank's memory counter (storage ids, free order)
+        self.memory = True  # follow storages too (modtrace.tracking.memory); benchmarks turn it off to compare
         self._step_open = False  # a root call of this step was seen (under optimizer or manual steps)
 
     def on_root(self, seq: int, kind: str | None) -> None:
@@ -264,8 +267,9 @@ class Counting:
             if self.policy == "first" and kind in self._kinds:
                 return
             self._kinds.add(kind)
-        memory = MemoryLog(self.tracker, self._order)
-        memory.baseline(start_tensors(self.tracker))
+        memory = MemoryLog(self.tracker, self._order) if self.memory else None
+        if memory is not None:
+            memory.baseline(start_tensors(self.tracker))
         mode = CounterMode(self.tracker, self._formulas, self._known, seq, memory)
         mode.__enter__()  # type: ignore[no-untyped-call]
         self.tracker.set_memory(memory)

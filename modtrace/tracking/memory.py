@@ -57,8 +57,13 @@ class MemoryLog:
     def __init__(self, tracker: Tracker, order: itertools.count[int]) -> None:
         self.tracker = tracker
         self.order = order
+        # Per storage seen, only what the garbage collector need not follow (ints) beside its weak
+        # reference: every object kept per allocation is work for young-generation collections.
         self.known: dict[int, int] = {}  # id(storage) -> sid, while it lives
-        self._refs: dict[int, tuple[weakref.ref[Any], int, int]] = {}  # id(ref) -> (ref, sid, id(storage))
+        self._refs: dict[int, weakref.ref[Any]] = {}  # id(ref) -> ref
+        self._sid: dict[int, int] = {}  # id(ref) -> sid
+        self._key: dict[int, int] = {}  # id(ref) -> id(storage)
+        self._on_free = self._freed  # one bound method for every reference
         self.storages: list[tuple[int, int, int, int | None, int, int, int]] = []
         self.frees: list[tuple[int, int, int]] = []
         self.returns: list[tuple[int, int]] = []
@@ -77,16 +82,19 @@ class MemoryLog:
         self.storages.append((sid, device_id, nbytes, alloc, *key))
         skey = id(st)
         self.known[skey] = sid
-        ref = weakref.ref(st, self._freed)
-        self._refs[id(ref)] = (ref, sid, skey)
+        ref = weakref.ref(st, self._on_free)
+        rkey = id(ref)
+        self._refs[rkey] = ref
+        self._sid[rkey] = sid
+        self._key[rkey] = skey
         return sid
 
     def _freed(self, ref: weakref.ref[Any]) -> None:
-        entry = self._refs.pop(id(ref), None)
-        if entry is None:
+        rkey = id(ref)
+        if self._refs.pop(rkey, None) is None:
             return
-        self.known.pop(entry[2], None)
-        self.frees.append((entry[1], _peek(self.tracker._seq), next(self.order)))
+        self.known.pop(self._key.pop(rkey), None)
+        self.frees.append((self._sid.pop(rkey), _peek(self.tracker._seq), next(self.order)))
 
     def seen(self, inputs: Iterable[Any], outputs: Iterable[Any], key: tuple[int, int, int]) -> None:
         """An op ran with these (flattened) arguments and results, charged to ``key``."""
@@ -146,6 +154,8 @@ class MemoryLog:
         """The region ended: frees from now on are outside it (the weak references are dropped)."""
         self.open = False
         self._refs.clear()
+        self._sid.clear()
+        self._key.clear()
         self.known.clear()
 
     def rows(self, run_id: int, rank: int, first_seq: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
