@@ -9,6 +9,13 @@ checked: its run analysed (``runs.analysis = 'stored'``) and its event count.
 
     python benchmarks/bench_record_return.py [--events 1000000,10000000] [--repeats 3]
         [--base /tmp/wt_base] [--db URL] [--blocks 200]
+
+``--cost``: what the follow costs the program instead: seconds per recorded step of the
+200-block stack (``bench_recorder.py``'s) and of a small GPT-2, with the writer process
+following the run (at its default niceness, and at the writer's priority) and without it
+(``MODTRACE_FOLLOW=0``), interleaved repeats in one process, medians.
+
+    python benchmarks/bench_record_return.py --cost [--repeats 7] [--steps 60]
 """
 
 from __future__ import annotations
@@ -79,6 +86,97 @@ def check_run(db: str, run: str) -> tuple[int, str]:
     return int(row[1] or 0), str(row[0])
 
 
+# -------------------------------------------------------------- cost to the program
+
+COST_CANDIDATES = {  # name -> environment of the writer process
+    "no_follow": {"MODTRACE_FOLLOW": "0"},
+    "follow": {"MODTRACE_FOLLOW": "1"},
+    "follow_nice0": {"MODTRACE_FOLLOW": "1", "MODTRACE_ANALYSIS_NICE": "0"},
+}
+
+
+def cost_models() -> dict[str, Any]:
+    """(model, one training step) of the 200-block stack (bench_recorder.py's) and a small GPT-2."""
+    import torch
+    import transformers
+
+    from benchmarks._common import linear_relu_stack
+
+    torch.manual_seed(0)
+    stack = linear_relu_stack(200)
+    x = torch.randn(4, 16)
+
+    def stack_step() -> None:
+        stack(x).sum().backward()
+        stack.zero_grad(set_to_none=True)
+
+    cfg = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=4, n_head=4)
+    gpt2 = transformers.GPT2LMHeadModel(cfg)
+    opt = torch.optim.SGD(gpt2.parameters(), lr=1e-3)
+    ids = torch.randint(0, 256, (4, 32))
+
+    def gpt2_step() -> None:
+        gpt2(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return {"linear_relu_200": stack_step, "gpt2": gpt2_step}
+
+
+def cost(repeats: int, steps: int, tmp: Path) -> dict[str, Any]:
+    """Seconds per recorded step with the writer process following the run (niced, and at the
+    writer's priority) and without: interleaved repeats, each the median of its steps."""
+    import random
+
+    import torch
+
+    import modtrace
+
+    torch.set_num_threads(1)
+    models = cost_models()
+    out: dict[str, Any] = {}
+    for model, step in models.items():
+        per: dict[str, list[float]] = {c: [] for c in COST_CANDIDATES}
+        for rep in range(repeats):
+            order = list(COST_CANDIDATES)
+            random.Random(rep).shuffle(order)
+            for name in order:
+                saved = {k: os.environ.get(k) for k in ("MODTRACE_FOLLOW", "MODTRACE_ANALYSIS_NICE")}
+                os.environ.update(COST_CANDIDATES[name])
+                try:
+                    rec = modtrace.Recorder(db=str(tmp / "cost.db"), run=f"{model}-{name}-{rep}", writer="process")
+                    rec.__enter__()
+                finally:
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+                for _ in range(3):
+                    step()
+                rec.flush()
+                times = []
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    step()
+                    times.append(time.perf_counter() - t0)
+                events = rec.events_recorded
+                rec.__exit__(None, None, None)
+                rec.wait_analyzed()
+                per[name].append(median(times))
+        meds = {k: median(v) for k, v in per.items()}
+        out[model] = {
+            "step_ms_median": {k: round(v * 1e3, 3) for k, v in meds.items()},
+            "vs_no_follow": {k: round(v / meds["no_follow"], 3) for k, v in meds.items() if k != "no_follow"},
+            "paired_diff_ms_median": {k: round(median([a - b for a, b in zip(per[k], per["no_follow"])]) * 1e3, 3)
+                                      for k in per if k != "no_follow"},
+            "events_per_repeat": events,
+        }
+        print(f"{model}: {json.dumps(out[model])}", file=sys.stderr, flush=True)
+    out["load_average"] = load_average()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", default="1000000", help="comma-separated sizes")
@@ -86,7 +184,13 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=200)
     ap.add_argument("--base", help="another work tree to time beside this one")
     ap.add_argument("--db", help="a database URL (default: a temp SQLite file per size)")
+    ap.add_argument("--cost", action="store_true", help="instead: recorded steps with and without the follow")
+    ap.add_argument("--steps", type=int, default=60, help="--cost: timed steps per repeat")
     args = ap.parse_args()
+    if args.cost:
+        with tempfile.TemporaryDirectory() as d:
+            print(json.dumps(cost(args.repeats, args.steps, Path(d)), indent=2))
+        return
     here = Path(__file__).resolve().parent.parent
     trees = {"now": here} if not args.base else {"base": Path(args.base).resolve(), "now": here}
     out: dict[str, Any] = {"load_average_before": load_average(), "sizes": {}}

@@ -335,7 +335,9 @@ class Recorder(Analysing, Flushing, Scheduling, SafetyNets):
             self._writer = ResumingWriter(store, self.run_id, self.rank, self.retry_s)
             if self.writer_mode in ("auto", "process"):
                 try:
-                    self._proc = WriterProcess(store, self.run_id, self.rank, self.retry_s, follow=self.analyze)
+                    # MODTRACE_FOLLOW=0: the rank is analysed at the end only (benchmarks/bench_record_return.py)
+                    follow = self.analyze and os.environ.get("MODTRACE_FOLLOW", "1") != "0"
+                    self._proc = WriterProcess(store, self.run_id, self.rank, self.retry_s, follow=follow)
                 except Exception:  # no usable interpreter to start: write from this process
                     self._proc = None
             self._tracker = tracker
