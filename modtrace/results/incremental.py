@@ -222,9 +222,11 @@ class Follower:
         _store_counters_of(store, run_id, rank, spans)
         # every relation materialize derives after the rounds is derived here too (the tests
         # compare each table keyed by run with a fresh analysis: tests/recording/test_follow.py)
+        from modtrace.results.span_memory import SPAN_COLUMNS as SPAN_MEMORY_COLUMNS
         from modtrace.results.span_memory import store_memory
 
-        store_memory(store, run_id, [rank])
+        if spans is not None:
+            store_memory(store, run_id, [rank], spans.select(SPAN_MEMORY_COLUMNS))
         marks.append(time.perf_counter())
         if spans is None or spans.height == 0:
             return

@@ -46,9 +46,10 @@ def _named_steps(store: Store, run_id: int, rank: int, ranges: pl.DataFrame, ste
     )
 
 
-def store_memory(store: Store, run_id: int, ranks: list[int]) -> None:
+def store_memory(store: Store, run_id: int, ranks: list[int], spans: pl.DataFrame | None = None) -> None:
     """The span memory rows and ``step_memory`` of a run that recorded storages, rank by rank,
-    from its stored spans, once they are stored (a span's kept memory needs its rank's call tree)."""
+    from its stored spans, once they are stored (a span's kept memory needs its rank's call tree).
+    ``spans``: the span rows of the one rank in ``ranks``, held by the caller (not read back)."""
     from modtrace.store.memory import has_memory
 
     if not has_memory(store, run_id):
@@ -57,8 +58,8 @@ def store_memory(store: Store, run_id: int, ranks: list[int]) -> None:
     from modtrace.store.memory import range_steps, write_span_memory, write_step_memory
 
     for r in ranks:
-        spans = read_span_rows(store, run_id, columns=SPAN_COLUMNS, rank=r)
-        per_span, per_range = _rank_memory(store, run_id, r, spans)
+        rows = read_span_rows(store, run_id, columns=SPAN_COLUMNS, rank=r) if spans is None else spans
+        per_span, per_range = _rank_memory(store, run_id, r, rows)
         write_span_memory(store, run_id, r, per_span)
         steps = range_steps(store, run_id, r, per_range["first_seq"].unique().to_list())
         write_step_memory(store, run_id, r, _named_steps(store, run_id, r, per_range, steps))
