@@ -40,7 +40,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -457,7 +457,7 @@ def cheapest(models: Sequence[StepModel], budget: int, forward_ns: dict[str, int
 
 
 def budget_plan(models: Sequence[StepModel], budget: int, forward_ns: dict[str, int], *,
-                step_ns: int, added_ns_of: Any) -> BudgetPlan:
+                step_ns: int, added_ns_of: Callable[[frozenset[str]], int]) -> BudgetPlan:
     """``cheapest`` as a ``BudgetPlan``; ``added_ns_of(fqns)`` measures a set's recompute time
     (``recompute_ns`` over the timed steps, outermost by the recorded calls)."""
     search, found, n, lowest = cheapest(models, budget, forward_ns)

@@ -30,9 +30,9 @@ def memory(store: Store, ref: Run, spans_of: Callable[[], pl.DataFrame], steps_o
            device: str | None = None) -> MemoryReport:
     """``Database.memory`` of run ``ref``: ``spans_of()`` gives its spans on the host clock,
     ``steps_of()`` its steps (``Database.steps``), each read only when the run has memory."""
-    import polars as pl
-
     from dataclasses import replace
+
+    import polars as pl
 
     from modtrace.analysis.memory_plan import (
         MemoryReport,

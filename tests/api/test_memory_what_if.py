@@ -15,7 +15,13 @@ import torch
 from torch import nn
 
 import modtrace
-from tests.helpers.memory import MlpStack, checkpointed, memtracker_peak, record_steps, step_memory_peak
+from tests.helpers.memory import (
+    MlpStack,
+    checkpointed,
+    memtracker_peak,
+    record_steps,
+    step_memory_peak,
+)
 
 BATCH, WIDTH, BLOCKS = 256, 128, 6
 BLOCK_NAMES = tuple(f"MlpStack.blocks.{i}" for i in range(BLOCKS))
