@@ -113,7 +113,10 @@ def step_table(spans: pl.DataFrame, *, with_start: bool = False) -> pl.DataFrame
 
 def total_step_time(spans: pl.DataFrame) -> int:
     """The summed step time of every (rank, step) in ``spans``."""
-    if spans.height == 0:
+    # Only closed root spans make step time (``step_time``): the rest are left out before the
+    # grouping, which then runs over a few rows per step instead of every span.
+    roots = spans.filter((pl.col("depth") == 0) & pl.col("duration_ns").is_not_null())
+    if roots.height == 0:
         return 0
-    per_step = spans.group_by("rank", "step").agg(step_time().alias("_t"))
+    per_step = roots.group_by("rank", "step").agg(step_time().alias("_t"))
     return int(per_step["_t"].sum() or 0)

@@ -102,12 +102,19 @@ def step_starts(frame: pl.DataFrame) -> pl.DataFrame:
     ``step``, and ``nth``: the row's place among its thread's, from 1).  A span's step is the
     step of the latest of these at or before it on its thread: a few rows per step rather than
     one per span (the ``span_steps`` view reads them)."""
-    ordered = frame.select(
+    rows = frame.select(
         pl.col("rank").cast(pl.Int32), pl.col("thread_id").cast(pl.Int32), pl.col("span_id").cast(pl.Int64),
         pl.col("step").cast(pl.Int32),
-    ).sort("rank", "thread_id", "span_id")
+    )
+    # The step before a span on its thread is the previous row of its (rank, thread) in span
+    # order.  Spans come sorted by (rank, span_id) from the analysis: then each thread's rows
+    # are already in span order, and only the few starts are sorted, not every span.
+    in_order = rows.select(((pl.col("rank").diff() > 0) | ((pl.col("rank").diff() == 0) & (pl.col("span_id").diff() > 0)))
+                           .all()).item()
+    if not in_order:
+        rows = rows.sort("rank", "span_id")
     changed = pl.col("step") != pl.col("step").shift(1).over("rank", "thread_id")
-    starts = ordered.filter(changed.fill_null(True))
+    starts = rows.filter(changed.fill_null(True)).sort("rank", "thread_id", "span_id")
     return starts.with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int32).over("rank", "thread_id").alias("nth"))
 
 
