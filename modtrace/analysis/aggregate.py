@@ -48,11 +48,12 @@ def step_samples(spans: pl.DataFrame) -> pl.DataFrame:
 
 
 def _codes(spans: pl.DataFrame, column: str) -> pl.Expr:
-    """A name column as integer codes equal exactly where the names are (an Enum's or a
-    Categorical's physical codes; other columns are made Categorical first)."""
-    if isinstance(spans.schema[column], (pl.Enum, pl.Categorical)):
-        return pl.col(column).to_physical().cast(pl.Int64)
-    return pl.col(column).cast(pl.String).cast(pl.Categorical).to_physical().cast(pl.Int64)
+    """A name column as integer codes below 2**32 + 1, equal exactly where the names are (an
+    Enum's or a Categorical's physical codes; other columns are made Categorical first; a
+    missing name is 2**32)."""
+    col = pl.col(column) if isinstance(spans.schema[column], (pl.Enum, pl.Categorical)) else (
+        pl.col(column).cast(pl.String).cast(pl.Categorical))
+    return col.to_physical().cast(pl.Int64).fill_null(1 << 32)
 
 
 def _packed(columns: list[tuple[pl.Expr, int, int]]) -> pl.Expr | None:
@@ -80,7 +81,7 @@ def _path_nodes(spans: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
     Grouping by these integers rather than by a hash of the names per span is what keeps
     ``module_tree`` cheap on a large run; the hashes (``node_id``) are taken per node.
     """
-    own = _codes(spans, "phase") * (1 << 32) + _codes(spans, "fqn")  # codes: an Enum's few, a Categorical's u32
+    own = _codes(spans, "phase") * (1 << 33) + _codes(spans, "fqn")
     base = spans.select("rank", "span_id", "parent_span_id", "depth", own.alias("_own")).with_row_index("_row")
     owns = base.get_column("_own").unique().sort()
     n_own = owns.len()
