@@ -63,7 +63,7 @@ def range_memory(storages: pl.DataFrame) -> pl.DataFrame:
         pl.col("nbytes").filter(pl.col("alloc_seq").is_null()).sum().alias("base_bytes"))
     peaks = live_levels(storages).group_by(_GROUP).agg(pl.col("level").max().alias("top"))
     return (
-        base.cast({"rank": pl.Int32, "first_seq": pl.Int64, "device": pl.Int32})  # type: ignore[arg-type]
+        base.cast({"rank": pl.Int32, "first_seq": pl.Int64, "device": pl.Int32})
         .join(peaks, on=list(_GROUP), how="left")
         .with_columns(pl.max_horizontal("base_bytes", pl.col("top").fill_null(0)).alias("peak_bytes"))
         .select(*out).cast(out).sort(*_GROUP)  # type: ignore[arg-type]
@@ -234,7 +234,7 @@ def _containment(enter: np.ndarray, exit_seq: np.ndarray) -> np.ndarray:
 
 def _subtree_sums(mass: np.ndarray, parent: np.ndarray) -> np.ndarray:
     """Each span's mass plus its descendants'."""
-    total = mass.copy()
+    total: np.ndarray = mass.copy()
     depth = _depths(parent)
     for d in range(int(depth.max()) if depth.size else 0, 0, -1):
         at = np.flatnonzero(depth == d)
@@ -267,7 +267,8 @@ def _container(owner: np.ndarray, free: np.ndarray, parent: np.ndarray, exit_seq
         move = todo & (j >= 0)
         move[move] = exit_seq[j[move]] < free[move]
         cur[move] = j[move]
-    return np.where(start < 0, -1, np.where(inside, cur, parent[cur]))
+    found: np.ndarray = np.where(start < 0, -1, np.where(inside, cur, parent[cur]))
+    return found
 
 
 def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -39,7 +39,8 @@ _strided = torch.strided
 if sys.version_info < (3, 12):
     def _peek(counter: itertools.count[int]) -> int:
         """The value ``next(counter)`` would give, without taking it."""
-        return counter.__reduce__()[1][0]  # type: ignore[index,no-any-return]
+        value: int = counter.__reduce__()[1][0]  # type: ignore[assignment]
+        return value
 else:  # itertools' pickling is deprecated from 3.12: read its repr, ``count(N)``
     def _peek(counter: itertools.count[int]) -> int:
         return int(repr(counter)[6:-1])
