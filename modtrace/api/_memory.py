@@ -65,12 +65,22 @@ def memory(store: Store, ref: Run, spans_of: Callable[[], pl.DataFrame], steps_o
         names, left_on=["rank", "device"], right_on=["rank", "device_id"], how="left").with_columns(
         pl.col("name").fill_null(pl.col("device").cast(pl.String)).alias("device")).drop("name")
     returns = read_returns(store, ref.id)
+    # Each counted range's spans: the ranges are disjoint, so one as-of join assigns them all.
+    bounds = pl.DataFrame(ranges, schema={"rank": pl.Int32, "first_seq": pl.Int64, "last_seq": pl.Int64}, orient="row")
+    ranged = (spans.with_columns(pl.col("rank").cast(pl.Int32), pl.col("span_id").cast(pl.Int64)).sort("rank", "span_id")
+              .join_asof(bounds.sort("rank", "first_seq"), left_on="span_id", right_on="first_seq", by="rank",
+                         strategy="backward", check_sortedness=False)
+              .filter(pl.col("first_seq").is_not_null() & (pl.col("span_id") <= pl.col("last_seq"))))
+    by_range = ranged.partition_by(["rank", "first_seq"], as_dict=True)
+    by_storage = storages.partition_by(["rank", "first_seq"], as_dict=True)
     models: list[StepModel] = []
-    for rank, first, last in ranges:
-        in_range = spans.filter((pl.col("rank") == rank) & pl.col("span_id").is_between(first, last))
+    for rank, first, _last in ranges:
+        in_range = by_range.get((rank, first))
+        mine = by_storage.get((rank, first))
+        if in_range is None or mine is None:
+            continue
         step = in_range.filter(pl.col("span_id") == first)["step"]
-        mine = storages.filter((pl.col("rank") == rank) & (pl.col("first_seq") == first))
-        if mine.height == 0 or step.len() == 0 or step[0] is None:
+        if step.len() == 0 or step[0] is None:
             continue
         back = returns.filter(pl.col("rank") == rank)
         for dev in sorted(mine["device"].unique().to_list(), key=str):
@@ -85,9 +95,11 @@ def memory(store: Store, ref: Run, spans_of: Callable[[], pl.DataFrame], steps_o
         raise UsageError(f"run {ref.name!r} tracked no memory on device {device!r}; its devices: {', '.join(devices)}")
     chosen = [m for m in models if m.device == device]
     steps = steps_of()
-    counted = {(m.rank, m.step) for m in models}
-    timed = steps.filter(~pl.struct("rank", "step").map_elements(
-        lambda s: (s["rank"], s["step"]) in counted, return_dtype=pl.Boolean))
+    # Times from the steps that were not counted: counting (and tracking storages) slows a step.
+    counted = pl.DataFrame(sorted({(m.rank, m.step) for m in models}), schema={"rank": pl.Int32, "step": pl.Int32},
+                           orient="row")
+    timed = steps.with_columns(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int32)).join(
+        counted, on=["rank", "step"], how="anti")
     if timed.height == 0:
         timed = steps
     step_ns = int(statistics.median(timed["step_ns"].to_list())) if timed.height else 0

@@ -127,3 +127,18 @@ def test_a_run_without_counted_steps_says_to_record_with_counters(db_path: Any, 
     out = run_cli("memory", "off", "--db", str(db_path))
     assert out.code == 2 and "has no counted step with memory: record it with work counters on" in out.err
     assert "--counters first|every-step" in out.err
+
+
+def test_every_counted_step_has_its_peak_and_the_what_if_takes_the_worst(db_path: Any) -> None:
+    from tests.helpers.database import db_rows
+
+    db = str(db_path)
+    model, opt = _fresh()
+    record_steps(db, "every", model, opt, _step, 3, counters="every-step")
+    stored = dict(db_rows(db, "SELECT m.step, m.peak_bytes FROM step_memory m JOIN runs r ON r.id = m.run_id "
+                              "WHERE r.name = 'every'"))
+    with modtrace.open(db) as database:
+        report = database.memory("every", checkpoint=["blocks.*"])
+    assert {s.step: s.peak_bytes for s in report.steps} == stored and sorted(stored) == [0, 1, 2]
+    assert report.timed_steps == 3  # every step counted: the times are theirs
+    assert report.what_if is not None and report.what_if.measured_peak_bytes == max(stored.values())

@@ -75,8 +75,10 @@ def memtracker_peak(model: nn.Module, opt: torch.optim.Optimizer, step: Step, *i
 
 def record_steps(db: str, run: str, model: nn.Module, opt: torch.optim.Optimizer, step: Step, steps: int,
                  **recorder: Any) -> None:
-    """``steps`` calls of ``step`` recorded as ``run`` (work counters on the first), analysis waited for."""
-    with modtrace.Recorder(db=db, run=run, counters="first", **recorder) as rec:
+    """``steps`` calls of ``step`` recorded as ``run`` (work counters and memory on the first step
+    unless ``recorder`` says otherwise: ``counters="every-step"``), analysis waited for."""
+    recorder.setdefault("counters", "first")
+    with modtrace.Recorder(db=db, run=run, **recorder) as rec:
         for _ in range(steps):
             step(model, opt)
     rec.wait_analyzed()
