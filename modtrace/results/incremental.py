@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from modtrace.store.engine import Store
+    from modtrace.store.roots import StepBasis
 
 # A round waits for this many events committed since the last (the end excepted): rounds of a
 # few events would each pay the rounds' fixed cost; the tail left at the end is about this size.
@@ -226,7 +227,8 @@ class Follower:
         from modtrace.results.span_memory import store_memory
 
         if spans is not None:
-            store_memory(store, run_id, [rank], spans.select(SPAN_MEMORY_COLUMNS))
+            store_memory(store, run_id, [rank], spans.select(SPAN_MEMORY_COLUMNS),
+                         steps_of=lambda seqs: _steps_of(basis, spans, seqs))
         marks.append(time.perf_counter())
         if spans is None or spans.height == 0:
             return
@@ -248,3 +250,20 @@ def _store_counters_of(store: Store, run_id: int, rank: int, spans: pl.DataFrame
     needed = ("rank", "span_id", "parent_span_id", "depth", "call_id", "phase", "graph_task")
     calls, ranges = read_counters(store, run_id, rank)
     write_span_counters(store, run_id, rank, span_counters(spans.select(needed), calls, ranges))
+
+
+def _steps_of(basis: StepBasis, spans: pl.DataFrame, seqs: list[int]) -> dict[int, int]:
+    """span id -> its step under the run's rule, for those of ``seqs`` that are spans: what
+    ``store.memory.range_steps`` reads from the ``span_steps`` view, from the spans kept
+    (a step is assigned span by span)."""
+    import polars as pl
+
+    from modtrace.core.step_rules import StepRuleError
+    from modtrace.results.steps import stepped
+
+    some = spans.filter(pl.col("span_id").is_in(seqs))
+    try:
+        frame = stepped(basis, some).frame
+    except StepRuleError:
+        return {}
+    return {int(s): int(t) for s, t in frame.select("span_id", "step").iter_rows() if t is not None}

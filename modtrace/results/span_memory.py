@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import polars as pl
 
     from modtrace.store.engine import Store
@@ -46,10 +48,12 @@ def _named_steps(store: Store, run_id: int, rank: int, ranges: pl.DataFrame, ste
     )
 
 
-def store_memory(store: Store, run_id: int, ranks: list[int], spans: pl.DataFrame | None = None) -> None:
+def store_memory(store: Store, run_id: int, ranks: list[int], spans: pl.DataFrame | None = None,
+                 steps_of: Callable[[list[int]], dict[int, int]] | None = None) -> None:
     """The span memory rows and ``step_memory`` of a run that recorded storages, rank by rank,
     from its stored spans, once they are stored (a span's kept memory needs its rank's call tree).
-    ``spans``: the span rows of the one rank in ``ranks``, held by the caller (not read back)."""
+    ``spans``: the span rows of the one rank in ``ranks``, held by the caller (not read back);
+    ``steps_of``: ``range_steps`` for that rank, from steps the caller holds."""
     from modtrace.store.memory import has_memory
 
     if not has_memory(store, run_id):
@@ -61,7 +65,8 @@ def store_memory(store: Store, run_id: int, ranks: list[int], spans: pl.DataFram
         rows = read_span_rows(store, run_id, columns=SPAN_COLUMNS, rank=r) if spans is None else spans
         per_span, per_range = _rank_memory(store, run_id, r, rows)
         write_span_memory(store, run_id, r, per_span)
-        steps = range_steps(store, run_id, r, per_range["first_seq"].unique().to_list())
+        seqs = per_range["first_seq"].unique().to_list()
+        steps = range_steps(store, run_id, r, seqs) if steps_of is None else steps_of(seqs)
         write_step_memory(store, run_id, r, _named_steps(store, run_id, r, per_range, steps))
 
 

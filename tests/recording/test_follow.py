@@ -83,14 +83,15 @@ outer = TrainStep()
 for step in range(300):
     outer(torch.randn(4, 8))
 """,
-    # a serving loop on three threads, no optimizer: each root call is a step
+    # a serving loop on three threads, no optimizer: each root call is a step (long enough for
+    # rounds before the end: a thread that has stopped is looked for 65,536 rows ahead, stream.py)
     "threads": """
 model = Net()
 def serve(n):
     with torch.no_grad():
         for _ in range(n):
             model(torch.randn(2, 8))
-workers = [threading.Thread(target=serve, args=(300,)) for _ in range(3)]
+workers = [threading.Thread(target=serve, args=(900,)) for _ in range(3)]
 for w in workers: w.start()
 for w in workers: w.join()
 """,
