@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))  # this tree's benchmarks and modtrace
 
 from benchmarks._common import busy_processes, gate_model, load_average  # noqa: E402
 
-REPS = 10  # Linear applications per block per forward: a 1.3x block applies it 13 times
+REPS = 10  # Linear applications per block per forward (--reps): a 1.3x block applies it 13 times
 VARIANTS: dict[str, tuple[float, str]] = {  # name -> (slowdown, "block" (block 1 only) | "all")
     "A/A": (1.0, "all"),
     "block 1.5x": (1.5, "block"),
@@ -60,12 +60,12 @@ SLOW_BLOCK = 1
 WORK_GATE = "work counters"
 
 
-def build(slowdown: float, where: str, blocks: int, width: int) -> Any:
+def build(slowdown: float, where: str, blocks: int, width: int, base_reps: int = REPS) -> Any:
     """The gate's model with block ``SLOW_BLOCK`` (``where`` "block") or every block (``where``
-    "all") applying its Linear ``slowdown`` times as often as ``REPS``."""
+    "all") applying its Linear ``slowdown`` times as often as ``base_reps``."""
     def reps(i: int) -> int:
         slower = where == "all" or i == SLOW_BLOCK
-        return round(REPS * slowdown) if slower else REPS
+        return round(base_reps * slowdown) if slower else base_reps
 
     return gate_model(blocks, width, reps)
 
@@ -76,7 +76,7 @@ def record(db: str, name: str, variant: str, args: argparse.Namespace, tags: dic
     import modtrace
 
     slowdown, where = VARIANTS[variant]
-    net = build(slowdown, where, args.blocks, args.width)
+    net = build(slowdown, where, args.blocks, args.width, args.reps)
     opt = torch.optim.SGD(net.parameters(), lr=1e-4)
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(1))
     with modtrace.Recorder(db=db, run=name, tags=tags, handle_sigterm=False, speed_probe=args.speed_probe) as rec:
@@ -97,6 +97,8 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--reps", type=int, default=REPS,
+                   help="Linear applications per block (fewer: shorter steps; the slowdowns round to whole ones)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--speed-probe", action="store_true",
                    help="record every run with the speed probe (Recorder(speed_probe=True)): the history gate "
@@ -164,7 +166,7 @@ def main() -> None:
                 s.kill()
                 s.wait()
     print(f"steps {args.steps}, history {args.history}, pairs per load {args.pairs}, blocks {args.blocks}, "
-          f"width {args.width}, batch {args.batch}, threads {args.threads}, speed probe {args.speed_probe}, "
+          f"width {args.width}, batch {args.batch}, reps {args.reps}, threads {args.threads}, speed probe {args.speed_probe}, "
           f"without {args.without or 'none'}; "
           f"load average before {load_before}, "
           f"after {load_average()}; {time.time() - t0:.0f} s")

@@ -40,7 +40,7 @@ from modtrace.core.contracts import PHASES
 @click.option("--confirm-margin", "confirm_margin_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
               help="Check confirmed: how far the other CPU measure of the step must move the same way.")
 @click.option("--min-delta-us", type=click.FloatRange(min=0), default=20.0, show_default=True, metavar="N",
-              help="Checks level_delta_us and step_delta_us: the smallest change of a level that counts, in "
+              help="Check level_delta_us: the smallest change of a module's level that counts, in "
                    "microseconds.")
 @click.option("--level-pct", type=click.FloatRange(min=0, max=100, min_open=True), default=10.0, show_default=True,
               metavar="PCT", help="A module's level: this percentile of its time per step.")

@@ -677,6 +677,8 @@ def test_a_history_tells_a_step_wide_slowdown_from_load() -> None:
     bases = history()
     aa = diff_history(bases, calls_of_spans(synth(self_us=scaled(1.08), seed=20)))
     assert aa.step.verdict == "unchanged" and not aa.failed("regression")
+    # the step's checks on raw step times (no probe: no confirming measure); no bar in µs of its own
+    assert [c.name for c in aa.step.checks] == ["history_runs", "step_p", "beyond_history"]
     assert aa.summary.history_runs == 4 and aa.timing["verdict"].unique().to_list() == ["unchanged"]
     slow = calls_of_spans(synth(self_us=scaled(1.5), seed=21))
     found = diff_history(bases, slow)

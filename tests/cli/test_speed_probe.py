@@ -60,7 +60,7 @@ def test_a_probe_is_timed_before_each_recorded_step_between_its_events(tmp_path:
     assert rows[-1][1] == n_events
     # the thread's CPU time and the host's clock, both rising; the CPU's share of each window at most 1,
     # within what the two clocks of a virtual machine differ by (a 3 ms window read 2.3% more CPU
-    # time than wall time once: the reason probe_windows caps the share at 1)
+    # time than wall time once: the reason speed.probed_units caps the share at 1)
     for (*_, c0, r0), (*_, c1, r1) in zip(rows, rows[1:], strict=False):
         assert c1 > c0 and r1 > r0 and (c1 - c0) <= (r1 - r0) * 1.05
     probes = [r[:4] for r in rows[:-1]]

@@ -148,7 +148,7 @@ class DiffOptions:
     step_margin: float | None = None  # check beyond_history
     confirm_margin: float | None = None  # check confirmed
     share_threshold: float = 0.50  # check vs_typical
-    min_delta_ns: int = 20_000  # checks level_delta_us, step_delta_us
+    min_delta_ns: int = 20_000  # check level_delta_us
     alpha: float = 0.01  # checks steps, p_holm, step_p
     low_quantile: float = 0.10  # a module's (and a raw step's) level
     confirm_spread: float = 3.0  # when the CPU time as measured may confirm (check confirmed)

@@ -145,12 +145,9 @@ def judge_step(runs: int, measures: Measures, options: DiffOptions, note: str | 
     c = cand_levels[0]
     up = c > mid
     below, above = bounds
-    delta_us = options.min_delta_ns / 1000
     checks = [
         Check("history_runs", float(runs), float(options.min_history), runs >= options.min_history),
         Check("step_p", p, options.alpha, p is not None and p < options.alpha),
-        Check("step_delta_us", (c - mid) / 1000, delta_us if up else -delta_us,
-              (c - mid if up else mid - c) > options.min_delta_ns),
         Check("beyond_history", c / mid, (above if up else below) / mid, c > above if up else c < below),
     ]
     confirming = measures.confirming(options)
