@@ -27,12 +27,12 @@ BATCH, WIDTH, BLOCKS = 256, 128, 6
 BLOCK_NAMES = tuple(f"MlpStack.blocks.{i}" for i in range(BLOCKS))
 
 
-def _inputs() -> torch.Tensor:
-    return torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
+# One input tensor for every step, so that MemTracker (told of it) and the recording see the same.
+X = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    model(_inputs()).square().mean().backward()
+    model(X).square().mean().backward()
     opt.step()
     opt.zero_grad()
 
@@ -50,7 +50,7 @@ def _record(db: str, run: str, fqns: tuple[str, ...] = ()) -> None:
 
 def _measured(db: str, run: str, fqns: tuple[str, ...]) -> tuple[int, int]:
     model, opt = _fresh(fqns)
-    return step_memory_peak(db, run), memtracker_peak(model, opt, _step, _inputs())
+    return step_memory_peak(db, run), memtracker_peak(model, opt, _step, X)
 
 
 def _close(predicted: int, measured: int, within: float = 0.10) -> bool:
