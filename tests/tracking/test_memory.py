@@ -130,15 +130,24 @@ def test_recomputation_is_charged_to_recompute_spans(reentrant: bool, db_path: P
     torch.manual_seed(0)
     model = _Checkpointed(reentrant)
     x = torch.randn(16, 64, requires_grad=True)
-    with modtrace.Recorder(str(db_path), counters="first", writer="thread"):
+    tracker = MemTracker()
+    tracker.track_external(model, x)
+    with modtrace.Recorder(str(db_path), counters="first", writer="thread"), tracker:
         model(x).sum().backward()
     blocks = "fqn LIKE '_Checkpointed.stack.blocks._'"
-    # The blocks' inner modules run again in the backward: their allocations are the recompute spans'.
-    recompute = db_rows(db_path, "SELECT kept_mem_bytes, peak_mem_bytes FROM spans "
+    # The blocks' inner modules run again in the backward: their allocations are the recompute spans',
+    # what MemTracker snapshots around the recomputation (its PRE_FW_AC and POST_FW_AC states; it
+    # keeps no peak of its own for it, only the peak of the backward it ran in).
+    recompute = db_rows(db_path, "SELECT fqn, kept_mem_bytes, peak_mem_bytes FROM spans "
                                  "WHERE phase = 'recompute' AND fqn LIKE '%.fc1'")
     assert len(recompute) == 3
     fc1_out = 16 * 256 * 4
-    assert all(kept >= fc1_out and peak >= fc1_out for kept, peak in recompute)
+    assert all(kept >= fc1_out and peak >= fc1_out for _, kept, peak in recompute)
+    modules = {f"_Checkpointed.{n}": m for n, m in model.named_modules() if n}
+    for fqn, kept, _ in recompute:
+        snaps = tracker.memory_tracking[modules[fqn]].snapshots
+        ac = snaps[_ModState.POST_FW_AC][0][CPU]["Total"] - snaps[_ModState.PRE_FW_AC][0][CPU]["Total"]
+        assert kept == pytest.approx(ac, rel=0.05), fqn
     # A checkpointed block's forward keeps what it returns (16 x 64 floats), not its activations.
     returned = 16 * 64 * 4
     forward = db_rows(db_path, "SELECT s.kept_mem_bytes, s.peak_mem_bytes, (SELECT SUM(m.nbytes) FROM mem_returns r "
