@@ -88,11 +88,14 @@ def check_run(db: str, run: str) -> tuple[int, str]:
 
 # -------------------------------------------------------------- cost to the program
 
-COST_CANDIDATES = {  # name -> environment of the writer process
+# name -> environment of the writer process.  Rounds of 5,000 events (a quarter of the
+# default), so that GPT-2's timed steps see several: more rounds, more of their fixed cost.
+COST_CANDIDATES = {
     "no_follow": {"MODTRACE_FOLLOW": "0"},
-    "follow": {"MODTRACE_FOLLOW": "1"},
-    "follow_nice0": {"MODTRACE_FOLLOW": "1", "MODTRACE_ANALYSIS_NICE": "0"},
+    "follow": {"MODTRACE_FOLLOW": "1", "MODTRACE_FOLLOW_ROWS": "5000"},  # at its default niceness
+    "follow_nice0": {"MODTRACE_FOLLOW": "1", "MODTRACE_ANALYSIS_NICE": "0", "MODTRACE_FOLLOW_ROWS": "5000"},
 }
+_COST_ENV = ("MODTRACE_FOLLOW", "MODTRACE_ANALYSIS_NICE", "MODTRACE_FOLLOW_ROWS")
 
 
 def cost_models() -> dict[str, Any]:
@@ -141,7 +144,7 @@ def cost(repeats: int, steps: int, tmp: Path) -> dict[str, Any]:
             order = list(COST_CANDIDATES)
             random.Random(rep).shuffle(order)
             for name in order:
-                saved = {k: os.environ.get(k) for k in ("MODTRACE_FOLLOW", "MODTRACE_ANALYSIS_NICE")}
+                saved = {k: os.environ.get(k) for k in _COST_ENV}
                 os.environ.update(COST_CANDIDATES[name])
                 try:
                     rec = modtrace.Recorder(db=str(tmp / "cost.db"), run=f"{model}-{name}-{rep}", writer="process")

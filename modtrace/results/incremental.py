@@ -49,8 +49,27 @@ MIN_ROUND_ROWS = 20_000
 CHUNK_ROWS = 200_000
 # How often, at most, the thread looks at what was committed (it is woken at each batch).
 POLL_S = 0.25
-# The analysis thread's niceness (MODTRACE_ANALYSIS_NICE overrides; 0: the writer's priority).
-NICE = 10
+# The analysis thread's niceness while the program runs (MODTRACE_ANALYSIS_NICE overrides; 0:
+# the writer's priority): the lowest, so that it takes only CPU time nothing else wants.
+NICE = 19
+
+
+def _restore_priority(nice: int) -> None:
+    """The analysis thread and polars' workers back at this thread's priority, where the process
+    may raise a priority (root, or ``RLIMIT_NICE``); else they stay niced."""
+    if not nice or not hasattr(os, "setpriority"):
+        return
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return
+    for task in tasks:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(task)) == min(base + nice, 19):
+                os.setpriority(os.PRIO_PROCESS, int(task), base)
+        except (OSError, ValueError):
+            pass
 
 
 class IncompleteFollow(Exception):
@@ -104,6 +123,7 @@ class Follower:
         from its events (``materialize``), which replaces whatever was written here."""
         marks = [time.perf_counter()]
         self._completion.value = complete
+        _restore_priority(self.nice)  # nothing runs beside it now: the tail at full speed, where allowed
         with self._cond:
             self._ended = True
             self._cond.notify()
@@ -131,7 +151,8 @@ class Follower:
         try:
             if self.nice:
                 try:  # this thread only (a Linux thread has a priority of its own)
-                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+                    me = threading.get_native_id()
+                    os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + self.nice)
                 except (OSError, AttributeError):
                     pass
             import polars as pl
