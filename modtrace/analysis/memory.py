@@ -125,8 +125,15 @@ def span_memory(spans: pl.DataFrame, storages: pl.DataFrame, ranges: pl.DataFram
         pl.col("devs").list.len() == 1).select("rank", "first_seq", pl.col("devs").list.first().alias("only"))
     picked = picked.join(only, on=["rank", "first_seq"], how="left").with_columns(
         pl.coalesce("device_id", "only").alias("device")).drop("only")
-    parts = [_one_range(picked.filter((pl.col("rank") == rank) & (pl.col("first_seq") == first)), group)
-             for (rank, first), group in st.partition_by("rank", "first_seq", as_dict=True).items()]
+    # Ranges begun on one thread never overlap in seq: each thread's ranges are computed together
+    # (their spans nest in one containment forest, their levels follow one another).
+    group = picked.filter(pl.col("span_id") == pl.col("first_seq")).select(
+        "rank", "first_seq", pl.col("thread_id").alias("group"))
+    picked = picked.join(group, on=["rank", "first_seq"], how="left").with_columns(pl.col("group").fill_null(-1))
+    st = st.join(group, on=["rank", "first_seq"], how="left").with_columns(pl.col("group").fill_null(-1))
+    held = st.partition_by("rank", "group", as_dict=True)
+    parts = [_group(chosen, held[key]) for key, chosen in picked.partition_by("rank", "group", as_dict=True).items()
+             if key in held]
     covered = pl.concat([p for p in parts if p.height]) if parts else pl.DataFrame(schema=out_schema)
     missing = picked.join(covered.select("rank", "span_id"), on=["rank", "span_id"], how="anti").select(
         "rank", "span_id", *(pl.when(pl.col("exit_seq").is_not_null()).then(pl.lit(0)).otherwise(None)
@@ -134,8 +141,8 @@ def span_memory(spans: pl.DataFrame, storages: pl.DataFrame, ranges: pl.DataFram
     return pl.concat([covered.cast(out_schema), missing.cast(out_schema)]).sort("rank", "span_id")  # type: ignore[arg-type]
 
 
-def _one_range(spans: pl.DataFrame, storages: pl.DataFrame) -> pl.DataFrame:
-    """``span_memory`` of one range's spans from its storages."""
+def _group(spans: pl.DataFrame, storages: pl.DataFrame) -> pl.DataFrame:
+    """``span_memory`` of the spans of ranges that do not overlap (one thread's), from their storages."""
     n = spans.height
     out = {c: np.zeros(n, dtype=np.int64) for c in SPAN_MEMORY}
     if n == 0:
@@ -145,6 +152,7 @@ def _one_range(spans: pl.DataFrame, storages: pl.DataFrame) -> pl.DataFrame:
     exit_seq = spans["exit_seq"].fill_null(np.iinfo(np.int64).max).to_numpy()
     closed = spans["exit_seq"].is_not_null().to_numpy()
     dev = spans["device"].fill_null(-1).to_numpy()
+    span_range = spans["first_seq"].to_numpy()
     # Each allocation's owner: the span of its call key (as the counters charge ops).
     keys = spans.select("call_id", "phase", "graph_task", pl.int_range(pl.len()).alias("owner")).unique(
         subset=["call_id", "phase", "graph_task"], keep="first")
@@ -178,17 +186,26 @@ def _one_range(spans: pl.DataFrame, storages: pl.DataFrame) -> pl.DataFrame:
         incl = _subtree_sums(mass, parent)
         out["kept_mem_bytes"][dev == d] = incl[dev == d]
     # Peaks from the live levels on each span's device.
-    levels = _levels(storages)
+    # The ranges' levels on a device follow one another in seq (the ranges do not overlap): one
+    # sorted array per device, and a span's rows are those at positions in (enter, exit].
+    levels = _levels(storages.select(*_GROUP, "sid", "nbytes", "alloc_seq", "free_seq", "free_order"))
     owners = allocs.select("sid", pl.Series("owner", owner))
+    bases = storages.filter(pl.col("alloc_seq").is_null()).group_by("first_seq", "device").agg(
+        pl.col("nbytes").sum().alias("base"))
     for d in np.unique(dev[dev >= 0]):
         lv = levels.filter(pl.col("device") == d)
-        base = int(storages.filter((pl.col("device") == d) & pl.col("alloc_seq").is_null())["nbytes"].sum())
+        mine = np.flatnonzero(dev == d)
+        base = pl.DataFrame({"first_seq": span_range[mine]}).join(
+            bases.filter(pl.col("device") == d).select("first_seq", "base"), on="first_seq", how="left",
+            maintain_order="left")["base"].fill_null(0).to_numpy()
         pos = np.maximum.accumulate(lv["pos"].to_numpy()) if lv.height else np.zeros(0, dtype=np.int64)
         level = lv["level"].to_numpy()
-        mine = np.flatnonzero(dev == d)
+        row_range = lv["first_seq"].to_numpy()
         lo = np.searchsorted(pos, span_id[mine], side="right")
-        hi = np.searchsorted(pos, np.minimum(exit_seq[mine], np.iinfo(np.int64).max), side="right")
-        enter = np.where(lo > 0, level[np.maximum(lo - 1, 0)] if level.size else 0, base)
+        hi = np.searchsorted(pos, exit_seq[mine], side="right")
+        before = np.maximum(lo - 1, 0)
+        ours = (lo > 0) & (row_range[before] == span_range[mine]) if level.size else np.zeros(mine.size, dtype=bool)
+        enter = np.where(ours, level[before] if level.size else 0, base)
         top = _range_max(level, lo, hi)
         out["peak_mem_bytes"][mine] = np.maximum(np.where(hi > lo, top - enter, 0), 0)
         # Self peak: the level right after each of the span's own allocations.

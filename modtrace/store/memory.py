@@ -100,12 +100,16 @@ def read_step_memory(store: Store, run_id: int) -> pl.DataFrame:
 
 
 def range_steps(store: Store, run_id: int, rank: int, first_seqs: Sequence[int]) -> dict[int, int]:
-    """first_seq -> its step under the run's step rule (``span_steps``), for the stored spans."""
+    """first_seq -> its step under the run's step rule, for the stored spans: as ``span_steps``
+    has it (the step of the latest ``step_starts`` row of the span's thread at or before it), read
+    by key for these spans only (the view counts every span of the run)."""
     if not first_seqs:
         return {}
     m = mark(store)
     seqs = ", ".join(str(int(s)) for s in first_seqs)
+    sql = ("SELECT s.span_id, (SELECT a.step FROM step_starts a WHERE a.run_id = s.run_id AND a.rank = s.rank "
+           "AND a.thread_id = s.thread_id AND a.span_id <= s.span_id ORDER BY a.span_id DESC LIMIT 1) "
+           f"FROM span_rows s WHERE s.run_id = {m} AND s.rank = {int(rank)} AND s.span_id IN ({seqs})")
     with driver_cursor(store) as cur:
-        cur.execute(f"SELECT span_id, step FROM span_steps WHERE run_id = {m} AND rank = {int(rank)} "
-                    f"AND span_id IN ({seqs})", (run_id,))
-        return {int(s): int(step) for s, step in cur.fetchall()}
+        cur.execute(sql, (run_id,))
+        return {int(s): int(step) for s, step in cur.fetchall() if step is not None}
