@@ -52,7 +52,9 @@ with torch.no_grad(), modtrace.Recorder(db=os.path.join(tempfile.mkdtemp(), "b.d
 """
 
 
-def synthetic(spans: int) -> tuple[object, object, object]:
+def synthetic(spans: int, per_root: bool = False) -> tuple[object, object, object]:
+    """A counted range of nested blocks (``per_root``: each root block a range of its own, as
+    ``counters="every-step"`` gives a step each)."""
     import numpy as np
     import polars as pl
 
@@ -95,13 +97,18 @@ def synthetic(spans: int) -> tuple[object, object, object]:
                        (pl.col("sid") + 10_000_000).alias("free_order"), pl.lit(0).alias("phase"),
                        pl.lit(-1).alias("graph_task"))
     ranges = pl.DataFrame({"rank": [0], "first_seq": [1], "last_seq": [seq + 1]})
+    if per_root:
+        roots = span_frame.filter(pl.col("parent_span_id").is_null())
+        ranges = pl.DataFrame({"rank": [0] * roots.height, "first_seq": roots["span_id"], "last_seq": roots["exit_seq"]})
+        s = s.drop("first_seq").sort("alloc_seq").join_asof(ranges.select("first_seq").sort("first_seq"),
+                                                            left_on="alloc_seq", right_on="first_seq", strategy="backward")
     return span_frame, s, ranges
 
 
 def analysis(args: argparse.Namespace) -> None:
     from modtrace.analysis.memory import live_levels, span_memory
 
-    spans, storages, ranges = synthetic(args.spans)
+    spans, storages, ranges = synthetic(args.spans, args.per_root)
     times: dict[str, list[float]] = {"span_memory": [], "live_levels": []}
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -110,7 +117,8 @@ def analysis(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         live_levels(storages)  # type: ignore[arg-type]
         times["live_levels"].append(time.perf_counter() - t0)
-    print(f"analysis: {spans.height} spans, {storages.height} storages, {out.height} rows out")  # type: ignore[attr-defined]
+    print(f"analysis: {spans.height} spans, {storages.height} storages, {ranges.height} ranges, "  # type: ignore[attr-defined]
+          f"{out.height} rows out")
     for name, values in times.items():
         print(f"  {name:<12} {statistics.median(values) * 1e3:8.1f} ms (median of {args.repeats})")
 
@@ -147,6 +155,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--other-tree", default=None)
+    parser.add_argument("--per-root", action="store_true", help="each root block a counted range (every-step)")
     args = parser.parse_args()
     for section in args.sections.split(","):
         {"analysis": analysis, "hooks": hooks}[section](args)
