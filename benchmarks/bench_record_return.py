@@ -5,10 +5,12 @@ thread) writes ``time.time()`` to a file as its last line; the command's return 
 its process exits.  The difference is what the user waits for: the last batches written and
 the rank's analysis stored.  Checkouts side by side (``--base DIR``: another work tree, e.g.
 ``git worktree add /tmp/wt_base <commit>``), interleaved, medians.  Each recording is also
-checked: its run analysed (``runs.analysis = 'stored'``) and its event count.
+checked: its run analysed (``runs.analysis = 'stored'``) and its event count.  Under
+``MODTRACE_FOLLOW_TIMES=1`` each line also shows what the end of the follow took
+(``results.incremental``: the tail, the step basis, steps, counters and memory, the tree).
 
     python benchmarks/bench_record_return.py [--events 1000000,10000000] [--repeats 3]
-        [--base /tmp/wt_base] [--db URL] [--blocks 200]
+        [--base /tmp/wt_base] [--db URL] [--blocks 200] [--ranks 2]
 
 ``--cost``: what the follow costs the program instead: seconds per recorded step of the
 200-block stack (``bench_recorder.py``'s) and of a small GPT-2, with the writer process
@@ -56,20 +58,28 @@ def events_per_step(blocks: int) -> int:
     return 4 * (1 + 2 * blocks)
 
 
-def record_once(tree: Path, db: str, run: str, blocks: int, steps: int, tmp: Path) -> dict[str, Any]:
+def record_once(tree: Path, db: str, run: str, blocks: int, steps: int, tmp: Path, ranks: int = 1) -> dict[str, Any]:
+    """``ranks`` processes recording one run (RANK, WORLD_SIZE): the wait from the last rank's
+    last line to the last command's return."""
     script = tmp / "train.py"
     script.write_text(SCRIPT)
-    stamp = tmp / f"{run}.stamp"
-    env = dict(os.environ, PYTHONPATH=str(tree))
     t0 = time.time()
-    done = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", db, "--run", run, "--quiet",
-                           str(script), str(blocks), str(steps), str(stamp)],
-                          cwd=tree, env=env, capture_output=True, text=True, check=False)
-    returned = time.time()
-    if done.returncode != 0:
-        raise SystemExit(f"record failed ({done.returncode}): {done.stderr[-2000:]}")
-    last_line = float(stamp.read_text())
-    return {"wait_s": returned - last_line, "total_s": returned - t0, "stderr": done.stderr.strip()[-300:]}
+    procs = []
+    for rank in range(ranks):
+        env = dict(os.environ, PYTHONPATH=str(tree), RANK=str(rank), WORLD_SIZE=str(ranks))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "modtrace", "record", "--db", db, "--run", run, "--quiet",
+             str(script), str(blocks), str(steps), str(tmp / f"{run}.{rank}.stamp")],
+            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    returned, follow = [], []
+    for proc in procs:
+        _, err = proc.communicate()
+        returned.append(time.time())  # in turn: a rank found done later is counted late, never early
+        if proc.returncode != 0:
+            raise SystemExit(f"record failed ({proc.returncode}): {err[-2000:]}")
+        follow += [line for line in err.splitlines() if line.startswith("modtrace: follow:")]
+    last_line = max(float((tmp / f"{run}.{rank}.stamp").read_text()) for rank in range(ranks))
+    return {"wait_s": max(returned) - last_line, "total_s": max(returned) - t0, "follow": " | ".join(follow)}
 
 
 def check_run(db: str, run: str) -> tuple[int, str]:
@@ -171,7 +181,7 @@ def cost(repeats: int, steps: int, tmp: Path) -> dict[str, Any]:
         out[model] = {
             "step_ms_median": {k: round(v * 1e3, 3) for k, v in meds.items()},
             "vs_no_follow": {k: round(v / meds["no_follow"], 3) for k, v in meds.items() if k != "no_follow"},
-            "paired_diff_ms_median": {k: round(median([a - b for a, b in zip(per[k], per["no_follow"])]) * 1e3, 3)
+            "paired_diff_ms_median": {k: round(median([a - b for a, b in zip(per[k], per["no_follow"], strict=True)]) * 1e3, 3)
                                       for k in per if k != "no_follow"},
             "events_per_repeat": events,
         }
@@ -185,6 +195,7 @@ def main() -> None:
     ap.add_argument("--events", default="1000000", help="comma-separated sizes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--blocks", type=int, default=200)
+    ap.add_argument("--ranks", type=int, default=1, help="processes recording one run, each --events")
     ap.add_argument("--base", help="another work tree to time beside this one")
     ap.add_argument("--db", help="a database URL (default: a temp SQLite file per size)")
     ap.add_argument("--cost", action="store_true", help="instead: recorded steps with and without the follow")
@@ -209,13 +220,13 @@ def main() -> None:
                 for name in order:
                     db = args.db or str(tmp / f"{name}-{n}.db")
                     run = f"{name}-{n}-{rep}"
-                    got = record_once(trees[name], db, run, args.blocks, steps, tmp)
+                    got = record_once(trees[name], db, run, args.blocks, steps, tmp, args.ranks)
                     waits[name].append(got["wait_s"])
                     totals[name].append(got["total_s"])
                     checks[name] = check_run(db, run)
                     print(f"{n:,} events {name} rep {rep}: waited {got['wait_s']:.3f} s after the last line "
                           f"(recording {got['total_s']:.1f} s; {checks[name][0]:,} events, analysis "
-                          f"{checks[name][1]})", file=sys.stderr, flush=True)
+                          f"{checks[name][1]}) {got['follow'] or ''}", file=sys.stderr, flush=True)
             out["sizes"][n] = {
                 "steps": steps,
                 "events": {k: v[0] for k, v in checks.items()},

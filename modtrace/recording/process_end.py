@@ -11,9 +11,9 @@ program that left non-daemon threads running is waited for as usual (``end_proce
 
 from __future__ import annotations
 
+import _io
 import atexit
 import gc
-import _io
 import os
 import sys
 import threading

@@ -82,7 +82,8 @@ def main() -> None:
         _exit()
     _reply(out, ("closed",))
     try:
-        _reply(out, ("analyzed", *_analyze(store, run_id, rank, *analysis, follow)))
+        complete, run_name = analysis
+        _reply(out, ("analyzed", *_analyze(store, run_id, rank, complete, run_name, follow)))
     finally:
         store.dispose()
     _exit()

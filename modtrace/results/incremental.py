@@ -139,7 +139,7 @@ class Follower:
         self._finalize(marks)
         marks.append(time.perf_counter())
         names = ("tail", "basis", "steps", "counters", "tree")
-        self.timings = {n: round(b - a, 4) for n, a, b in zip(names, marks, marks[1:])}
+        self.timings = {n: round(b - a, 4) for n, a, b in zip(names, marks, marks[1:], strict=False)}
         if os.environ.get("MODTRACE_FOLLOW_TIMES"):  # benchmarks/bench_record_return.py reads it
             import sys
 
