@@ -272,7 +272,9 @@ class Database:
             times), then the work counters (Int64, as the ``spans`` SQL view has them; null where
             the span's step was not counted, docs/schema.md "Work counters"): ``flops``,
             ``flops_self``, ``bytes``, ``bytes_self``, ``ops``, ``ops_self``, ``unknown_ops``,
-            ``unknown_ops_self``; times on ``clock``.
+            ``unknown_ops_self``; then memory (Int64, null likewise; docs/memory.md):
+            ``kept_mem_bytes``, ``kept_mem_bytes_self``, ``peak_mem_bytes``,
+            ``peak_mem_bytes_self``; times on ``clock``.
 
         Examples
         --------
@@ -291,6 +293,15 @@ class Database:
             spans = spans.with_columns(pl.lit(None, dtype=pl.Int64).alias(c) for c in SPAN_COUNTER_COLUMNS)
         else:
             spans = spans.join(counts, on=["rank", "span_id"], how="left", maintain_order="left")
+        from modtrace.core.contracts import SPAN_MEMORY
+        from modtrace.results.span_memory import span_memory
+
+        memory = span_memory(self._store, ref.id, spans)
+        if memory is None:
+            spans = spans.with_columns(pl.lit(None, dtype=pl.Int64).alias(c) for c in SPAN_MEMORY.names)
+        else:
+            spans = spans.join(memory.select("rank", "span_id", *SPAN_MEMORY.names), on=["rank", "span_id"],
+                               how="left", maintain_order="left")
         if not named:
             return spans
         from modtrace.api._tables import spans_table

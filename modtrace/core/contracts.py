@@ -230,6 +230,12 @@ SPAN_COUNTS = Contract("span work counters", tuple(
                            "unknown_ops_self")
 ))
 
+# A span's memory on counted steps (modtrace.analysis.memory, docs/memory.md), inclusive and
+# self, after the work counters in ``Database.spans`` and the spans view; null likewise.
+SPAN_MEMORY = Contract("span memory", tuple(
+    (c, "Int64") for c in ("kept_mem_bytes", "kept_mem_bytes_self", "peak_mem_bytes", "peak_mem_bytes_self")
+))
+
 # The issues frame (one row per nesting issue); stored in nesting_issues with
 # phase as its name (String).
 ISSUE_FRAME = Contract("issues frame", (
@@ -339,6 +345,6 @@ class Batch:
 
 CONTRACTS: tuple[Contract, ...] = (
     EVENT_ROW, EVENT_FRAME, MODULE_ROW, THREAD_ROW, DEVICE_ROW, MODULE_FRAME, THREAD_FRAME, DEVICE_FRAME,
-    SPAN_ROW, SPAN_STORED_ROW, SPAN_FRAME, SPAN_COUNTS, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, TREE_NODE_FRAME, TREE_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
+    SPAN_ROW, SPAN_STORED_ROW, SPAN_FRAME, SPAN_COUNTS, SPAN_MEMORY, ISSUE_FRAME, ISSUE_ROW, ISSUE_SUMMARY_FRAME, TREE_NODE_FRAME, TREE_FRAME, ROOT_ROW, ROOT_FRAME, CALL_FRAME,
     DEVICE_EVENT_ROW, DEVICE_EVENT_FRAME, SPAN_DEVICE_ROW,
 )

@@ -9,7 +9,7 @@ import modtrace
 import modtrace.api
 from modtrace.analysis import analyze_events
 from modtrace.api import _cli
-from modtrace.core.contracts import EVENT_FRAME, ISSUE_FRAME, SPAN_COUNTS, SPAN_FRAME
+from modtrace.core.contracts import EVENT_FRAME, ISSUE_FRAME, SPAN_COUNTS, SPAN_FRAME, SPAN_MEMORY
 from modtrace.core.errors import RunNotFound, UsageError
 from tests.helpers.diff_runs import STEPS, record
 
@@ -45,12 +45,13 @@ def test_frames_follow_the_contracts_and_match_the_analysis_of_the_events(record
         events = db.events("base")
         spans, issues = db.spans("base"), db.issues("base")
         assert events.schema == pl.Schema(EVENT_FRAME.polars())
-        assert spans.schema == pl.Schema({**SPAN_FRAME.polars(), **SPAN_COUNTS.polars()})
+        assert spans.schema == pl.Schema({**SPAN_FRAME.polars(), **SPAN_COUNTS.polars(), **SPAN_MEMORY.polars()})
         assert issues.schema == pl.Schema(ISSUE_FRAME.polars())
         assert _analysis(db, "base") == "stored"
         # the stored analysis is what analysing the events gives
         computed = analyze_events(events, *_lookups(db, "base"))
-        assert spans.drop(SPAN_COUNTS.names).sort("rank", "span_id").equals(computed.spans.sort("rank", "span_id"))
+        assert spans.drop(*SPAN_COUNTS.names, *SPAN_MEMORY.names).sort("rank", "span_id").equals(
+            computed.spans.sort("rank", "span_id"))
         assert spans.height * 2 == events.height
 
 

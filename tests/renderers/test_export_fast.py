@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import modtrace
 import modtrace.api
 from modtrace.api import _cli
-from modtrace.core.contracts import SPAN_COUNTS
+from modtrace.core.contracts import SPAN_COUNTS, SPAN_MEMORY
 from modtrace.renderers.perfetto_lines import line_parts, span_lines
 from modtrace.renderers.perfetto_tracks import assign_lanes, trace_frame
 from modtrace.renderers.trace_columns import TRACE_SPAN_COLUMNS
@@ -239,7 +239,8 @@ def test_a_read_begun_early_of_a_run_never_analysed_is_its_computed_spans(db_pat
         assert not _cli.has_analysis(database, "raw")
         early = _cli.start_spans_with(database, "raw", TRACE_SPAN_COLUMNS)()
         computed = database.spans("raw")
-    assert early.height > 0 and early.equals(computed.drop(SPAN_COUNTS.names))  # Database.spans adds the counters
+    # Database.spans adds the counters and memory
+    assert early.height > 0 and early.equals(computed.drop(*SPAN_COUNTS.names, *SPAN_MEMORY.names))
 
 
 def test_export_leaves_the_cycle_collector_as_it_found_it(db_path: Path, run_cli: Any, tmp_path: Path) -> None:
