@@ -13,7 +13,11 @@ step time (``Database.steps``) and ``step_memory`` peak are what happened.  Prin
 and as medians, predicted / measured for the step time and the peak; and the same step-time
 ratio on the fastest steps (``floor_time_ratio``: the plain run's fastest uncounted step plus
 the checkpointed modules' fastest forward, against the checkpointed run's fastest step), which
-a loaded machine moves less than medians (load only adds time).
+a loaded machine moves less than medians (load only adds time); and ``cpu_ratio``: the
+predicted slowdown (predicted over measured step time of the plain run, both from its own
+recording) over the slowdown in the program's CPU time per uncounted step (``time.thread_time``
+around each step, checkpointed run over plain run), which other processes on the machine do
+not move.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +121,7 @@ def main() -> None:
     db = str(tmp / "what_if.db")
     count = {"plain": 0, "checkpointed": 0}
     fqns: set[str] = set()
+    cpu: dict[str, float] = {}
 
     def record(kind: str) -> str:
         count[kind] += 1
@@ -123,12 +129,16 @@ def main() -> None:
         torch.manual_seed(0)
         model = wrap(make(), fqns if kind == "checkpointed" else set())
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        spent = []
         with modtrace.Recorder(db=db, run=run, counters="first") as rec:
             for _ in range(args.steps):
+                t0 = time.thread_time()
                 loss(model).backward()
                 opt.step()
                 opt.zero_grad()
+                spent.append(time.thread_time() - t0)
         rec.wait_analyzed()
+        cpu[run] = statistics.median(spent[1:])  # step 0 is counted
         return run
 
     # The modules the patterns name, from one plain recording (not timed).
@@ -162,7 +172,8 @@ def main() -> None:
             floor_predicted = min(uncounted(database, plain)) + min(forward_sums(database, plain))
             floor_ratio = floor_predicted / min(uncounted(database, ckpt))
             peak = max(s.peak_bytes for s in database.memory(ckpt).steps)
-            rows.append({"floor_time_ratio": floor_ratio, "plain_step_ms": w.measured_step_ns / 1e6, "added_ms": w.added_ns / 1e6,
+            cpu_ratio = (w.step_ns / w.measured_step_ns) / (cpu[ckpt] / cpu[plain])
+            rows.append({"cpu_ratio": cpu_ratio, "floor_time_ratio": floor_ratio, "plain_step_ms": w.measured_step_ns / 1e6, "added_ms": w.added_ns / 1e6,
                          "predicted_step_ms": w.step_ns / 1e6, "measured_step_ms": measured_ns / 1e6,
                          "time_ratio": w.step_ns / measured_ns, "predicted_peak": w.peak_bytes,
                          "measured_peak": peak, "peak_ratio": w.peak_bytes / peak})
@@ -172,6 +183,7 @@ def main() -> None:
         "median_time_ratio": statistics.median(r["time_ratio"] for r in rows),
         "median_peak_ratio": statistics.median(r["peak_ratio"] for r in rows),
         "median_floor_time_ratio": statistics.median(r["floor_time_ratio"] for r in rows),
+        "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in rows),
     }))
 
 
