@@ -184,8 +184,8 @@ def headline(doc: dict[str, Any]) -> list[str]:
     ]
     lines.extend(step_lines(doc["base"], doc["cand"]))
     if doc.get("counters") is not None:
-        lines.append(f"{_count(s.get('counter_changes', 0), 'work counter change')} (FLOPs, bytes, ops per module "
-                     "and phase on the first counted step of each kind, exact)")
+        lines.append(f"{_count(s.get('counter_changes', 0), 'work counter change')} (FLOPs, bytes, ops and kept "
+                     "memory per module and phase on the first counted step of each kind, exact)")
     step = step_line(doc)
     if step is not None:
         lines.append(step)
