@@ -129,15 +129,17 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
 
     step = _step_arg(step_opt)
     with modtrace.api.open(db) as database:
-        ref = database.run(run)
+        # The run's details (several queries) only for an empty answer's line: a stored tree
+        # answers in a few milliseconds, less than reading them (docs/performance.md, "Tree").
         rows: list[dict[str, Any]] = tree_rows(
-            database, ref, phase=None if phase == "all" else phase, step=step, rank=rank, max_depth=max_depth,
+            database, run, phase=None if phase == "all" else phase, step=step, rank=rank, max_depth=max_depth,
             min_percent=min_percent, step_on=step_on, step_kind=step_kind, clock=clock, peak_tflops=peak_tflops)
+        ref = database.run(run) if fmt == "table" and not rows else None
     if top is not None:
         rows = top_nodes(rows, sort_by or "self", top)
     if sort_by is not None:
         rows = sort_nodes(rows, sort_by)
-    if fmt == "table" and not rows:
+    if ref is not None:
         click.echo(f"run {ref.name}: no module calls to show{_ended(ref.details)}")
         return
     renderer = get_renderer("tree", fmt, terminal=stdout_terminal())
