@@ -241,15 +241,16 @@ class Follower:
         write_analysis_rounds(store, run_id, [], rank=rank, from_events=True, steps=steps, appended=True)
         marks.append(time.perf_counter())
         _store_device_times(store, run_id, [rank])
-        _store_counters_of(store, run_id, rank, spans)
+        counted = _entered_in_ranges(store, run_id, rank, spans)  # all counters and memory look at
+        _store_counters_of(store, run_id, rank, counted)
         # every relation materialize derives after the rounds is derived here too (the tests
         # compare each table keyed by run with a fresh analysis: tests/recording/test_follow.py)
         from modtrace.results.span_memory import SPAN_COLUMNS as SPAN_MEMORY_COLUMNS
         from modtrace.results.span_memory import store_memory
 
-        if spans is not None:
-            store_memory(store, run_id, [rank], spans.select(SPAN_MEMORY_COLUMNS),
-                         steps_of=lambda seqs: _steps_of(basis, spans, seqs))
+        if counted is not None:
+            store_memory(store, run_id, [rank], counted.select(SPAN_MEMORY_COLUMNS),
+                         steps_of=lambda seqs: _steps_of(basis, counted, seqs))
         marks.append(time.perf_counter())
         if spans is None or spans.height == 0:
             return
@@ -257,6 +258,24 @@ class Follower:
                            read_devices(store, run_id, ranks=[rank])).sort("rank", "span_id")
         named = _with_device_times(store, run_id, [rank], Analysis(named, named.clear())).spans
         store_tree(store, run_id, named, rank=rank)
+
+
+def _entered_in_ranges(store: Store, run_id: int, rank: int, spans: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The spans entered in the rank's counted ranges: the only ones ``analysis.counters.span_counters``
+    and ``analysis.memory.span_memory`` keep, picked before they do (a counted step is a
+    small part of a long run)."""
+    if spans is None:
+        return None
+    import polars as pl
+
+    from modtrace.store.counters import read_counters
+
+    _calls, ranges = read_counters(store, run_id, rank)
+    if ranges.height == 0:
+        return spans.clear()
+    inside = [(pl.col("span_id") >= int(first)) & (pl.col("span_id") <= int(last))
+              for first, last in ranges.select("first_seq", "last_seq").iter_rows()]
+    return spans.filter(pl.any_horizontal(inside))
 
 
 def _store_counters_of(store: Store, run_id: int, rank: int, spans: pl.DataFrame | None) -> None:

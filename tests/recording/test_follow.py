@@ -2,7 +2,8 @@
 of the same rows stores.
 
 Each test records a real program with the real ``modtrace record`` (in a process of its own),
-its writer process cut into rounds of a few thousand events (``MODTRACE_FOLLOW_ROWS``), and
+its writer process cut into rounds of a few thousand events (``MODTRACE_FOLLOW_ROWS``; not niced,
+so that rounds happen before the end on a busy machine), and
 checks: the follow ran several rounds (its ``MODTRACE_FOLLOW_TIMES`` line), the run's analysis
 is stored, and every stored analysis relation of the run, and the ``tree``, ``check`` and
 ``diff`` JSON, are the same after ``materialize`` analysed the run again from its events
@@ -129,7 +130,8 @@ def record(tmp_path: Path, db: str, name: str, script: str, *args: str, ok: tupl
     """``modtrace record`` of ``script`` (after PREAMBLE) as run ``name``; its stderr."""
     path = tmp_path / f"{name}.py"
     path.write_text(textwrap.dedent(PREAMBLE) + textwrap.dedent(SCRIPTS[script]))
-    env = {**os.environ, "MODTRACE_FOLLOW_ROWS": ROUND_ROWS, "MODTRACE_FOLLOW_TIMES": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "MODTRACE_FOLLOW_ROWS": ROUND_ROWS, "MODTRACE_FOLLOW_TIMES": "1", "MODTRACE_ANALYSIS_NICE": "0",
+           "OMP_NUM_THREADS": "1"}
     # capture_output: the run returns once the writer process, which shares stderr, has exited
     done = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", db, "--run", name, *args, str(path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -265,7 +267,8 @@ def test_two_ranks_each_follow_their_own(tmp_path: Path, db_kind: str, request: 
     path.write_text(textwrap.dedent(PREAMBLE) + textwrap.dedent(SCRIPTS["train"]))
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "MODTRACE_FOLLOW_ROWS": ROUND_ROWS, "MODTRACE_FOLLOW_TIMES": "1", "OMP_NUM_THREADS": "1",
+        env = {**os.environ, "MODTRACE_FOLLOW_ROWS": ROUND_ROWS, "MODTRACE_FOLLOW_TIMES": "1", "MODTRACE_ANALYSIS_NICE": "0",
+           "OMP_NUM_THREADS": "1",
                "RANK": str(rank), "WORLD_SIZE": "2"}
         procs.append(subprocess.Popen([sys.executable, "-m", "modtrace", "record", "--db", db, "--run", "ranks",
                                        str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
