@@ -189,18 +189,23 @@ def step_model(storages: pl.DataFrame, spans: pl.DataFrame, returns: pl.DataFram
     """The what-if's view of one counted step on one device (see the module docstring for the
     frames); ``storages`` only that device's."""
     base, pos, level, freed_at = _ops(storages)
-    alloc = storages["alloc_seq"].fill_null(-1).cast(pl.Int64).to_numpy()
-    free = storages["free_seq"].fill_null(_NEVER).cast(pl.Int64).to_numpy()
-    free_index = np.array([freed_at.get(int(sid), _NEVER) for sid in storages["sid"].to_list()], dtype=np.int64)
-    nbytes = storages["nbytes"].cast(pl.Int64).to_numpy()
-    sids = storages["sid"].cast(pl.Int64).to_numpy()
+    # By allocation, so each call reads only the storages allocated in its forward (a slice).
+    by_alloc = storages.sort(pl.col("alloc_seq").fill_null(-1), "sid")
+    alloc = by_alloc["alloc_seq"].fill_null(-1).cast(pl.Int64).to_numpy()
+    free_all = by_alloc["free_seq"].fill_null(_NEVER).cast(pl.Int64).to_numpy()
+    sids_all = by_alloc["sid"].cast(pl.Int64).to_numpy()
+    index_all = np.array([freed_at.get(int(sid), _NEVER) for sid in sids_all.tolist()], dtype=np.int64)
+    nbytes_all = by_alloc["nbytes"].cast(pl.Int64).to_numpy()
     returned: dict[int, set[int]] = {}
     for call_id, sid in returns.select(pl.col("call_id").cast(pl.Int64), pl.col("sid").cast(pl.Int64)).iter_rows():
         returned.setdefault(call_id, set()).add(sid)
     calls = []
     for r in _forward_calls(spans):
         e, x = r["span_id"], r["exit_seq"]
-        kept = (alloc > e) & (alloc <= x) & (free > x)
+        lo, hi = int(np.searchsorted(alloc, e + 1, side="left")), int(np.searchsorted(alloc, x, side="right"))
+        free, free_index = free_all[lo:hi], index_all[lo:hi]
+        nbytes, sids = nbytes_all[lo:hi], sids_all[lo:hi]
+        kept = free > x
         back = returned.get(r["call_id"], set())
         mine = kept & ~np.isin(sids, np.fromiter(back, dtype=np.int64, count=len(back)))
         order = np.argsort(free_index[mine], kind="stable")
