@@ -203,9 +203,10 @@ def test_a_background_analysis_under_way_reads_as_not_analysed(run_cli: Any, pg_
 
 
 def test_a_reader_sees_none_then_stored_with_the_spans(any_db: str) -> None:
-    """While the writer process analyses the run after the ``with`` block, a reader polling the
-    run sees it not analysed and without spans, then stored with all of them: never one
-    without the other."""
+    """While the writer process analyses the run, a reader polling the run sees it not analysed
+    (its spans appear as the rounds that follow the recording commit them,
+    ``results.incremental``; readers go by ``runs.analysis``), then stored with all of them:
+    never stored with some."""
     model, opt = tiny_model_and_opt()
     seen: list[tuple[str, int]] = []
     stop = threading.Event()
@@ -238,7 +239,8 @@ def test_a_reader_sees_none_then_stored_with_the_spans(any_db: str) -> None:
         stop.set()
         poller.join()
     spans = 3 * 4 * 2  # 3 steps, 4 modules, forward and backward
-    assert seen == [("none", 0), ("stored", spans)]
+    assert seen[0] == ("none", 0) and seen[-1] == ("stored", spans), seen
+    assert all(state == "none" for state, _ in seen[:-1]), seen
 
 
 def test_ranks_analysed_one_by_one_read_partial_until_the_last(run_cli: Any, any_db: str) -> None:
