@@ -32,6 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ MIN_ROUND_ROWS = 20_000
 CHUNK_ROWS = 200_000
 # How often, at most, the thread looks at what was committed (it is woken at each batch).
 POLL_S = 0.25
+# How long a round's write waits out a transient fault (a lock, a lost connection) before the
+# follow gives up and the rank is analysed at the end instead.
+RETRY_S = 60.0
 # The analysis thread's niceness while the program runs (MODTRACE_ANALYSIS_NICE overrides; 0:
 # the writer's priority): the lowest, so that it takes only CPU time nothing else wants.
 NICE = 19
@@ -160,6 +164,7 @@ class Follower:
             from modtrace.analysis.stream import analyze_rank
             from modtrace.store.analysis_store import append_analysis_round
             from modtrace.store.reader import read_modules
+            from modtrace.store.retry import call_retrying
 
             pl.thread_pool_size()  # polars' workers start here, so they run at this thread's priority
 
@@ -171,8 +176,10 @@ class Follower:
             for part in analyze_rank(self._chunks, modules, complete=complete):
                 if part.restart:
                     self._spans.clear()
-                append_analysis_round(self.store, self.run_id, self.rank, part.spans, part.issues,
-                                      clear=first or part.restart)
+                clear = first or part.restart
+                # a lock or a lost connection is waited out, as the writer waits out its batches
+                call_retrying(partial(append_analysis_round, self.store, self.run_id, self.rank, part.spans,
+                                      part.issues, clear=clear), RETRY_S)
                 first = False
                 self._spans.append(part.spans)
                 self.rounds += 1
@@ -183,6 +190,7 @@ class Follower:
         """The rank's committed events from its first, in chunks, waiting for more until the end
         (one pass of ``analyze_rank``; called again for a second pass)."""
         from modtrace.store.event_range import committed_head, iter_events_between
+        from modtrace.store.retry import call_retrying
 
         self._read = 0
         after: int | None = None  # the last seq read
@@ -198,7 +206,7 @@ class Follower:
             if not ending and time.monotonic() - last_look < POLL_S:
                 continue
             last_look = time.monotonic()
-            count, head = committed_head(self.store, self.run_id, self.rank)
+            count, head = call_retrying(lambda: committed_head(self.store, self.run_id, self.rank), RETRY_S)
             if count != last_count:
                 settled, latest, last_count = latest, head, count
             upto = head if ending else settled
