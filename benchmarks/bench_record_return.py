@@ -12,6 +12,9 @@ checked: its run analysed (``runs.analysis = 'stored'``) and its event count.  U
     python benchmarks/bench_record_return.py [--events 1000000,10000000] [--repeats 3]
         [--base /tmp/wt_base] [--db URL] [--blocks 200] [--ranks 2]
 
+With ``--db`` and ``--base`` both checkouts write one database: it must be at a schema
+revision both accept (else time each in a database of its own).
+
 ``--cost``: what the follow costs the program instead: seconds per recorded step of the
 200-block stack (``bench_recorder.py``'s) and of a small GPT-2, with the writer process
 following the run (at its default niceness, and at the writer's priority) and without it
