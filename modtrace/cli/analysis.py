@@ -130,7 +130,7 @@ def tree(run: str, db: str | None, phase: str, step_opt: str, rank: int | None, 
     step = _step_arg(step_opt)
     with modtrace.api.open(db) as database:
         # The run's details (several queries) only for an empty answer's line: a stored tree
-        # answers in a few milliseconds, less than reading them (docs/performance.md, "Tree").
+        # answers in a few milliseconds, less than reading them (docs/performance.md, "Analysis").
         rows: list[dict[str, Any]] = tree_rows(
             database, run, phase=None if phase == "all" else phase, step=step, rank=rank, max_depth=max_depth,
             min_percent=min_percent, step_on=step_on, step_kind=step_kind, clock=clock, peak_tflops=peak_tflops)
