@@ -36,11 +36,16 @@ RECORDED = {"runs", "run_ranks", "events", "modules", "threads", "devices", "roo
             "call_counters", "counted_steps", "speed_probes", "alembic_version"}
 
 PREAMBLE = """
-import os, signal, sys, threading, torch
+import os, signal, sys, threading, time, torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 torch.manual_seed(0)
 torch.set_num_threads(1)
+
+def pace():
+    # a step of a few ms at least, on any host: the writer process is up and takes rounds
+    # while the program runs (a fast host ran these loops before its first round)
+    time.sleep(0.004)
 
 class Block(nn.Module):
     def __init__(self):
@@ -68,6 +73,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(300):
     model(torch.randn(4, 8, requires_grad=True)).sum().backward()
     opt.step(); opt.zero_grad()
+    pace()
 """,
     # the optimizer steps inside a module's forward: that call is open across every step boundary
     "cross": """
@@ -83,6 +89,7 @@ class TrainStep(nn.Module):
 outer = TrainStep()
 for step in range(300):
     outer(torch.randn(4, 8))
+    pace()
 """,
     # a serving loop on three threads, no optimizer: each root call is a step (long enough for
     # rounds before the end: a thread that has stopped is looked for 65,536 rows ahead, stream.py)
@@ -92,6 +99,7 @@ def serve(n):
     with torch.no_grad():
         for _ in range(n):
             model(torch.randn(2, 8))
+            pace()
 workers = [threading.Thread(target=serve, args=(900,)) for _ in range(3)]
 for w in workers: w.start()
 for w in workers: w.join()
@@ -110,6 +118,7 @@ for step in range(300):
     if step == 250:
         stop(y)
     y.sum().backward(); opt.step(); opt.zero_grad()
+    pace()
 """,
     # killed outright (SIGKILL) in the middle of a step: the writer process sees its pipe close
     "sigkill": """
@@ -122,6 +131,7 @@ for step in range(300):
         time.sleep(1.5)  # the steps before are handed over; the batches of this one are lost
         os.kill(os.getpid(), signal.SIGKILL)
     y.sum().backward(); opt.step(); opt.zero_grad()
+    pace()
 """,
 }
 
