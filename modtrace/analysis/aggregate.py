@@ -215,10 +215,19 @@ def module_tree(spans: pl.DataFrame) -> pl.DataFrame:
         .with_columns(_own_hash())
     )
     ids = _node_ids(agg.select("_node", "_own").join(nodes, on="_node"))
+    return tree_frame(agg.join(ids, on="_node"), medians.join(ids.select("_node", "node_id"), on="_node"), step_total)
+
+
+def tree_frame(agg: pl.DataFrame, medians: pl.DataFrame, step_total: int) -> pl.DataFrame:
+    """The nodes frame (``NODE_COLUMNS``, pre-order) from its parts: ``agg``, per node
+    (``node_id``, ``parent_node_id``, ``fqn``, ``module_type``, ``phase``, ``calls``,
+    ``inclusive_total_ns``, ``self_total_ns``, ``_attributed``: its spans attributed from kernels,
+    and ``_rank``, ``_first``: the rank and span id it first appears at, for the order); ``medians``,
+    per node (``node_id``, ``steps``, ``inclusive_median_ns``, ``self_median_ns``); ``step_total``,
+    the summed step time (``analysis.step_time.total_step_time``)."""
     agg = (
-        agg.join(ids, on="_node")
-        .with_columns(pl.col("fqn", "module_type").cast(pl.String))
-        .join(medians, on="_node")
+        agg.with_columns(pl.col("fqn", "module_type").cast(pl.String))
+        .join(medians.select("node_id", "steps", "inclusive_median_ns", "self_median_ns"), on="node_id")
         .with_columns(
             (pl.col("inclusive_total_ns") * 100.0 / step_total if step_total else pl.lit(None, dtype=pl.Float64))
             .alias("percent"),

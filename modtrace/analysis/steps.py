@@ -39,7 +39,7 @@ from modtrace.core.contracts import ROOT_FRAME, STEP_RULES
 from modtrace.core.step_rules import StepRuleError, resolve_rule
 
 __all__ = ["STEP_RULES", "StepRuleError", "assign_steps", "common_kind", "kind_counts", "of_kind", "resolve_rule",
-           "step_kinds", "step_starts"]
+           "step_keys", "step_kinds", "step_starts"]
 
 ALL_KINDS = "all"
 
@@ -65,6 +65,27 @@ def assign_steps(frame: pl.DataFrame, roots: pl.DataFrame, rule: str) -> pl.Data
     if rule != "root" or frame.height == 0:
         return frame
     dtype = frame.schema["step"]
+    keyed = _root_pairs(frame, roots, int(roots.height) + 1)
+    return keyed.with_columns((pl.col("step").rank("dense").over("rank") - 1).cast(dtype))
+
+
+def step_keys(frame: pl.DataFrame, roots: pl.DataFrame, rule: str) -> pl.Series:
+    """Per row of ``frame`` (as for ``assign_steps``), an Int64 equal for two rows of a rank exactly
+    where ``assign_steps`` gives them the same step, however many rows and root calls come later
+    (so that a run read in parts can be grouped by step part by part): the recorded step, or
+    under ``root`` the pair (recorded step, root call) as one integer.  ``roots``: every root
+    call of the rank up to the frame's last row, in the numbering the whole run's give them
+    (the rank's first root calls, none missing)."""
+    if rule != "root" or frame.height == 0:
+        recorded: pl.Series = frame.get_column("step").cast(pl.Int64)
+        return recorded
+    columns = ("rank", "span_id", "step", *(("thread_id",) if "thread_id" in frame.columns else ()))
+    return _root_pairs(frame.select(columns), roots, 1 << 32).get_column("step")
+
+
+def _root_pairs(frame: pl.DataFrame, roots: pl.DataFrame, width: int) -> pl.DataFrame:
+    """``frame`` with ``step`` (Int64) the pair (recorded step, the ordinal of the root call the
+    row belongs to, from 1; 0 before any) as ``step * width + ordinal``; rows keep their order."""
     bounds = (
         roots.select(pl.col("rank").cast(pl.Int32).alias("_rk"), pl.col("seq").cast(pl.Int64).alias("_root"),
                      pl.col("thread_id").cast(pl.Int32).alias("_th"))
@@ -85,11 +106,10 @@ def assign_steps(frame: pl.DataFrame, roots: pl.DataFrame, rule: str) -> pl.Data
         bounds.select("_rk", "_root", "_ord"), left_on="_at", right_on="_root", by="_rk", strategy="backward",
         check_sortedness=False,
     )
-    width = int(bounds.height) + 1
     root = pl.coalesce("_ord_t", "_ord", pl.lit(0, pl.Int64))
     pair = pl.col("step").cast(pl.Int64) * width + root
     return (
-        joined.with_columns((pair.rank("dense").over("_rk") - 1).cast(dtype).alias("step"))
+        joined.with_columns(pair.alias("step"))
         .sort("_row")
         .drop("_row", "_rk", "_at", "_th", "_root", "_ord", "_ord_t")
     )

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Iterator
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import polars as pl
@@ -110,6 +110,7 @@ class Follower:
         self.rounds = 0
         self.timings: dict[str, float] = {}  # seconds of each part of ``finish``
         self._error: BaseException | None = None
+        self._tree: _FollowedTree | None = None
         self._thread = threading.Thread(target=self._run, name="modtrace-analysis", daemon=True)
 
     def start(self) -> Follower:
@@ -126,6 +127,7 @@ class Follower:
         Raises what the thread met, or ``IncompleteFollow``; the caller then analyses the rank
         from its events (``materialize``), which replaces whatever was written here."""
         marks = [time.perf_counter()]
+        behind = self._read  # events the rounds had read when the program ended
         self._completion.value = complete
         _restore_priority(self.nice)  # nothing runs beside it now: the tail at full speed, where allowed
         with self._cond:
@@ -147,7 +149,9 @@ class Follower:
         if os.environ.get("MODTRACE_FOLLOW_TIMES"):  # benchmarks/bench_record_return.py reads it
             import sys
 
-            print(f"modtrace: follow: {self.rounds} rounds; end {self.timings}", file=sys.stderr)
+            tree = "none" if self._tree is None else self._tree.fold.broken or "folded"
+            print(f"modtrace: follow: {self.rounds} rounds; tail {count - behind:,} events; tree {tree}; "
+                  f"end {self.timings}", file=sys.stderr)
 
     # -- the thread -----------------------------------------------------------------
 
@@ -171,6 +175,11 @@ class Follower:
             def modules() -> pl.DataFrame:
                 return read_modules(self.store, self.run_id, ranks=[self.rank])
 
+            from modtrace.store.tree_table import single_rank_run
+
+            # the tree is stored at a rank's end only for a run of one rank (results.tree)
+            self._tree = _FollowedTree(self.store, self.run_id, self.rank) if single_rank_run(
+                self.store, self.run_id, self.rank) else None
             first = True
             complete = cast(bool, self._completion)
             for part in analyze_rank(self._chunks, modules, complete=complete):
@@ -182,6 +191,8 @@ class Follower:
                                       part.issues, clear=clear), RETRY_S)
                 first = False
                 self._spans.append(part.spans)
+                if self._tree is not None:
+                    self._tree.add(part.spans, restart=part.restart)
                 self.rounds += 1
         except BaseException as exc:  # reported by finish; the end-of-run analysis takes over
             self._error = exc
@@ -233,8 +244,9 @@ class Follower:
         from modtrace.analysis.spans import name_spans
         from modtrace.results.materialize import _store_device_times, _with_device_times
         from modtrace.results.steps import step_rows
-        from modtrace.results.tree import store_tree
+        from modtrace.results.tree import store_tree, write_tree
         from modtrace.store.analysis_store import write_analysis_rounds
+        from modtrace.store.device_times import has_device_events
         from modtrace.store.reader import read_devices, read_modules
         from modtrace.store.roots import read_step_basis
 
@@ -262,10 +274,77 @@ class Follower:
         marks.append(time.perf_counter())
         if spans is None or spans.height == 0:
             return
+        folded = self._tree.tree(basis) if self._tree is not None else None
+        if folded is not None and not has_device_events(store, run_id):
+            write_tree(store, run_id, folded, rank=rank)
+            return
         named = name_spans(spans, read_modules(store, run_id, ranks=[rank]),
                            read_devices(store, run_id, ranks=[rank])).sort("rank", "span_id")
         named = _with_device_times(store, run_id, [rank], Analysis(named, named.clear())).spans
         store_tree(store, run_id, named, rank=rank)
+
+
+class _FollowedTree:
+    """The rank's default tree folded round by round (``analysis.tree_fold.TreeFold``), each
+    round's spans named and keyed by step under the step rule and root calls as they stand
+    then; at the end it stands only if the run's rule and root calls turned out the same
+    (else the tree is computed from all the spans, as ``store_tree`` does)."""
+
+    def __init__(self, store: Store, run_id: int, rank: int) -> None:
+        from modtrace.analysis.tree_fold import TreeFold
+
+        self.store, self.run_id, self.rank = store, run_id, rank
+        self.fold = TreeFold()
+        self.rule: str | None = None
+        self.roots: list[tuple[int, int, int | None, str | None]] = []
+        self.upto: int | None = None  # roots are read up to this seq
+
+    def add(self, spans: pl.DataFrame, *, restart: bool) -> None:
+        if restart:
+            self.fold.give_up("the rank was analysed again in one piece")
+        if self.fold.broken is not None or spans.height == 0:
+            return
+        import polars as pl
+
+        from modtrace.analysis.spans import name_spans
+        from modtrace.analysis.steps import ROOT_SCHEMA, step_keys
+        from modtrace.core.step_rules import resolve_rule
+        from modtrace.store.reader import read_devices, read_modules
+        from modtrace.store.roots import read_roots_between, step_rule_so_far
+
+        try:
+            rule = resolve_rule(None, *step_rule_so_far(self.store, self.run_id, self.rank))
+            if self.rule is not None and rule != self.rule:
+                self.fold.give_up(f"the step rule went from {self.rule} to {rule}")
+                return
+            self.rule = rule
+            # every root call up to the round's last span is committed (with its enter event)
+            bound = int(spans.get_column("span_id").max())  # type: ignore[arg-type]
+            if self.upto is None or bound > self.upto:
+                self.roots += read_roots_between(self.store, self.run_id, self.rank, self.upto, bound)
+                self.upto = bound
+            named = name_spans(spans, read_modules(self.store, self.run_id, ranks=[self.rank]),
+                               read_devices(self.store, self.run_id, ranks=[self.rank]))
+            roots = pl.DataFrame(self.roots, schema=ROOT_SCHEMA, orient="row")
+            self.fold.add(named.with_columns(step_keys(named, roots, rule).alias("_key")))
+        except Exception as exc:  # the tree is then computed at the end, from all the spans
+            self.fold.give_up(f"{type(exc).__name__}: {exc}")
+
+    def tree(self, basis: StepBasis) -> tuple[str, dict[str, list[tuple[Any, ...]]]] | None:
+        """(the run's rule, {"host": node rows}) as ``results.tree.tree_rows`` gives it, or None
+        where the fold does not stand for it."""
+        from modtrace.core.step_rules import StepRuleError, resolve_rule
+        from modtrace.results.tree import _node_rows
+
+        try:
+            rule = resolve_rule(None, basis.step_on, basis.made_steps)
+        except StepRuleError:
+            return None
+        roots = [r for r in basis.roots if r[0] == self.rank]
+        if rule != self.rule or roots != self.roots or (rule == "root" and not roots):
+            return None
+        nodes = self.fold.tree()
+        return None if nodes is None else (rule, {"host": _node_rows(nodes)})
 
 
 def _entered_in_ranges(store: Store, run_id: int, rank: int, spans: pl.DataFrame | None) -> pl.DataFrame | None:

@@ -46,6 +46,32 @@ def read_step_basis(store: Store, run_id: int, ranks: Sequence[int] | None = Non
     return StepBasis(str(step_on or "optimizer"), bool(made), roots)
 
 
+def read_roots_between(store: Store, run_id: int, rank: int, after: int | None,
+                       upto: int) -> list[tuple[int, int, int | None, str | None]]:
+    """The rank's root calls with ``after < seq <= upto`` (``after`` None: from the first), in
+    ``StepBasis.roots``' form, by seq: a rank's roots read part by part while it is recorded."""
+    thread = events.c.thread_id
+    rows = (select(root_calls.c.rank, root_calls.c.seq, thread, root_calls.c.kind)
+            .select_from(root_calls.outerjoin(events, (events.c.run_id == root_calls.c.run_id)
+                                              & (events.c.rank == root_calls.c.rank)
+                                              & (events.c.seq == root_calls.c.seq)))
+            .where(root_calls.c.run_id == run_id, root_calls.c.rank == rank, root_calls.c.seq <= upto))
+    if after is not None:
+        rows = rows.where(root_calls.c.seq > after)
+    with store.engine.connect() as conn:
+        return [(int(r), int(s), None if t is None else int(t), k)
+                for r, s, t, k in conn.execute(rows.order_by(root_calls.c.seq))]
+
+
+def step_rule_so_far(store: Store, run_id: int, rank: int) -> tuple[str, bool]:
+    """(the run's recorded step rule, whether the rank's step counter has advanced so far)."""
+    with store.engine.connect() as conn:
+        step_on = conn.execute(select(runs.c.step_on).where(runs.c.id == run_id)).scalar()
+        made = conn.execute(select(run_ranks.c.step_count).where(run_ranks.c.run_id == run_id,
+                                                                  run_ranks.c.rank == rank)).scalar()
+    return str(step_on or "optimizer"), bool(made)
+
+
 def root_call_counts(store: Store, run_ids: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
     """Root calls per (run_id, rank)."""
     q = select(root_calls.c.run_id, root_calls.c.rank, func.count()).group_by(root_calls.c.run_id, root_calls.c.rank)

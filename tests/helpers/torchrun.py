@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers.ports import free_port
 
 
 def torchrun_record(tmp_path: Path, script: str, source: str, db: str, run: str,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,17 +20,12 @@ import sqlalchemy as sa
 
 from modtrace.store.engine import open_store
 from modtrace.store.runs import list_runs, run_details
+from tests.helpers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(db: str, *record_args: str) -> subprocess.CompletedProcess[str]:

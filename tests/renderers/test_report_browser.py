@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import time
@@ -28,6 +27,7 @@ from torch import nn
 
 import modtrace
 from modtrace.renderers.diff import TIMING_HEADERS, fmt_p
+from tests.helpers.ports import free_port
 from tests.helpers.report import StepClock, record_tiny
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
@@ -43,12 +43,6 @@ def _require_browser() -> tuple[str, str]:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{msg}; under CI the browser test must run")
     pytest.skip(msg)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class WebDriver:
@@ -123,7 +117,7 @@ class WebDriver:
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
     chromium, chromedriver = _require_browser()
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([chromedriver, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     driver = WebDriver(port)
     try:

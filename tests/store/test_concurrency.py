@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+
+from tests.helpers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -172,12 +173,6 @@ def test_readers_answer_while_a_recording_is_written(tmp_path: Path, run_cli) ->
     counted = json.loads((tmp_path / "live.json").read_text())
     (rank,) = facts(db, "live")["ranks"].values()
     assert rank["rows"] == rank["event_count"] and rank["fwd_enter"] == counted["enter"] == 7 * counted["steps"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ to see it); it is a measurement, not an assertion.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +44,6 @@ TARGET = textwrap.dedent(
         fh.write(str(calls[0]))
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def per_rank(url: str) -> dict[tuple[str, int], tuple[int, int, int, int, str]]:

@@ -1,0 +1,147 @@
+"""The module call tree folded round by round: ``module_tree`` of a rank's spans without
+holding them to the end.
+
+A rank analysed while it is recorded (``results.incremental``) closes its spans in rounds.
+``TreeFold.add`` takes each round's spans (named, with ``_key``: their step as
+``analysis.steps.step_keys`` gives it) and keeps only what the tree needs of them: per
+call-path node and step the summed inclusive and self time, per node its calls, totals and
+where it first appears, and the closed root spans that make step time.  ``TreeFold.tree``
+merges those parts into the nodes frame ``module_tree`` gives for all the spans at once: the
+same rows, computed from a few rows per node and step instead of every span.
+
+A span's node is its parent's path and its own (phase, fqn), hashed as ``module_tree``
+hashes it, so the node ids are the same.  A parent exits after its children, so a span whose
+parent has not closed yet waits (``pending``) for a later round; one still waiting at the
+end (its parent never closed, or closed in an earlier round: calls that did not nest) makes
+the fold give up, and so does a pending set that grows past ``MAX_PENDING`` (a call open across
+the whole run): the caller then computes the tree from all the spans, as before.
+
+Pure: frames in, frames out.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from modtrace.analysis.aggregate import _own_hash, tree_frame
+from modtrace.analysis.step_time import step_time
+from modtrace.core.contracts import is_attributed
+
+# Spans waiting for a parent beyond which the fold gives up: each round looks at them again.
+MAX_PENDING = 200_000
+
+# What the fold reads of a round's spans (named spans frame columns, and ``_key``).
+FOLD_COLUMNS = ("rank", "span_id", "parent_span_id", "depth", "fqn", "module_type", "phase", "status",
+                "start_ns", "duration_ns", "self_ns", "_key")
+
+_NODE = {"node_id": pl.UInt64, "parent_node_id": pl.UInt64}
+
+
+class TreeFold:
+    """``module_tree`` of a rank's spans, given round by round (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.broken: str | None = None  # why the fold gave up, if it did
+        self._pending: pl.DataFrame | None = None
+        self._per_step: list[pl.DataFrame] = []
+        self._per_node: list[pl.DataFrame] = []
+        self._roots: list[pl.DataFrame] = []
+
+    def give_up(self, why: str) -> None:
+        """Stop folding (the caller computes the tree from every span instead)."""
+        if self.broken is None:
+            self.broken = why
+        self._pending = None
+        self._per_step, self._per_node, self._roots = [], [], []
+
+    def add(self, spans: pl.DataFrame) -> None:
+        """Fold in one round's spans (``FOLD_COLUMNS``)."""
+        if self.broken is not None or spans.height == 0:
+            return
+        work = spans.select(FOLD_COLUMNS).with_columns(_own_hash(), is_attributed().alias("_attributed"))
+        if self._pending is not None:
+            work = pl.concat([self._pending, work], how="vertical_relaxed")
+        placed, waiting = _place(work)
+        self._pending = waiting if waiting.height else None
+        if waiting.height > MAX_PENDING:
+            self.give_up(f"{waiting.height:,} spans wait for a parent")
+            return
+        if placed.height == 0:
+            return
+        self._per_step.append(placed.group_by("node_id", "rank", "_key").agg(
+            pl.col("duration_ns").sum().alias("_inc"), pl.col("self_ns").sum().alias("_self")))
+        self._per_node.append(placed.group_by("node_id").agg(
+            pl.col("parent_node_id").first(),
+            pl.col("fqn").cast(pl.String).first(),
+            pl.col("phase").first(),
+            pl.len().cast(pl.Int64).alias("calls"),
+            pl.col("duration_ns").sum().alias("inclusive_total_ns"),
+            pl.col("self_ns").sum().alias("self_total_ns"),
+            pl.col("_attributed").sum().cast(pl.Int64).alias("_attributed"),
+            # where the node first appears: its lowest (rank, span id), and its module type there
+            pl.col("rank").min().alias("_rank"),
+            pl.col("span_id").filter(pl.col("rank") == pl.col("rank").min()).min().alias("_first"),
+            pl.col("module_type").cast(pl.String).sort_by("rank", "span_id").first(),
+        ))
+        roots = placed.filter((pl.col("depth") == 0) & pl.col("duration_ns").is_not_null())
+        if roots.height:
+            self._roots.append(roots.select("rank", "_key", "depth", "start_ns", "duration_ns"))
+
+    def tree(self) -> pl.DataFrame | None:
+        """The nodes frame of every span added (``module_tree``'s), or None when the fold gave up
+        or spans still wait for a parent (the caller computes it from the spans)."""
+        if self.broken is not None:
+            return None
+        if self._pending is not None:
+            self.give_up(f"{self._pending.height:,} spans found no parent")
+            return None
+        if not self._per_node:
+            return None
+        per_step = pl.concat(self._per_step).group_by("node_id", "rank", "_key").agg(
+            pl.col("_inc").sum(), pl.col("_self").sum())
+        medians = per_step.group_by("node_id").agg(
+            pl.len().alias("steps"),
+            pl.col("_inc").median().alias("inclusive_median_ns"),
+            pl.col("_self").median().alias("self_median_ns"),
+        )
+        parts = pl.concat(self._per_node)
+        firsts = parts.sort("_rank", "_first").group_by("node_id", maintain_order=True).agg(
+            pl.col("parent_node_id", "fqn", "phase", "module_type", "_rank", "_first").first())
+        agg = parts.group_by("node_id").agg(
+            pl.col("calls").sum().cast(pl.UInt32),
+            pl.col("inclusive_total_ns", "self_total_ns").sum(),
+            pl.col("_attributed").sum(),
+        ).join(firsts, on="node_id")
+        step_total = 0
+        if self._roots:
+            step_total = int(pl.concat(self._roots).rename({"_key": "step"}).group_by("rank", "step")
+                             .agg(step_time().alias("_t"))["_t"].sum() or 0)
+        return tree_frame(agg, medians, step_total)
+
+
+def _place(work: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(spans whose call path is known, with ``node_id`` and ``parent_node_id``; spans whose
+    parent is not among ``work``'s placed spans one level up), level by level from the roots."""
+    placed: list[pl.DataFrame] = []
+    waiting: list[pl.DataFrame] = []
+    known: pl.DataFrame | None = None
+    top = work.get_column("depth").max()
+    for d in range(int(top) + 1 if top is not None else 0):  # type: ignore[arg-type]
+        level = work.filter(pl.col("depth") == d)
+        if d == 0:
+            level = level.with_columns(pl.col("_own").alias("node_id"), pl.lit(None, pl.UInt64).alias("parent_node_id"))
+        else:
+            if known is None:
+                waiting.append(level)
+                continue
+            level = level.join(known, on="parent_span_id", how="left")
+            waiting.append(level.filter(pl.col("parent_node_id").is_null()).drop("parent_node_id"))
+            level = level.filter(pl.col("parent_node_id").is_not_null()).with_columns(
+                pl.struct("parent_node_id", "_own").hash().alias("node_id"))
+        level = level.select(*work.columns, "node_id", "parent_node_id")
+        placed.append(level)
+        known = level.select(pl.col("span_id").alias("parent_span_id"), pl.col("node_id").alias("parent_node_id"))
+    empty = work.clear()
+    return (pl.concat(placed, how="vertical_relaxed") if placed else empty.with_columns(
+                pl.lit(None, pl.UInt64).alias("node_id"), pl.lit(None, pl.UInt64).alias("parent_node_id")),
+            pl.concat(waiting, how="vertical_relaxed") if waiting else empty)

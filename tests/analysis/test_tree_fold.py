@@ -1,0 +1,146 @@
+"""``analysis.tree_fold.TreeFold``: the tree folded round by round equals ``module_tree`` of all
+the spans at once (the oracle: the one-piece tree ``modtrace analyze`` stores).
+
+Real recordings (SQLite), their spans cut into rounds by the seq of their exit as the
+analysis that follows a recording closes them; each round's step keys come from the root
+calls entered up to its last span only, as they would while the program still runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from polars.testing import assert_frame_equal
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import modtrace
+from modtrace.analysis.aggregate import module_tree
+from modtrace.analysis.steps import ROOT_SCHEMA, step_keys
+from modtrace.analysis.tree_fold import TreeFold
+from modtrace.results.materialize import compute
+from modtrace.results.steps import apply_step_rule
+from modtrace.store.engine import open_store
+from modtrace.store.roots import read_step_basis
+from tests.helpers.training import record_training
+
+
+class Checkpointed(nn.Module):
+    """Blocks every other one checkpointed (recompute spans in backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            x = checkpoint(block, x, use_reentrant=False) if i % 2 else block(x)
+        return x
+
+
+def folded_and_whole(db: str, run: str, rounds: int) -> tuple[pl.DataFrame | None, pl.DataFrame, TreeFold]:
+    """(the fold's tree over ``rounds`` rounds, ``module_tree`` of all spans, the fold)."""
+    store = open_store(db)
+    try:
+        rid = int(store.engine.connect().exec_driver_sql(f"SELECT id FROM runs WHERE name = '{run}'").scalar())
+        spans = compute(store, rid).spans.sort("rank", "span_id")
+        stepping = apply_step_rule(store, rid, spans)
+        whole = module_tree(stepping.frame)
+        basis = read_step_basis(store, rid)
+    finally:
+        store.dispose()
+    # rounds cut by exit seq, open calls (no exit) in the last, as the follow closes them
+    last = int(spans["exit_seq"].max())  # type: ignore[arg-type]
+    cuts = [last * i // rounds for i in range(1, rounds)] + [last + 1]
+    fold, low = TreeFold(), -1
+    for i, cut in enumerate(cuts):
+        part = spans.filter((pl.col("exit_seq") > low) & (pl.col("exit_seq") <= cut) if i < rounds - 1
+                            else (pl.col("exit_seq") > low) | pl.col("exit_seq").is_null())
+        low = cut
+        if part.height == 0:
+            continue
+        bound = int(part["span_id"].max())  # type: ignore[arg-type]
+        roots = pl.DataFrame([r for r in basis.roots if r[1] <= bound], schema=ROOT_SCHEMA, orient="row")
+        fold.add(part.with_columns(step_keys(part, roots, stepping.rule).alias("_key")))
+    return fold.tree(), whole, fold
+
+
+@pytest.mark.parametrize("rounds", [1, 3, 17])
+def test_training_with_recompute_folds_to_the_whole_tree(tmp_path: Path, rounds: int) -> None:
+    db = str(tmp_path / "t.db")
+    record_training(db, "train", 12, model=Checkpointed, inputs=(4, 8))
+    folded, whole, fold = folded_and_whole(db, "train", rounds)
+    assert fold.broken is None
+    assert folded is not None
+    assert set(whole["phase"].cast(pl.String)) == {"forward", "backward", "recompute"}
+    assert whole["steps"].max() == 12
+    assert_frame_equal(folded, whole)
+
+
+def test_root_call_steps_on_serving_threads_fold_to_the_whole_tree(tmp_path: Path) -> None:
+    """No optimizer: each root call is a step, told apart per thread (``step_keys`` under root)."""
+    db = str(tmp_path / "t.db")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    def serve(n: int) -> None:
+        with torch.no_grad():
+            for _ in range(n):
+                model(torch.randn(2, 8))
+
+    with modtrace.Recorder(db=db, run="serve") as rec:
+        workers = [threading.Thread(target=serve, args=(30,)) for _ in range(3)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    rec.wait_analyzed()
+    folded, whole, _ = folded_and_whole(db, "serve", 9)
+    assert whole["steps"].max() == 90  # a step per request
+    assert folded is not None
+    assert_frame_equal(folded, whole)
+
+
+def test_a_call_open_across_every_round_waits_and_then_folds(tmp_path: Path) -> None:
+    """The optimizer steps inside an outer module's forward: every span's root closes only at
+    the end, so every round's spans wait for it."""
+    db = str(tmp_path / "t.db")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+
+    class Loop(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(6):
+                net(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            return x
+
+    with modtrace.Recorder(db=db, run="loop") as rec:
+        Loop()(torch.randn(4, 8))
+    rec.wait_analyzed()
+    folded, whole, _ = folded_and_whole(db, "loop", 5)
+    assert folded is not None
+    assert_frame_equal(folded, whole)
+
+
+def test_a_span_whose_parent_closed_in_an_earlier_round_gives_up() -> None:
+    """Calls that did not nest (a child closing after its parent) are left to the whole tree."""
+    def spans(rows: list[tuple[int, int | None, int, str]]) -> pl.DataFrame:
+        return pl.DataFrame(
+            [(0, s, p, d, f, "Linear", "forward", None, 10 * s, 5, 5, 0) for s, p, d, f in rows],
+            schema={"rank": pl.Int32, "span_id": pl.Int64, "parent_span_id": pl.Int64, "depth": pl.Int32,
+                    "fqn": pl.String, "module_type": pl.String, "phase": pl.String, "status": pl.String,
+                    "start_ns": pl.Int64, "duration_ns": pl.Int64, "self_ns": pl.Int64, "_key": pl.Int64},
+            orient="row")
+
+    fold = TreeFold()
+    fold.add(spans([(1, None, 0, "M")]))  # the parent closes first
+    fold.add(spans([(2, 1, 1, "M.a")]))  # its child after it, in the next round
+    assert fold.tree() is None
+    assert fold.broken == "1 spans found no parent"
