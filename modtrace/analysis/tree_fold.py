@@ -43,7 +43,10 @@ class TreeFold:
     def __init__(self) -> None:
         self.broken: str | None = None  # why the fold gave up, if it did
         self._pending: pl.DataFrame | None = None
-        self._per_step: list[pl.DataFrame] = []
+        # Per (node, rank, step key) sums: those of steps before the latest round's first step
+        # are settled (each with its range of keys), the rest stay open to later rounds.
+        self._per_step: list[tuple[pl.DataFrame, int, int]] = []
+        self._open: pl.DataFrame | None = None
         self._per_node: list[pl.DataFrame] = []
         self._roots: list[pl.DataFrame] = []
 
@@ -51,7 +54,7 @@ class TreeFold:
         """Stop folding (the caller computes the tree from every span instead)."""
         if self.broken is None:
             self.broken = why
-        self._pending = None
+        self._pending = self._open = None
         self._per_step, self._per_node, self._roots = [], [], []
 
     def add(self, spans: pl.DataFrame) -> None:
@@ -68,8 +71,9 @@ class TreeFold:
             return
         if placed.height == 0:
             return
-        self._per_step.append(placed.group_by("node_id", "rank", "_key").agg(
-            pl.col("duration_ns").sum().alias("_inc"), pl.col("self_ns").sum().alias("_self")))
+        sums = placed.group_by("node_id", "rank", "_key").agg(
+            pl.col("duration_ns").sum().alias("_inc"), pl.col("self_ns").sum().alias("_self"))
+        self._settle(sums, int(sums.get_column("_key").min()))  # type: ignore[arg-type]
         self._per_node.append(placed.group_by("node_id").agg(
             pl.col("parent_node_id").first(),
             pl.col("fqn").cast(pl.String).first(),
@@ -87,6 +91,21 @@ class TreeFold:
         if roots.height:
             self._roots.append(roots.select("rank", "_key", "depth", "start_ns", "duration_ns"))
 
+    def _settle(self, sums: pl.DataFrame | None, below: int | None) -> None:
+        """Add a round's per-step ``sums`` to the open ones; settle those of steps below
+        ``below`` (the round's first step: a later round rarely brings more of them, and
+        ``tree`` checks that none did); None: settle all."""
+        open_ = self._open if sums is None else sums if self._open is None else pl.concat([self._open, sums]).group_by(
+            "node_id", "rank", "_key").agg(pl.col("_inc").sum(), pl.col("_self").sum())
+        if open_ is None or open_.height == 0:
+            self._open = None
+            return
+        done = open_ if below is None else open_.filter(pl.col("_key") < below)
+        self._open = None if below is None else open_.filter(pl.col("_key") >= below)
+        if done.height:
+            keys = done.get_column("_key")
+            self._per_step.append((done, int(keys.min()), int(keys.max())))  # type: ignore[arg-type]
+
     def tree(self) -> pl.DataFrame | None:
         """The nodes frame of every span added (``module_tree``'s), or None when the fold gave up
         or spans still wait for a parent (the caller computes it from the spans)."""
@@ -97,8 +116,12 @@ class TreeFold:
             return None
         if not self._per_node:
             return None
-        per_step = pl.concat(self._per_step).group_by("node_id", "rank", "_key").agg(
-            pl.col("_inc").sum(), pl.col("_self").sum())
+        self._settle(None, None)
+        ranges = sorted((lo, hi) for _, lo, hi in self._per_step)
+        per_step = pl.concat([frame for frame, _, _ in self._per_step])
+        if any(lo <= hi for (_, hi), (lo, _) in zip(ranges, ranges[1:], strict=False)):
+            # a step's sums were settled before a later round brought more of it: add them up
+            per_step = per_step.group_by("node_id", "rank", "_key").agg(pl.col("_inc").sum(), pl.col("_self").sum())
         medians = per_step.group_by("node_id").agg(
             pl.len().alias("steps"),
             pl.col("_inc").median().alias("inclusive_median_ns"),

@@ -129,18 +129,37 @@ def test_a_call_open_across_every_round_waits_and_then_folds(tmp_path: Path) -> 
     assert_frame_equal(folded, whole)
 
 
+def _spans(rows: list[tuple[int, int | None, int, str, int]]) -> pl.DataFrame:
+    """Hand-made span rows (span_id, parent_span_id, depth, fqn, step), 5 ns each, as a round gives them."""
+    return pl.DataFrame(
+        [(0, s, p, d, f, "Linear", "forward", None, 10 * s, 5, 5 if d else 0, k, k) for s, p, d, f, k in rows],
+        schema={"rank": pl.Int32, "span_id": pl.Int64, "parent_span_id": pl.Int64, "depth": pl.Int32,
+                "fqn": pl.String, "module_type": pl.String, "phase": pl.String, "status": pl.String,
+                "start_ns": pl.Int64, "duration_ns": pl.Int64, "self_ns": pl.Int64, "step": pl.Int32, "_key": pl.Int64},
+        orient="row")
+
+
+def test_a_step_a_later_round_brings_more_of_is_added_up() -> None:
+    """Step 0's sums were settled when round 2 began at step 1; round 3 brings more of step 0."""
+    rounds = [[(1, None, 0, "M", 0), (2, 1, 1, "M.a", 0), (3, None, 0, "M", 0)],
+              [(4, None, 0, "M", 1), (5, None, 0, "M", 1)],
+              [(6, None, 0, "M", 0), (7, 6, 1, "M.a", 0), (8, None, 0, "M", 2)]]
+    fold = TreeFold()
+    for rows in rounds:
+        fold.add(_spans(rows))
+    folded = fold.tree()
+    assert folded is not None
+    whole = module_tree(pl.concat([_spans(rows) for rows in rounds]).drop("_key"))
+    assert_frame_equal(folded, whole)
+    m = folded.filter(pl.col("fqn") == "M").row(0, named=True)
+    # steps 0, 1, 2: 15, 10 and 5 ns (step 0 counted twice would make 4 steps)
+    assert (m["calls"], m["steps"], m["inclusive_median_ns"]) == (6, 3, 10.0)
+
+
 def test_a_span_whose_parent_closed_in_an_earlier_round_gives_up() -> None:
     """Calls that did not nest (a child closing after its parent) are left to the whole tree."""
-    def spans(rows: list[tuple[int, int | None, int, str]]) -> pl.DataFrame:
-        return pl.DataFrame(
-            [(0, s, p, d, f, "Linear", "forward", None, 10 * s, 5, 5, 0) for s, p, d, f in rows],
-            schema={"rank": pl.Int32, "span_id": pl.Int64, "parent_span_id": pl.Int64, "depth": pl.Int32,
-                    "fqn": pl.String, "module_type": pl.String, "phase": pl.String, "status": pl.String,
-                    "start_ns": pl.Int64, "duration_ns": pl.Int64, "self_ns": pl.Int64, "_key": pl.Int64},
-            orient="row")
-
     fold = TreeFold()
-    fold.add(spans([(1, None, 0, "M")]))  # the parent closes first
-    fold.add(spans([(2, 1, 1, "M.a")]))  # its child after it, in the next round
+    fold.add(_spans([(1, None, 0, "M", 0)]))  # the parent closes first
+    fold.add(_spans([(2, 1, 1, "M.a", 0)]))  # its child after it, in the next round
     assert fold.tree() is None
     assert fold.broken == "1 spans found no parent"
