@@ -284,6 +284,41 @@ def _stack_calls(spans: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+class _Closed:
+    """The stack calls (``_STACK_CALL``) earlier rounds closed, a frame per round with the range
+    of its call ids.  Call ids are handed out in call order, so a round's calls meet only the
+    rounds whose ranges they fall in: a round is checked against a few earlier ones, not the
+    whole rank (which made a long rank's rounds cost more and more).  Calls without an id are
+    kept apart (a semi join matches them too: ``nulls_equal``)."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[pl.DataFrame, int, int]] = []
+        self._no_id: pl.DataFrame | None = None
+
+    def add(self, calls: pl.DataFrame) -> None:
+        no_id = calls.filter(pl.col("call_id").is_null())
+        if no_id.height:
+            self._no_id = no_id if self._no_id is None else pl.concat([self._no_id, no_id])
+            calls = calls.filter(pl.col("call_id").is_not_null())
+        if calls.height:
+            ids = calls.get_column("call_id")
+            self._parts.append((calls, int(ids.min()), int(ids.max())))  # type: ignore[arg-type]
+
+    def meets(self, calls: pl.DataFrame) -> bool:
+        """Whether one of ``calls`` is a call an earlier round closed."""
+        def hit(some: pl.DataFrame, frame: pl.DataFrame) -> bool:
+            return bool(some.height and some.join(frame, on=list(_STACK_CALL), how="semi", nulls_equal=True).height)
+
+        if self._no_id is not None and hit(calls.filter(pl.col("call_id").is_null()), self._no_id):
+            return True
+        ids = calls.get_column("call_id")
+        if not self._parts or ids.null_count() == calls.height:
+            return False
+        low, high = int(ids.min()), int(ids.max())  # type: ignore[arg-type]
+        return any(hit(calls.filter(pl.col("call_id").is_between(first, last)), frame)
+                   for frame, first, last in self._parts if first <= high and last >= low)
+
+
 def analyze_rank(
     chunks: Callable[[], Iterable[pl.DataFrame]], modules: Modules, *, complete: bool = True
 ) -> Iterator[Round]:
@@ -300,16 +335,14 @@ def analyze_rank(
     yielded before it.  Memory is then the rank's, as in one piece; it is
     bounded by a round only on the streams that need no second look.
     """
-    closed = pl.DataFrame(schema={"thread_id": pl.Int32(), "_task": pl.Int64(), "call_id": pl.Int64(), "phase": pl.Int8()})
+    closed = _Closed()
     rounds = analyze_rounds(chunks(), modules, complete=complete)
     first = True
     # Each round is yielded as soon as it is checked, not once the next is made: the
     # caller writes it while the next is read and analysed (``materialize``).
     for part in rounds:
-        calls = _stack_calls(part.spans)
-        unsafe = bool(part.issues["kind"].is_in(_CUT_SENSITIVE).any()) or bool(
-            calls.filter(pl.col("phase") != 2).join(closed, on=list(_STACK_CALL), how="semi", nulls_equal=True).height
-        )
+        calls = _stack_calls(part.spans).filter(pl.col("phase") != 2)
+        unsafe = bool(part.issues["kind"].is_in(_CUT_SENSITIVE).any()) or closed.meets(calls)
         if unsafe and first and next(rounds, None) is None:  # the rank is one round: the one-piece analysis
             yield part
             return
@@ -320,7 +353,7 @@ def analyze_rank(
             (once,) = analyze_rounds([whole], modules, complete=complete)
             yield Round(once.spans, once.issues, restart=True)
             return
-        closed = pl.concat([closed, calls.filter(pl.col("phase") != 2)])
+        closed.add(calls)
         yield part
 
 

@@ -43,9 +43,11 @@ if TYPE_CHECKING:
     from modtrace.store.roots import StepBasis
 
 # A round waits for this many events committed since the last (the end excepted): rounds of a
-# few events would each pay the rounds' fixed cost; the tail left at the end is about this size.
+# few events would each pay the rounds' fixed cost (tens of ms). A busy program commits more
+# than this between two looks (POLL_S), so the looks pace the rounds and the tail left at the
+# end is about what two looks see (docs/performance.md, "Analysis as the run goes").
 # MODTRACE_FOLLOW_ROWS overrides it (tests cut small runs into many rounds).
-MIN_ROUND_ROWS = 20_000
+MIN_ROUND_ROWS = 5_000
 # Events read at a time (a round is at most this many).
 CHUNK_ROWS = 200_000
 # How often, at most, the thread looks at what was committed (it is woken at each batch).
