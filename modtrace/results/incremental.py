@@ -267,7 +267,8 @@ class Follower:
 
         store, run_id, rank = self.store, self.run_id, self.rank
         spans = pl.concat(self._spans, rechunk=True) if self._spans else None
-        basis = read_step_basis(store, run_id)
+        basis = self._tree.basis() if self._tree is not None else None
+        basis = basis or read_step_basis(store, run_id)
 
         def steps(conn: Connection) -> tuple[pl.DataFrame, pl.DataFrame] | None:
             return step_rows(run_id, basis, spans) if spans is not None and spans.height else None
@@ -344,6 +345,18 @@ class _FollowedTree:
             self.fold.add(named.with_columns(step_keys(named, roots, rule).alias("_key")))
         except Exception as exc:  # the tree is then computed at the end, from all the spans
             self.fold.give_up(f"{type(exc).__name__}: {exc}")
+
+    def basis(self) -> StepBasis | None:
+        """The run's ``StepBasis`` (it has this rank only) from the root calls the rounds read and
+        those after them: what ``read_step_basis`` reads, without reading every root call again
+        (a long run's thousands, each with its enter event); None where the rounds read none."""
+        from modtrace.store.roots import StepBasis, read_roots_between, step_rule_so_far
+
+        if self.upto is None:
+            return None
+        step_on, made = step_rule_so_far(self.store, self.run_id, self.rank)
+        return StepBasis(step_on, made, self.roots + read_roots_between(self.store, self.run_id, self.rank,
+                                                                          self.upto, 1 << 62))
 
     def tree(self, basis: StepBasis) -> tuple[str, dict[str, list[tuple[Any, ...]]]] | None:
         """(the run's rule, {"host": node rows}) as ``results.tree.tree_rows`` gives it, or None
