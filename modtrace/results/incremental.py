@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 # end is about what two looks see (docs/performance.md, "Analysis as the run goes").
 # MODTRACE_FOLLOW_ROWS overrides it (tests cut small runs into many rounds).
 MIN_ROUND_ROWS = 5_000
+# Rounds' span frames merged into one at a time (``Follower._keep``).
+MERGE = 8
 # Events read at a time (a round is at most this many).
 CHUNK_ROWS = 200_000
 # How often, at most, the thread looks at what was committed (it is woken at each batch).
@@ -119,7 +121,8 @@ class Follower:
         self._cond = threading.Condition()
         self._ended = False
         self._completion = _Completion()
-        self._spans: list[pl.DataFrame] = []
+        self._spans: list[pl.DataFrame] = []  # the rounds' spans, merged as they come (``_keep``)
+        self._levels: list[int] = []  # how many merges made each of them
         self._read = 0  # events read by the current pass over the rank
         self.rounds = 0
         self.timings: dict[str, float] = {}  # seconds of each part of ``finish``
@@ -158,7 +161,7 @@ class Follower:
             raise IncompleteFollow(f"read {self._read:,} of {count:,} events")
         self._finalize(marks)
         marks.append(time.perf_counter())
-        names = ("tail", "basis", "steps", "counters", "tree")
+        names = ("tail", "spans", "basis", "steps", "counters", "tree")
         self.timings = {n: round(b - a, 4) for n, a, b in zip(names, marks, marks[1:], strict=False)}
         if os.environ.get("MODTRACE_FOLLOW_TIMES"):  # benchmarks/bench_record_return.py reads it
             import sys
@@ -200,17 +203,33 @@ class Follower:
             for part in analyze_rank(self._chunks, modules, complete=complete):
                 if part.restart:
                     self._spans.clear()
+                    self._levels.clear()
                 clear = first or part.restart
                 # a lock or a lost connection is waited out, as the writer waits out its batches
                 call_retrying(partial(append_analysis_round, self.store, self.run_id, self.rank, part.spans,
                                       part.issues, clear=clear), RETRY_S)
                 first = False
-                self._spans.append(part.spans)
+                self._keep(part.spans)
                 if self._tree is not None:
                     self._tree.add(part.spans, restart=part.restart)
                 self.rounds += 1
         except BaseException as exc:  # reported by finish; the end-of-run analysis takes over
             self._error = exc
+
+    def _keep(self, spans: pl.DataFrame) -> None:
+        """Keep a round's spans.  Every ``MERGE`` frames of one level are copied into one of the
+        next while the program runs, so the end holds a few frames, not a frame per round (a
+        10M-event run has ~700 rounds; copying them into one at the end took 0.3 to 0.5 s)."""
+        import polars as pl
+
+        self._spans.append(spans)
+        self._levels.append(0)
+        while len(self._levels) >= MERGE and len(set(self._levels[-MERGE:])) == 1:
+            merged = pl.concat(self._spans[-MERGE:], rechunk=True)
+            level = self._levels[-1] + 1
+            del self._spans[-MERGE:], self._levels[-MERGE:]
+            self._spans.append(merged)
+            self._levels.append(level)
 
     def _chunks(self) -> Iterator[pl.DataFrame]:
         """The rank's committed events from its first, in chunks, waiting for more until the end
@@ -266,9 +285,9 @@ class Follower:
         from modtrace.store.roots import read_step_basis
 
         store, run_id, rank = self.store, self.run_id, self.rank
-        # one copy into one chunk: concat(..., rechunk=True) of a long run's ~700 rounds took
-        # 0.3 s, concat then rechunk 0.06 s
-        spans = pl.concat(self._spans, rechunk=False).rechunk() if self._spans else None
+        # no copy at the end: a few frames (``_keep``), as chunks of one
+        spans = pl.concat(self._spans, rechunk=False) if self._spans else None
+        marks.append(time.perf_counter())
         basis = self._tree.basis() if self._tree is not None else None
         basis = basis or read_step_basis(store, run_id)
 
