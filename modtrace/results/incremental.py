@@ -5,10 +5,12 @@ the one-piece analysis'.  Run at the end of a recording, it kept ``modtrace reco
 waiting for the whole rank (docs/performance.md, "Analysis as the run goes").  ``Follower`` runs
 the same rounds in a thread of the writer process while the program runs, over the events
 committed so far: each round's spans and issues are committed as it closes them
-(``store.analysis_store.append_analysis_round``), its spans kept in memory.  At the end
-(``finish``) only the open tail is read and analysed; then, as ``materialize`` does, the rank's
-steps are stored with the run's analysis state (``write_analysis_rounds(..., appended=True)``),
-and its device times, counters and tree, computed from the spans kept, not read back.
+(``store.analysis_store.append_analysis_round``), its spans kept in memory and folded into
+the module tree (``analysis.tree_fold``, with the root calls read as the rounds go).  At the
+end (``finish``) only the open tail is read and analysed; then, as ``materialize`` does, the
+rank's steps are stored with the run's analysis state (``write_analysis_rounds(...,
+appended=True)``), and its device times, counters and memory from the spans kept, not read
+back, and the folded tree (computed from the spans where the fold could not stand for it).
 
 Exactness rests on ``analyze_rank``'s: rounds fed consecutive chunks in seq order give the
 one-piece result, and a stream where a cut could matter is analysed again whole at the end.

@@ -32,10 +32,11 @@ def node_memory(store: Store, run_id: int, nodes: Sequence[Mapping[str, Any]], s
         sql = (
             "SELECT s.rank, r.first_seq, s.span_id, s.span_id - s.parent_gap, s.phase, m.fqn, "
             "sm.kept_mem_bytes, sm.peak_mem_bytes FROM counted_ranges r "
-            "JOIN span_rows s ON s.run_id = r.run_id AND s.rank = r.rank AND s.span_id BETWEEN r.first_seq AND r.last_seq "
+            "CROSS JOIN span_rows s "  # the ranges first, each one's spans by key (store.counters)
             "JOIN span_memory_rows sm ON sm.run_id = s.run_id AND sm.rank = s.rank AND sm.span_id = s.span_id "
             "JOIN modules m ON m.run_id = s.run_id AND m.rank = s.rank AND m.module_id = s.module_id "
-            f"WHERE r.run_id = {mark(store)} ORDER BY s.rank, s.span_id"
+            "WHERE s.run_id = r.run_id AND s.rank = r.rank AND s.span_id BETWEEN r.first_seq AND r.last_seq "
+            f"AND r.run_id = {mark(store)} ORDER BY s.rank, s.span_id"
         )
         with driver_cursor(store) as cur:
             cur.execute(sql, (run_id,))

@@ -85,12 +85,15 @@ def counted_span_rows(store: Store, run_id: int, rank: int | None = None) -> lis
     sql = (
         "SELECT r.rank, r.first_seq, rc.kind, s.span_id, s.span_id - s.parent_gap, s.depth, m.fqn, s.phase, "
         "sc.flops_self, sc.bytes_self, sc.ops_self, sc.unknown_ops_self, sc.flops, sc.bytes, sc.unknown_ops "
+        # CROSS JOIN: SQLite then reads the few counted ranges first and each one's spans by key
+        # (it planned a scan of every span of the run otherwise); PostgreSQL plans it as a join
         "FROM counted_ranges r "
         "LEFT JOIN root_calls rc ON rc.run_id = r.run_id AND rc.rank = r.rank AND rc.seq = r.first_seq "
-        "JOIN span_rows s ON s.run_id = r.run_id AND s.rank = r.rank AND s.span_id BETWEEN r.first_seq AND r.last_seq "
+        "CROSS JOIN span_rows s "
         "JOIN span_counter_rows sc ON sc.run_id = s.run_id AND sc.rank = s.rank AND sc.span_id = s.span_id "
         "JOIN modules m ON m.run_id = s.run_id AND m.rank = s.rank AND m.module_id = s.module_id "
-        f"WHERE {where} ORDER BY r.rank, s.span_id"
+        "WHERE s.run_id = r.run_id AND s.rank = r.rank AND s.span_id BETWEEN r.first_seq AND r.last_seq "
+        f"AND {where} ORDER BY r.rank, s.span_id"
     )
     with driver_cursor(store) as cur:
         cur.execute(sql, (run_id,))
