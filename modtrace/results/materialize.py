@@ -291,7 +291,9 @@ def _store_counters(store: Store, run_id: int, ranks: list[int]) -> None:
     needed = ("rank", "span_id", "parent_span_id", "depth", "call_id", "phase", "graph_task")
     for r in ranks:
         calls, ranges = read_counters(store, run_id, r)
-        spans = read_span_rows(store, run_id, columns=needed, rank=r)
+        # only the spans entered in counted ranges count (a few steps of a long run, read by key)
+        within = [(int(a), int(b)) for a, b in ranges.select("first_seq", "last_seq").iter_rows()]
+        spans = read_span_rows(store, run_id, columns=needed, rank=r, within=within)
         write_span_counters(store, run_id, r, span_counters(spans, calls, ranges))
 
 

@@ -10,7 +10,7 @@ naming the spans is the analysis' job, done by ``modtrace.results.materialize``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import chain
 from typing import Any
@@ -363,10 +363,17 @@ def _stored(column: str) -> str:
     return _DERIVED.get(column, column)
 
 
+# Span id ranges ``read_span_rows`` reads by key; beyond this many it reads every span.
+MAX_SPAN_RANGES = 64
+
+
 def read_span_rows(
-    store: Store, run_id: int, *, columns: tuple[str, ...] = SPAN_ROW_COLUMNS, rank: int | None = None
+    store: Store, run_id: int, *, columns: tuple[str, ...] = SPAN_ROW_COLUMNS, rank: int | None = None,
+    within: Sequence[tuple[int, int]] | None = None,
 ) -> pl.DataFrame:
     """The run's stored span rows (one rank's when given); only ``columns``, the others null.
+    ``within``: (first, last) span id ranges (inclusive); the spans in them, where there are at
+    most ``MAX_SPAN_RANGES`` (the counted steps of ``--counters first``), else every span.
 
     SQLite formats each chunk as CSV text and PostgreSQL COPYs it out; polars
     parses either (no Python tuple per row)."""
@@ -374,6 +381,8 @@ def read_span_rows(
     columns = tuple(c for c in SPAN_ROW_COLUMNS if c in columns)
     schema = {c: span_row_schema[c] for c in columns}
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
+    if within is not None and len(within) <= MAX_SPAN_RANGES:
+        where += " AND (" + (" OR ".join(f"span_id BETWEEN {int(a)} AND {int(b)}" for a, b in within) or "1 = 0") + ")"
     if store.dialect == "postgresql":
         exprs = ", ".join(f"{_stored(c)} AS {c}" for c in columns)
         data = copy_csv(store, f"SELECT {exprs} FROM span_rows WHERE {where} ORDER BY rank, span_id", key_order=True)
