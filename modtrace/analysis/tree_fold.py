@@ -34,9 +34,6 @@ MAX_PENDING = 200_000
 FOLD_COLUMNS = ("rank", "span_id", "parent_span_id", "depth", "fqn", "module_type", "phase", "status",
                 "start_ns", "duration_ns", "self_ns", "_key")
 
-_NODE = {"node_id": pl.UInt64, "parent_node_id": pl.UInt64}
-
-
 class TreeFold:
     """``module_tree`` of a rank's spans, given round by round (see the module's docstring)."""
 

@@ -192,8 +192,11 @@ class Follower:
             pl.thread_pool_size()  # polars' workers start here, so they run at this thread's priority
             _import_the_end()
 
+            read: list[pl.DataFrame] = []  # the modules as the latest round read them
+
             def modules() -> pl.DataFrame:
-                return read_modules(self.store, self.run_id, ranks=[self.rank])
+                read[:] = [read_modules(self.store, self.run_id, ranks=[self.rank])]
+                return read[0]
 
             from modtrace.store.tree_table import single_rank_run
 
@@ -213,7 +216,7 @@ class Follower:
                 first = False
                 self._keep(part.spans)
                 if self._tree is not None:
-                    self._tree.add(part.spans, restart=part.restart)
+                    self._tree.add(part.spans, read[0], restart=part.restart)
                 self.rounds += 1
         except BaseException as exc:  # reported by finish; the end-of-run analysis takes over
             self._error = exc
@@ -338,7 +341,8 @@ class _FollowedTree:
         self.roots: list[tuple[int, int, int | None, str | None]] = []
         self.upto: int | None = None  # roots are read up to this seq
 
-    def add(self, spans: pl.DataFrame, *, restart: bool) -> None:
+    def add(self, spans: pl.DataFrame, modules: pl.DataFrame, *, restart: bool) -> None:
+        """Fold in a round's spans; ``modules``: the rank's modules as the round read them."""
         if restart:
             self.fold.give_up("the rank was analysed again in one piece")
         if self.fold.broken is not None or spans.height == 0:
@@ -348,7 +352,7 @@ class _FollowedTree:
         from modtrace.analysis.spans import name_spans
         from modtrace.analysis.steps import ROOT_SCHEMA, step_keys
         from modtrace.core.step_rules import resolve_rule
-        from modtrace.store.reader import read_devices, read_modules
+        from modtrace.store.reader import read_devices
         from modtrace.store.roots import read_roots_between, step_rule_so_far
 
         try:
@@ -362,8 +366,7 @@ class _FollowedTree:
             if self.upto is None or bound > self.upto:
                 self.roots += read_roots_between(self.store, self.run_id, self.rank, self.upto, bound)
                 self.upto = bound
-            named = name_spans(spans, read_modules(self.store, self.run_id, ranks=[self.rank]),
-                               read_devices(self.store, self.run_id, ranks=[self.rank]))
+            named = name_spans(spans, modules, read_devices(self.store, self.run_id, ranks=[self.rank]))
             roots = pl.DataFrame(self.roots, schema=ROOT_SCHEMA, orient="row")
             self.fold.add(named.with_columns(step_keys(named, roots, rule).alias("_key")))
         except Exception as exc:  # the tree is then computed at the end, from all the spans
@@ -406,13 +409,12 @@ def _entered_in_ranges(store: Store, run_id: int, rank: int, spans: pl.DataFrame
         return None
     import polars as pl
 
-    from modtrace.store.counters import read_counters
+    from modtrace.store.counters import range_bounds, read_counters
 
     _calls, ranges = read_counters(store, run_id, rank)
     if ranges.height == 0:
         return spans.clear()
-    inside = [(pl.col("span_id") >= int(first)) & (pl.col("span_id") <= int(last))
-              for first, last in ranges.select("first_seq", "last_seq").iter_rows()]
+    inside = [pl.col("span_id").is_between(first, last) for first, last in range_bounds(ranges)]
     return spans.filter(pl.any_horizontal(inside))
 
 

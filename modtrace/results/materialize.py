@@ -281,7 +281,12 @@ def _store_counters(store: Store, run_id: int, ranks: list[int]) -> None:
     """The span counter rows of a run that counted work, rank by rank, from its stored spans
     and the recorder's counters, once the rounds are stored (inclusive counts need a
     rank's whole call tree)."""
-    from modtrace.store.counters import has_counters, read_counters, write_span_counters
+    from modtrace.store.counters import (
+        has_counters,
+        range_bounds,
+        read_counters,
+        write_span_counters,
+    )
 
     if not has_counters(store, run_id):
         return
@@ -292,8 +297,7 @@ def _store_counters(store: Store, run_id: int, ranks: list[int]) -> None:
     for r in ranks:
         calls, ranges = read_counters(store, run_id, r)
         # only the spans entered in counted ranges count (a few steps of a long run, read by key)
-        within = [(int(a), int(b)) for a, b in ranges.select("first_seq", "last_seq").iter_rows()]
-        spans = read_span_rows(store, run_id, columns=needed, rank=r, within=within)
+        spans = read_span_rows(store, run_id, columns=needed, rank=r, within=range_bounds(ranges))
         write_span_counters(store, run_id, r, span_counters(spans, calls, ranges))
 
 

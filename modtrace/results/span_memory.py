@@ -59,15 +59,14 @@ def store_memory(store: Store, run_id: int, ranks: list[int], spans: pl.DataFram
     if not has_memory(store, run_id):
         return
     from modtrace.store.analysis_store import read_span_rows
-    from modtrace.store.counters import read_counters
+    from modtrace.store.counters import range_bounds, read_counters
     from modtrace.store.memory import range_steps, write_span_memory, write_step_memory
 
     for r in ranks:
         rows = spans
         if rows is None:  # the spans entered in counted ranges, read by key (as _store_counters does)
             _calls, ranges = read_counters(store, run_id, r)
-            within = [(int(a), int(b)) for a, b in ranges.select("first_seq", "last_seq").iter_rows()]
-            rows = read_span_rows(store, run_id, columns=SPAN_COLUMNS, rank=r, within=within)
+            rows = read_span_rows(store, run_id, columns=SPAN_COLUMNS, rank=r, within=range_bounds(ranges))
         per_span, per_range = _rank_memory(store, run_id, r, rows)
         write_span_memory(store, run_id, r, per_span)
         seqs = per_range["first_seq"].unique().to_list()

@@ -100,6 +100,12 @@ def counted_span_rows(store: Store, run_id: int, rank: int | None = None) -> lis
         return [tuple(r) for r in cur.fetchall()]
 
 
+def range_bounds(ranges: pl.DataFrame) -> list[tuple[int, int]]:
+    """Counted ranges (``read_counters``' second frame) as (first, last) span id bounds, inclusive:
+    the spans entered in them are the only ones counters and memory look at."""
+    return [(int(a), int(b)) for a, b in ranges.select("first_seq", "last_seq").iter_rows()]
+
+
 def read_counted_spans(store: Store, run_id: int, rank: int | None = None) -> pl.DataFrame:
     """``counted_span_rows`` as a frame."""
     import polars as pl

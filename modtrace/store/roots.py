@@ -6,10 +6,11 @@ reads them (plain rows, no analysis import).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 
 from modtrace.store.engine import Store
 from modtrace.store.schema import events, root_calls, run_ranks, runs
@@ -30,37 +31,38 @@ def read_step_basis(store: Store, run_id: int, ranks: Sequence[int] | None = Non
     with store.engine.connect() as conn:
         step_on = conn.execute(select(runs.c.step_on).where(runs.c.id == run_id)).scalar()
         counted = select(func.max(run_ranks.c.step_count)).where(run_ranks.c.run_id == run_id)
-        # root_calls keeps no thread: its enter event has it (a key lookup per root call)
-        thread = events.c.thread_id
-        rows = (select(root_calls.c.rank, root_calls.c.seq, thread, root_calls.c.kind)
-                .select_from(root_calls.outerjoin(events, (events.c.run_id == root_calls.c.run_id)
-                                                  & (events.c.rank == root_calls.c.rank)
-                                                  & (events.c.seq == root_calls.c.seq)))
-                .where(root_calls.c.run_id == run_id))
+        rows = _root_rows(run_id)
         if ranks is not None:
             counted = counted.where(run_ranks.c.rank.in_(list(ranks)))
             rows = rows.where(root_calls.c.rank.in_(list(ranks)))
         made = conn.execute(counted).scalar()
-        roots = [(int(r), int(s), None if t is None else int(t), k)
-                 for r, s, t, k in conn.execute(rows.order_by(root_calls.c.rank, root_calls.c.seq))]
+        roots = _roots(conn.execute(rows.order_by(root_calls.c.rank, root_calls.c.seq)))
     return StepBasis(str(step_on or "optimizer"), bool(made), roots)
+
+
+def _root_rows(run_id: int) -> Select[Any]:
+    """The run's root calls as ``StepBasis.roots`` holds them: rank, seq, thread, kind.
+    root_calls keeps no thread: its enter event has it (a key lookup per root call)."""
+    return (select(root_calls.c.rank, root_calls.c.seq, events.c.thread_id, root_calls.c.kind)
+            .select_from(root_calls.outerjoin(events, (events.c.run_id == root_calls.c.run_id)
+                                              & (events.c.rank == root_calls.c.rank)
+                                              & (events.c.seq == root_calls.c.seq)))
+            .where(root_calls.c.run_id == run_id))
+
+
+def _roots(rows: Iterable[Any]) -> list[tuple[int, int, int | None, str | None]]:
+    return [(int(r), int(s), None if t is None else int(t), k) for r, s, t, k in rows]
 
 
 def read_roots_between(store: Store, run_id: int, rank: int, after: int | None,
                        upto: int) -> list[tuple[int, int, int | None, str | None]]:
     """The rank's root calls with ``after < seq <= upto`` (``after`` None: from the first), in
     ``StepBasis.roots``' form, by seq: a rank's roots read part by part while it is recorded."""
-    thread = events.c.thread_id
-    rows = (select(root_calls.c.rank, root_calls.c.seq, thread, root_calls.c.kind)
-            .select_from(root_calls.outerjoin(events, (events.c.run_id == root_calls.c.run_id)
-                                              & (events.c.rank == root_calls.c.rank)
-                                              & (events.c.seq == root_calls.c.seq)))
-            .where(root_calls.c.run_id == run_id, root_calls.c.rank == rank, root_calls.c.seq <= upto))
+    rows = _root_rows(run_id).where(root_calls.c.rank == rank, root_calls.c.seq <= upto)
     if after is not None:
         rows = rows.where(root_calls.c.seq > after)
     with store.engine.connect() as conn:
-        return [(int(r), int(s), None if t is None else int(t), k)
-                for r, s, t, k in conn.execute(rows.order_by(root_calls.c.seq))]
+        return _roots(conn.execute(rows.order_by(root_calls.c.seq)))
 
 
 def step_rule_so_far(store: Store, run_id: int, rank: int) -> tuple[str, bool]:
