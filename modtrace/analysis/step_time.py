@@ -89,19 +89,27 @@ def step_table(spans: pl.DataFrame, *, with_start: bool = False) -> pl.DataFrame
     ``STORED_STEP_COLUMNS``)."""
     if spans.height == 0:  # the step time of no group cannot be typed: the table of one null row, emptied
         return step_table(spans.clear(n=1), with_start=with_start).clear()
+    per_step = spans.group_by("rank", "step").agg(step_time().cast(pl.Int64).alias("step_ns"), *step_sums())
+    return with_wall(per_step.sort("rank", "step"), with_start=with_start)
+
+
+def step_sums() -> list[pl.Expr]:
+    """Aggregations over a (rank, step)'s spans, besides its step time, that ``with_wall`` makes
+    the rest of its row from: each is a sum, a min (``_start``) or a max (``_last``), so the
+    values of parts of a step's spans make the step's (``analysis.step_fold``)."""
     last = pl.max_horizontal(pl.col("end_ns").max(), pl.col("start_ns").max())
-    per_step = (
-        spans.group_by("rank", "step")
-        .agg(
-            step_time().cast(pl.Int64).alias("step_ns"),
-            *(_phase_time(*phases).cast(pl.Int64).alias(column) for column, phases in _PHASE_COLUMNS.items()),
-            pl.col("start_ns").min().alias("_start"),
-            last.alias("_last"),
-            pl.len().alias("spans"),
-            pl.col("end_ns").is_null().sum().alias("unclosed"),
-        )
-        .sort("rank", "step")
-    )
+    return [
+        *(_phase_time(*phases).cast(pl.Int64).alias(column) for column, phases in _PHASE_COLUMNS.items()),
+        pl.col("start_ns").min().alias("_start"),
+        last.alias("_last"),
+        pl.len().alias("spans"),
+        pl.col("end_ns").is_null().sum().alias("unclosed"),
+    ]
+
+
+def with_wall(per_step: pl.DataFrame, *, with_start: bool = False) -> pl.DataFrame:
+    """Per (rank, step) rows sorted by them, with ``step_ns`` and ``step_sums``' columns -> the step
+    table (``STEP_COLUMNS``, or ``STORED_STEP_COLUMNS`` under ``with_start``): each step's wall time."""
     # The next step's start ends this one only when it is the next step: a schedule's recorded
     # steps come in windows, and the steps between them were not recorded.  A step still
     # running when the next starts (threads) ends at its own last end.

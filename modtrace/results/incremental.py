@@ -129,7 +129,7 @@ class Follower:
         self.rounds = 0
         self.timings: dict[str, float] = {}  # seconds of each part of ``finish``
         self._error: BaseException | None = None
-        self._tree: _FollowedTree | None = None
+        self._followed: _Followed | None = None
         self._thread = threading.Thread(target=self._run, name="modtrace-analysis", daemon=True)
 
     def start(self) -> Follower:
@@ -168,8 +168,10 @@ class Follower:
         if os.environ.get("MODTRACE_FOLLOW_TIMES"):  # benchmarks/bench_record_return.py reads it
             import sys
 
-            tree = "none" if self._tree is None else self._tree.fold.broken or "folded"
-            print(f"modtrace: follow: {self.rounds} rounds; tail {count - behind:,} events; tree {tree}; "
+            followed = self._followed
+            tree = "none" if followed is None or followed.fold is None else followed.fold.broken or "folded"
+            steps = "none" if followed is None else followed.broken or "folded"
+            print(f"modtrace: follow: {self.rounds} rounds; tail {count - behind:,} events; steps {steps}; tree {tree}; "
                   f"end {self.timings}", file=sys.stderr)
 
     # -- the thread -----------------------------------------------------------------
@@ -201,8 +203,8 @@ class Follower:
             from modtrace.store.tree_table import single_rank_run
 
             # the tree is stored at a rank's end only for a run of one rank (results.tree)
-            self._tree = _FollowedTree(self.store, self.run_id, self.rank) if single_rank_run(
-                self.store, self.run_id, self.rank) else None
+            self._followed = _Followed(self.store, self.run_id, self.rank,
+                                       tree=single_rank_run(self.store, self.run_id, self.rank))
             first = True
             complete = cast(bool, self._completion)
             for part in analyze_rank(self._chunks, modules, complete=complete):
@@ -215,8 +217,7 @@ class Follower:
                                       part.issues, clear=clear), RETRY_S)
                 first = False
                 self._keep(part.spans)
-                if self._tree is not None:
-                    self._tree.add(part.spans, read[0], restart=part.restart)
+                self._followed.add(part.spans, read[0], restart=part.restart)
                 self.rounds += 1
         except BaseException as exc:  # reported by finish; the end-of-run analysis takes over
             self._error = exc
@@ -293,11 +294,15 @@ class Follower:
         # no copy at the end: a few frames (``_keep``), as chunks of one
         spans = pl.concat(self._spans, rechunk=False) if self._spans else None
         marks.append(time.perf_counter())
-        basis = self._tree.basis() if self._tree is not None else None
-        basis = basis or read_step_basis(store, run_id)
+        followed = self._followed
+        single = followed is not None and followed.fold is not None
+        basis = (followed.basis() if single else None) or read_step_basis(store, run_id)  # type: ignore[union-attr]
+        folded_steps = followed.step_rows(basis) if followed is not None else None
 
         def steps(conn: Connection) -> tuple[pl.DataFrame, pl.DataFrame] | None:
-            return step_rows(run_id, basis, spans) if spans is not None and spans.height else None
+            if spans is None or spans.height == 0:
+                return None
+            return folded_steps or step_rows(run_id, basis, spans)
 
         marks.append(time.perf_counter())
         write_analysis_rounds(store, run_id, [], rank=rank, from_events=True, steps=steps, appended=True)
@@ -310,13 +315,12 @@ class Follower:
         from modtrace.results.span_memory import SPAN_COLUMNS as SPAN_MEMORY_COLUMNS
         from modtrace.results.span_memory import store_memory
 
-        if counted is not None:
-            store_memory(store, run_id, [rank], counted.select(SPAN_MEMORY_COLUMNS),
-                         steps_of=lambda seqs: _steps_of(basis, counted, seqs))
+        if counted is not None:  # the ranges' steps are read by key from the step starts just stored
+            store_memory(store, run_id, [rank], counted.select(SPAN_MEMORY_COLUMNS))
         marks.append(time.perf_counter())
         if spans is None or spans.height == 0:
             return
-        folded = self._tree.tree(basis) if self._tree is not None else None
+        folded = followed.tree(basis) if followed is not None else None
         if folded is not None and not has_device_events(store, run_id):
             write_tree(store, run_id, folded, rank=rank)
             return
@@ -326,30 +330,41 @@ class Follower:
         store_tree(store, run_id, named, rank=rank)
 
 
-class _FollowedTree:
-    """The rank's default tree folded round by round (``analysis.tree_fold.TreeFold``), each
-    round's spans named and keyed by step under the step rule and root calls as they stand
-    then; at the end it stands only if the run's rule and root calls turned out the same
-    (else the tree is computed from all the spans, as ``store_tree`` does)."""
+class _Followed:
+    """The rank's steps (``analysis.step_fold.StepFold``) and, for a run of one rank, its default
+    tree (``analysis.tree_fold.TreeFold``) folded round by round, each round's spans keyed by
+    step under the step rule and root calls as they stand then; at the end they stand only if
+    the run's rule and root calls turned out the same (else they are computed from all the
+    spans, as ``materialize`` does)."""
 
-    def __init__(self, store: Store, run_id: int, rank: int) -> None:
+    def __init__(self, store: Store, run_id: int, rank: int, *, tree: bool) -> None:
+        from modtrace.analysis.step_fold import StepFold
         from modtrace.analysis.tree_fold import TreeFold
 
         self.store, self.run_id, self.rank = store, run_id, rank
-        self.fold = TreeFold()
+        self.fold = TreeFold() if tree else None
+        self.steps = StepFold()
+        self.broken: str | None = None  # why the keys could not be made, if so
         self.rule: str | None = None
         self.roots: list[tuple[int, int, int | None, str | None]] = []
         self.upto: int | None = None  # roots are read up to this seq
 
+    def give_up(self, why: str) -> None:
+        if self.broken is None:
+            self.broken = why
+        if self.fold is not None:
+            self.fold.give_up(why)
+
     def add(self, spans: pl.DataFrame, modules: pl.DataFrame, *, restart: bool) -> None:
         """Fold in a round's spans; ``modules``: the rank's modules as the round read them."""
         if restart:
-            self.fold.give_up("the rank was analysed again in one piece")
-        if self.fold.broken is not None or spans.height == 0:
+            self.give_up("the rank was analysed again in one piece")
+        if self.broken is not None or spans.height == 0:
             return
         import polars as pl
 
         from modtrace.analysis.spans import name_spans
+        from modtrace.analysis.step_fold import FOLD_COLUMNS
         from modtrace.analysis.steps import ROOT_SCHEMA, step_keys
         from modtrace.core.step_rules import resolve_rule
         from modtrace.store.reader import read_devices
@@ -358,7 +373,7 @@ class _FollowedTree:
         try:
             rule = resolve_rule(None, *step_rule_so_far(self.store, self.run_id, self.rank))
             if self.rule is not None and rule != self.rule:
-                self.fold.give_up(f"the step rule went from {self.rule} to {rule}")
+                self.give_up(f"the step rule went from {self.rule} to {rule}")
                 return
             self.rule = rule
             # every root call up to the round's last span is committed (with its enter event)
@@ -366,11 +381,14 @@ class _FollowedTree:
             if self.upto is None or bound > self.upto:
                 self.roots += read_roots_between(self.store, self.run_id, self.rank, self.upto, bound)
                 self.upto = bound
-            named = name_spans(spans, modules, read_devices(self.store, self.run_id, ranks=[self.rank]))
             roots = pl.DataFrame(self.roots, schema=ROOT_SCHEMA, orient="row")
-            self.fold.add(named.with_columns(step_keys(named, roots, rule).alias("_key")))
-        except Exception as exc:  # the tree is then computed at the end, from all the spans
-            self.fold.give_up(f"{type(exc).__name__}: {exc}")
+            key = step_keys(spans, roots, rule).alias("_key")
+            self.steps.add(spans.with_columns(key).select(FOLD_COLUMNS))
+            if self.fold is not None and self.fold.broken is None:
+                named = name_spans(spans, modules, read_devices(self.store, self.run_id, ranks=[self.rank]))
+                self.fold.add(named.with_columns(key))
+        except Exception as exc:  # steps and tree are then computed at the end, from all the spans
+            self.give_up(f"{type(exc).__name__}: {exc}")
 
     def basis(self) -> StepBasis | None:
         """The run's ``StepBasis`` (it has this rank only) from the root calls the rounds read and
@@ -384,18 +402,37 @@ class _FollowedTree:
         return StepBasis(step_on, made, self.roots + read_roots_between(self.store, self.run_id, self.rank,
                                                                           self.upto, 1 << 62))
 
-    def tree(self, basis: StepBasis) -> tuple[str, dict[str, list[tuple[Any, ...]]]] | None:
-        """(the run's rule, {"host": node rows}) as ``results.tree.tree_rows`` gives it, or None
-        where the fold does not stand for it."""
+    def _stands(self, basis: StepBasis) -> str | None:
+        """The run's rule, where the rounds keyed their spans under it and under its root calls."""
         from modtrace.core.step_rules import StepRuleError, resolve_rule
-        from modtrace.results.tree import _node_rows
 
+        if self.broken is not None:
+            return None
         try:
             rule = resolve_rule(None, basis.step_on, basis.made_steps)
         except StepRuleError:
             return None
         roots = [r for r in basis.roots if r[0] == self.rank]
         if rule != self.rule or roots != self.roots or (rule == "root" and not roots):
+            return None
+        return rule
+
+    def step_rows(self, basis: StepBasis) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+        """(step_rows, step_starts) as ``results.steps.step_rows`` gives them, or None where the
+        fold does not stand for them."""
+        from modtrace.results.steps import stored_step_rows
+
+        rule = self._stands(basis)
+        folded = None if rule is None else self.steps.table(rule)
+        return None if rule is None or folded is None else stored_step_rows(self.run_id, rule, *folded)
+
+    def tree(self, basis: StepBasis) -> tuple[str, dict[str, list[tuple[Any, ...]]]] | None:
+        """(the run's rule, {"host": node rows}) as ``results.tree.tree_rows`` gives it, or None
+        where the fold does not stand for it."""
+        from modtrace.results.tree import _node_rows
+
+        rule = self._stands(basis)
+        if rule is None or self.fold is None:
             return None
         nodes = self.fold.tree()
         return None if nodes is None else (rule, {"host": _node_rows(nodes)})
@@ -430,20 +467,3 @@ def _store_counters_of(store: Store, run_id: int, rank: int, spans: pl.DataFrame
     needed = ("rank", "span_id", "parent_span_id", "depth", "call_id", "phase", "graph_task")
     calls, ranges = read_counters(store, run_id, rank)
     write_span_counters(store, run_id, rank, span_counters(spans.select(needed), calls, ranges))
-
-
-def _steps_of(basis: StepBasis, spans: pl.DataFrame, seqs: list[int]) -> dict[int, int]:
-    """span id -> its step under the run's rule, for those of ``seqs`` that are spans: what
-    ``store.memory.range_steps`` reads from the ``span_steps`` view, from the spans kept
-    (a step is assigned span by span)."""
-    import polars as pl
-
-    from modtrace.core.step_rules import StepRuleError
-    from modtrace.results.steps import stepped
-
-    some = spans.filter(pl.col("span_id").is_in(seqs))
-    try:
-        frame = stepped(basis, some).frame
-    except StepRuleError:
-        return {}
-    return {int(s): int(t) for s, t in frame.select("span_id", "step").iter_rows() if t is not None}

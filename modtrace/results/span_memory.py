@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
     import polars as pl
 
@@ -48,12 +47,11 @@ def _named_steps(store: Store, run_id: int, rank: int, ranges: pl.DataFrame, ste
     )
 
 
-def store_memory(store: Store, run_id: int, ranks: list[int], spans: pl.DataFrame | None = None,
-                 steps_of: Callable[[list[int]], dict[int, int]] | None = None) -> None:
+def store_memory(store: Store, run_id: int, ranks: list[int], spans: pl.DataFrame | None = None) -> None:
     """The span memory rows and ``step_memory`` of a run that recorded storages, rank by rank,
     from its stored spans, once they are stored (a span's kept memory needs its rank's call tree).
-    ``spans``: the span rows of the one rank in ``ranks``, held by the caller (not read back);
-    ``steps_of``: ``range_steps`` for that rank, from steps the caller holds."""
+    ``spans``: the span rows of the one rank in ``ranks``, held by the caller (not read back).
+    The ranges' steps are read from the stored step starts (``range_steps``)."""
     from modtrace.store.memory import has_memory
 
     if not has_memory(store, run_id):
@@ -70,7 +68,7 @@ def store_memory(store: Store, run_id: int, ranks: list[int], spans: pl.DataFram
         per_span, per_range = _rank_memory(store, run_id, r, rows)
         write_span_memory(store, run_id, r, per_span)
         seqs = per_range["first_seq"].unique().to_list()
-        steps = range_steps(store, run_id, r, seqs) if steps_of is None else steps_of(seqs)
+        steps = range_steps(store, run_id, r, seqs)
         write_step_memory(store, run_id, r, _named_steps(store, run_id, r, per_range, steps))
 
 

@@ -67,8 +67,6 @@ def step_rows(run_id: int, basis: StepBasis, spans: pl.DataFrame) -> tuple[pl.Da
     ``duration_ns``, ``self_ns``) under the run's own rule, with those tables' columns; None when
     there are no spans or the rule cannot be applied.  ``basis``: the whole run's
     (``store.roots.read_step_basis``), since the rule is the run's."""
-    import polars as pl
-
     from modtrace.analysis.step_time import step_table
     from modtrace.analysis.steps import step_starts
 
@@ -78,6 +76,15 @@ def step_rows(run_id: int, basis: StepBasis, spans: pl.DataFrame) -> tuple[pl.Da
         stepping = stepped(basis, spans)
     except StepRuleError:
         return None
+    return stored_step_rows(run_id, stepping.rule, step_table(stepping.frame, with_start=True),
+                            step_starts(stepping.frame))
+
+
+def stored_step_rows(run_id: int, rule: str, table: pl.DataFrame,
+                     starts: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(step_rows, step_starts) with those tables' columns, from ``step_table(..., with_start=True)``
+    and ``step_starts`` of a run's spans under its ``rule`` (or of their fold: ``analysis.step_fold``)."""
+    import polars as pl
+
     run = pl.lit(run_id, pl.Int64).alias("run_id")
-    table = step_table(stepping.frame, with_start=True).select(run, pl.all(), pl.lit(stepping.rule).alias("step_rule"))
-    return table, step_starts(stepping.frame).select(run, pl.all())
+    return table.select(run, pl.all(), pl.lit(rule).alias("step_rule")), starts.select(run, pl.all())

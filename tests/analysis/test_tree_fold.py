@@ -1,9 +1,8 @@
 """``analysis.tree_fold.TreeFold``: the tree folded round by round equals ``module_tree`` of all
 the spans at once (the oracle: the one-piece tree ``modtrace analyze`` stores).
 
-Real recordings (SQLite), their spans cut into rounds by the seq of their exit as the
-analysis that follows a recording closes them; each round's step keys come from the root
-calls entered up to its last span only, as they would while the program still runs.
+Real recordings (SQLite), their spans cut into rounds as the analysis that follows a recording
+closes them (``tests.helpers.rounds``).
 """
 
 from __future__ import annotations
@@ -20,12 +19,8 @@ from torch.utils.checkpoint import checkpoint
 
 import modtrace
 from modtrace.analysis.aggregate import module_tree
-from modtrace.analysis.steps import ROOT_SCHEMA, step_keys
 from modtrace.analysis.tree_fold import TreeFold
-from modtrace.results.materialize import compute
-from modtrace.results.steps import apply_step_rule
-from modtrace.store.engine import open_store
-from modtrace.store.roots import read_step_basis
+from tests.helpers.rounds import keyed_rounds
 from tests.helpers.training import record_training
 
 
@@ -44,29 +39,11 @@ class Checkpointed(nn.Module):
 
 def folded_and_whole(db: str, run: str, rounds: int) -> tuple[pl.DataFrame | None, pl.DataFrame, TreeFold]:
     """(the fold's tree over ``rounds`` rounds, ``module_tree`` of all spans, the fold)."""
-    store = open_store(db)
-    try:
-        rid = int(store.engine.connect().exec_driver_sql(f"SELECT id FROM runs WHERE name = '{run}'").scalar())
-        spans = compute(store, rid).spans.sort("rank", "span_id")
-        stepping = apply_step_rule(store, rid, spans)
-        whole = module_tree(stepping.frame)
-        basis = read_step_basis(store, rid)
-    finally:
-        store.dispose()
-    # rounds cut by exit seq, open calls (no exit) in the last, as the follow closes them
-    last = int(spans["exit_seq"].max())  # type: ignore[arg-type]
-    cuts = [last * i // rounds for i in range(1, rounds)] + [last + 1]
-    fold, low = TreeFold(), -1
-    for i, cut in enumerate(cuts):
-        part = spans.filter((pl.col("exit_seq") > low) & (pl.col("exit_seq") <= cut) if i < rounds - 1
-                            else (pl.col("exit_seq") > low) | pl.col("exit_seq").is_null())
-        low = cut
-        if part.height == 0:
-            continue
-        bound = int(part["span_id"].max())  # type: ignore[arg-type]
-        roots = pl.DataFrame([r for r in basis.roots if r[1] <= bound], schema=ROOT_SCHEMA, orient="row")
-        fold.add(part.with_columns(step_keys(part, roots, stepping.rule).alias("_key")))
-    return fold.tree(), whole, fold
+    cut = keyed_rounds(db, run, rounds)
+    fold = TreeFold()
+    for part in cut.rounds:
+        fold.add(part)
+    return fold.tree(), module_tree(cut.stepping.frame), fold
 
 
 @pytest.mark.parametrize("rounds", [1, 3, 17])

@@ -104,6 +104,15 @@ workers = [threading.Thread(target=serve, args=(900,)) for _ in range(3)]
 for w in workers: w.start()
 for w in workers: w.join()
 """,
+    # requests of one shape, then of another: the second kind's first step (counted, its memory
+    # followed) is step 300, far from the first
+    "kinds": """
+model = Net()
+with torch.no_grad():
+    for rows in [2] * 300 + [3] * 300:
+        model(torch.randn(rows, 8))
+        pace()
+""",
     # stopped by SIGTERM in the middle of a step: the run is interrupted, calls left open
     "sigterm": """
 model = Net()
@@ -150,9 +159,13 @@ def record(tmp_path: Path, db: str, name: str, script: str, *args: str, ok: tupl
     return done.stderr
 
 
-def follow_rounds(stderr: str) -> int:
-    found = re.search(r"modtrace: follow: (\d+) rounds", stderr)
+def follow_rounds(stderr: str, *, tree: str = "folded") -> int:
+    """The rounds the follow took (its ``MODTRACE_FOLLOW_TIMES`` line), checking that its steps
+    were folded as they went and its tree as ``tree`` says (``none``: a run of several ranks
+    stores none at a rank's end)."""
+    found = re.search(r"modtrace: follow: (\d+) rounds; .*; steps (.*); tree (.*); end", stderr)
     assert found, stderr
+    assert (found.group(2), found.group(3)) == ("folded", tree), found.group(0)
     return int(found.group(1))
 
 
@@ -244,6 +257,14 @@ def test_serving_threads(tmp_path: Path) -> None:
     assert len(db_rows(db, "SELECT DISTINCT thread_id FROM events")) == 3
 
 
+def test_a_step_kind_first_seen_late(tmp_path: Path) -> None:
+    db = str(tmp_path / "t.db")
+    assert follow_rounds(record(tmp_path, db, "kinds", "kinds")) >= 2
+    got = assert_same_as_fresh(db, "kinds")
+    assert len(got["step_memory"]) == 2, got["step_memory"]
+    assert [row.split(", ")[3] for row in sorted(got["step_memory"])] == ["0", "300"], got["step_memory"]
+
+
 def test_a_schedule(tmp_path: Path) -> None:
     db = str(tmp_path / "t.db")
     err = record(tmp_path, db, "sched", "train", "--schedule", "skip_first=3,wait=4,warmup=1,active=20,repeat=10")
@@ -287,6 +308,6 @@ def test_two_ranks_each_follow_their_own(tmp_path: Path, db_kind: str, request: 
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         assert "Traceback" not in err and "analysing it again" not in err, err
-        assert follow_rounds(err) >= 2
+        assert follow_rounds(err, tree="none") >= 2
     assert db_rows(db, "SELECT rank, analysis FROM run_ranks ORDER BY rank") == [(0, "stored"), (1, "stored")]
     assert_same_as_fresh(db, "ranks", by_rank=True)
