@@ -105,9 +105,9 @@ class _Follow:
             return
         self.follower = Follower(self.store, self.run_id, self.rank).start()
 
-    def committed(self) -> None:
+    def committed(self, events: Any) -> None:
         if self.follower is not None:
-            self.follower.committed()
+            self.follower.committed(events)
 
 
 def _bind_none_fast() -> None:
@@ -162,8 +162,9 @@ def _write(inbox: Inbox, out: Any, writer: Any, follow: _Follow) -> tuple[Any, .
         if failed:  # batches after a refused one would leave a gap
             reply: tuple[Any, ...] = ("skipped",)
         else:
+            batch = batch_of(message)
             try:
-                writer.write(batch_of(message))
+                writer.write(batch)
             except Exception as exc:
                 failed = follow.failed = True
                 reply = ("error", one_line(exc))
@@ -171,7 +172,7 @@ def _write(inbox: Inbox, out: Any, writer: Any, follow: _Follow) -> tuple[Any, .
                 reply = ("ok",)
         _reply(out, reply)
         if reply[0] == "ok":
-            follow.committed()
+            follow.committed(batch.events)
 
 
 def _analyze(store: Any, run_id: int, rank: int, complete: bool, run_name: str,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -131,14 +131,30 @@ class Follower:
         self._error: BaseException | None = None
         self._followed: _Followed | None = None
         self._thread = threading.Thread(target=self._run, name="modtrace-analysis", daemon=True)
+        # The first pass takes the events of the batches handed to ``committed`` (every batch from
+        # the rank's first: ``start`` checks the rank had none committed before); a second pass
+        # (``analyze_rank``'s whole look) reads them back.
+        self._batches: list[Sequence[tuple[Any, ...]]] = []
+        self._in_memory = False
+        self._passes = 0
 
     def start(self) -> Follower:
+        """Start following; call it before the rank's first batch is committed, then ``committed``
+        with each batch's events (else each round reads the events back)."""
+        from modtrace.store.event_range import committed_head
+
+        self._in_memory = committed_head(self.store, self.run_id, self.rank)[0] == 0
         self._thread.start()
         return self
 
-    def committed(self) -> None:
-        """A batch was committed: there may be a round to analyse."""
+    def committed(self, events: Sequence[tuple[Any, ...]] | None = None) -> None:
+        """A batch was committed (``events``: its event rows, ``EVENT_ROW``): there may be a round
+        to analyse."""
         with self._cond:
+            if events is None:
+                self._in_memory = False  # rows it was not given: the rounds read them back
+            elif self._in_memory and events:
+                self._batches.append(events)
             self._cond.notify()
 
     def finish(self, complete: bool) -> None:
@@ -171,7 +187,9 @@ class Follower:
             followed = self._followed
             tree = "none" if followed is None or followed.fold is None else followed.fold.broken or "folded"
             steps = "none" if followed is None else followed.broken or "folded"
-            print(f"modtrace: follow: {self.rounds} rounds; tail {count - behind:,} events; steps {steps}; tree {tree}; "
+            events = "handed" if self._in_memory else "read"
+            print(f"modtrace: follow: {self.rounds} rounds; events {events}; tail {count - behind:,} events; "
+                  f"steps {steps}; tree {tree}; "
                   f"end {self.timings}", file=sys.stderr)
 
     # -- the thread -----------------------------------------------------------------
@@ -240,6 +258,60 @@ class Follower:
     def _chunks(self) -> Iterator[pl.DataFrame]:
         """The rank's committed events from its first, in chunks, waiting for more until the end
         (one pass of ``analyze_rank``; called again for a second pass)."""
+        self._passes += 1
+        with self._cond:
+            handed = self._in_memory and self._passes == 1
+            self._in_memory = handed
+        return self._handed_chunks() if handed else self._read_chunks()
+
+    def _handed_chunks(self) -> Iterator[pl.DataFrame]:
+        """``_chunks`` from the batches' rows handed to ``committed``, as ``_read_chunks`` cuts them
+        from the database: a chunk ends at the largest seq of the batches before the latest (a
+        seq is taken before its event is appended to a batch, so an event lands at most one batch
+        late)."""
+        import polars as pl
+
+        from modtrace.store.event_range import events_frame
+
+        self._read = 0
+        after: int | None = None  # the last seq yielded
+        held: pl.DataFrame | None = None  # rows handed over, not yielded yet
+        latest: int | None = None  # largest seq of the batches so far
+        settled: int | None = None  # largest seq of the batches before the latest: every smaller seq is in
+        last_look = 0.0
+        while True:
+            with self._cond:
+                if not self._ended:
+                    self._cond.wait(max(0.0, POLL_S - (time.monotonic() - last_look)))
+                ending = self._ended
+                if not ending and time.monotonic() - last_look < POLL_S:
+                    continue
+                batches, self._batches = self._batches, []
+            last_look = time.monotonic()
+            for rows in batches:
+                top = max(row[0] for row in rows)
+                settled, latest = latest, top if latest is None else max(latest, top)
+            if batches:
+                frame = events_frame([row for rows in batches for row in rows], self.run_id, self.rank)
+                held = frame if held is None else pl.concat([held, frame])
+            upto = latest if ending else settled
+            if upto is None or held is None or (after is not None and upto <= after) or (
+                    not ending and upto - (-1 if after is None else after) < self.min_rows):
+                if ending:
+                    return
+                continue
+            ready = held.filter(pl.col("seq") <= upto).sort("seq")
+            held = held.filter(pl.col("seq") > upto)
+            for start in range(0, ready.height, self.chunk_rows):
+                frame = ready.slice(start, self.chunk_rows)
+                self._read += frame.height
+                after = int(frame["seq"][-1])
+                yield frame
+            if ending:
+                return
+
+    def _read_chunks(self) -> Iterator[pl.DataFrame]:
+        """``_chunks`` read from the database, a look at what was committed at most every ``POLL_S``."""
         from modtrace.store.event_range import committed_head, iter_events_between
         from modtrace.store.retry import call_retrying
 

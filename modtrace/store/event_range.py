@@ -3,7 +3,10 @@
 ``reader.iter_event_chunks`` reads a rank from its first event; the analysis that follows a
 recording (``results.incremental``) reads what was committed since its last read, in the same
 frames (``EVENT_FRAME``) and through the same SQL (``reader``'s CSV chunks), so the rows it
-analyses are those a later ``modtrace analyze`` reads.
+analyses are those a later ``modtrace analyze`` reads.  Or it takes the rows the writer process
+has just committed (``events_frame``): the same frame as reading them back gives, without the
+read (4 us an event on SQLite, the largest part of a round: docs/performance.md, "Analysis as
+the run goes").
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Iterator
 
 import polars as pl
 
+from modtrace.core.codes import OUT_OF_RANGE_CODE
 from modtrace.store import reader
 from modtrace.store.cursor import driver_cursor
 from modtrace.store.engine import Store
@@ -65,3 +69,20 @@ def _chunk(store: Store, run_id: int, rank: int, low: int, limit: int) -> pl.Dat
         frame = frame.sort("seq")
     return frame.select(pl.lit(run_id, dtype=pl.Int32).alias("run_id"), pl.lit(rank, dtype=pl.Int32).alias("rank"),
                         *fetched)
+
+
+_WIDE = {c: pl.Int64() for c in reader._FETCHED}
+
+
+def events_frame(rows: list[tuple[object, ...]], run_id: int, rank: int) -> pl.DataFrame:
+    """Event rows of the rank as the writer wrote them (``EVENT_ROW`` tuples, no run_id or rank)
+    -> the frame ``iter_events_between`` reads back for them (a one-byte code that does not fit
+    becomes ``OUT_OF_RANGE_CODE``, as ``reader.small_code`` reads it), in the rows' order.
+    Raises where a value does not fit its column (the follow then stops: the rank is analysed
+    from its stored events at the end)."""
+    frame = pl.DataFrame(rows, schema=_WIDE, orient="row")
+    small = [pl.when(pl.col(c).is_between(-127, 127)).then(pl.col(c)).otherwise(OUT_OF_RANGE_CODE).alias(c)
+             for c in reader._SMALL]
+    return frame.with_columns(small).select(
+        pl.lit(run_id, dtype=pl.Int32).alias("run_id"), pl.lit(rank, dtype=pl.Int32).alias("rank"),
+        *(pl.col(c).cast(reader._FETCHED_SCHEMA[c], strict=True) for c in reader._FETCHED))

@@ -160,12 +160,12 @@ def record(tmp_path: Path, db: str, name: str, script: str, *args: str, ok: tupl
 
 
 def follow_rounds(stderr: str, *, tree: str = "folded") -> int:
-    """The rounds the follow took (its ``MODTRACE_FOLLOW_TIMES`` line), checking that its steps
-    were folded as they went and its tree as ``tree`` says (``none``: a run of several ranks
-    stores none at a rank's end)."""
-    found = re.search(r"modtrace: follow: (\d+) rounds; .*; steps (.*); tree (.*); end", stderr)
+    """The rounds the follow took (its ``MODTRACE_FOLLOW_TIMES`` line), checking that it took the
+    events the writer handed it (not read back), that its steps were folded as they went, and
+    its tree as ``tree`` says (``none``: a run of several ranks stores none at a rank's end)."""
+    found = re.search(r"modtrace: follow: (\d+) rounds; events (\w+); .*; steps (.*); tree (.*); end", stderr)
     assert found, stderr
-    assert (found.group(2), found.group(3)) == ("folded", tree), found.group(0)
+    assert found.group(2, 3, 4) == ("handed", "folded", tree), found.group(0)
     return int(found.group(1))
 
 

@@ -70,3 +70,30 @@ def test_a_code_outside_int8_is_marked_out_of_range_not_wrapped(any_db: str) -> 
         store.dispose()
     assert ev["status"].to_list() == [OUT_OF_RANGE_CODE, 0]
     assert ev["kind"].to_list() == [0, OUT_OF_RANGE_CODE]
+
+
+@pytest.mark.parametrize("rows", [EDGE_ROWS, [(0, 0, 0, 1, 0, 1, 0, 0, None, None, 300, None, 0),
+                                              (1, 5, -200, 1, 0, 1, 0, 0, None, None, 0, None, 0)]])
+def test_rows_handed_over_make_the_frame_read_back(any_db: str, rows: list[tuple[object, ...]]) -> None:
+    """The analysis that follows a recording takes the rows the writer committed
+    (``events_frame``) instead of reading them back: the same frame, codes that do not fit included."""
+    from modtrace.store.event_range import events_frame, iter_events_between
+
+    run_id = _write(any_db, rows)
+    store = open_store(any_db)
+    try:
+        (back,) = iter_events_between(store, run_id, 0, None, 2**63 - 1, 1000)
+    finally:
+        store.dispose()
+    handed = events_frame(sorted(rows, key=lambda r: r[0]), run_id, 0)  # type: ignore[arg-type, return-value]
+    assert handed.equals(back)
+    assert handed.schema == back.schema
+
+
+def test_a_handed_value_that_does_not_fit_its_column_raises() -> None:
+    """Never a wrapped or truncated value: the follow stops, and the rank is analysed from its
+    stored events at the end."""
+    from modtrace.store.event_range import events_frame
+
+    with pytest.raises(pl.exceptions.InvalidOperationError):
+        events_frame([(0, 0, 0, 2**31, 0, 1, 0, 0, None, None, 0, None, 0)], 1, 0)
