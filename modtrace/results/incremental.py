@@ -87,7 +87,8 @@ def _import_the_end() -> None:
     there otherwise, on the user's wait)."""
     import importlib
 
-    for name in ("modtrace.analysis.counters", "modtrace.analysis.memory", "modtrace.analysis.step_time",
+    # numpy.ma: numpy imports it at the first np.unique (analysis.memory), 30 ms
+    for name in ("numpy.ma", "modtrace.analysis.counters", "modtrace.analysis.memory", "modtrace.analysis.step_time",
                  "modtrace.results.materialize", "modtrace.results.span_memory", "modtrace.results.steps",
                  "modtrace.results.tree", "modtrace.store.counters", "modtrace.store.device_times",
                  "modtrace.store.memory", "modtrace.store.roots", "modtrace.store.tree_table"):
@@ -114,7 +115,9 @@ class Follower:
 
     def __init__(self, store: Store, run_id: int, rank: int, *, min_rows: int = MIN_ROUND_ROWS,
                  chunk_rows: int = CHUNK_ROWS, nice: int | None = None) -> None:
-        self.store = store
+        from modtrace.store.engine import kept_open
+
+        self.store = kept_open(store)  # its own connections, kept between rounds; disposed by finish
         self.run_id = run_id
         self.rank = rank
         self.min_rows = int(os.environ.get("MODTRACE_FOLLOW_ROWS", min_rows))
@@ -161,6 +164,12 @@ class Follower:
         """Every event is committed: analyse the tail and store the rank's whole analysis.
         Raises what the thread met, or ``IncompleteFollow``; the caller then analyses the rank
         from its events (``materialize``), which replaces whatever was written here."""
+        try:
+            self._finish(complete)
+        finally:
+            self.store.dispose()  # the connections kept for the rounds (``kept_open``)
+
+    def _finish(self, complete: bool) -> None:
         marks = [time.perf_counter()]
         behind = self._read  # events the rounds had read when the program ended
         self._completion.value = complete
