@@ -29,6 +29,9 @@ from modtrace.core.contracts import is_attributed
 
 # Spans waiting for a parent beyond which the fold gives up: each round looks at them again.
 MAX_PENDING = 200_000
+# Settled per-step frames copied into one at a time: the end then groups one contiguous frame
+# (at 10M events, 5M rows: 0.15 s, against 0.21 s over the ~1,200 frames of the rounds).
+MERGE_SETTLED = 64
 
 # What the fold reads of a round's spans (named spans frame columns, and ``_key``).
 FOLD_COLUMNS = ("rank", "span_id", "parent_span_id", "depth", "fqn", "module_type", "phase", "status",
@@ -104,6 +107,8 @@ class TreeFold:
         if done.height:
             keys = done.get_column("_key")
             self._per_step.append((done, int(keys.min()), int(keys.max())))  # type: ignore[arg-type]
+            if len(self._per_step) >= MERGE_SETTLED:
+                self._per_step = [_merge_settled(self._per_step)]
 
     def tree(self) -> pl.DataFrame | None:
         """The nodes frame of every span added (``module_tree``'s), or None when the fold gave up
@@ -116,11 +121,7 @@ class TreeFold:
         if not self._per_node:
             return None
         self._settle(None, None)
-        ranges = sorted((lo, hi) for _, lo, hi in self._per_step)
-        per_step = pl.concat([frame for frame, _, _ in self._per_step])
-        if any(lo <= hi for (_, hi), (lo, _) in zip(ranges, ranges[1:], strict=False)):
-            # a step's sums were settled before a later round brought more of it: add them up
-            per_step = per_step.group_by("node_id", "rank", "_key").agg(pl.col("_inc").sum(), pl.col("_self").sum())
+        per_step, _, _ = _merge_settled(self._per_step)
         medians = per_step.group_by("node_id").agg(
             pl.len().alias("steps"),
             pl.col("_inc").median().alias("inclusive_median_ns"),
@@ -132,6 +133,17 @@ class TreeFold:
             step_total = int(pl.concat(self._roots).rename({"_key": "step"}).group_by("rank", "step")
                              .agg(step_time().alias("_t"))["_t"].sum() or 0)
         return tree_frame(agg, medians, step_total)
+
+
+def _merge_settled(parts: list[tuple[pl.DataFrame, int, int]]) -> tuple[pl.DataFrame, int, int]:
+    """Settled per-step sums, each with its range of step keys -> one frame of them, one row per
+    (node, rank, step): where ranges overlap, a step's sums were settled before a later round
+    brought more of it, and they are added up."""
+    ranges = sorted((lo, hi) for _, lo, hi in parts)
+    frame = pl.concat([f for f, _, _ in parts], rechunk=True) if len(parts) > 1 else parts[0][0]
+    if any(lo <= hi for (_, hi), (lo, _) in zip(ranges, ranges[1:], strict=False)):
+        frame = frame.group_by("node_id", "rank", "_key").agg(pl.col("_inc").sum(), pl.col("_self").sum())
+    return frame, ranges[0][0], max(hi for _, hi in ranges)
 
 
 def _merge_nodes(parts: list[pl.DataFrame]) -> pl.DataFrame:

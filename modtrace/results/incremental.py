@@ -54,6 +54,11 @@ MIN_ROUND_ROWS = 5_000
 MERGE = 8
 # Events read at a time (a round is at most this many).
 CHUNK_ROWS = 200_000
+# Events handed over (``Follower.committed``) and not yet taken by the thread beyond which they
+# are dropped and the rounds read the events back instead: a follow that falls behind (a busy
+# machine) holds at most this many rows (~300 bytes each) for it.  MODTRACE_FOLLOW_HANDED
+# overrides it (a test drops them early).
+MAX_HANDED = 250_000
 # How often, at most, the thread looks at what was committed (it is woken at each batch).
 POLL_S = 0.25
 # How long a round's write waits out a transient fault (a lock, a lost connection) before the
@@ -122,6 +127,7 @@ class Follower:
         self.rank = rank
         self.min_rows = int(os.environ.get("MODTRACE_FOLLOW_ROWS", min_rows))
         self.chunk_rows = chunk_rows
+        self.max_handed = int(os.environ.get("MODTRACE_FOLLOW_HANDED", MAX_HANDED))
         self.nice = int(os.environ.get("MODTRACE_ANALYSIS_NICE", NICE)) if nice is None else nice
         self._cond = threading.Condition()
         self._ended = False
@@ -138,6 +144,7 @@ class Follower:
         # the rank's first: ``start`` checks the rank had none committed before); a second pass
         # (``analyze_rank``'s whole look) reads them back.
         self._batches: list[Sequence[tuple[Any, ...]]] = []
+        self._handed = 0  # rows in ``_batches``
         self._in_memory = False
         self._passes = 0
 
@@ -158,6 +165,9 @@ class Follower:
                 self._in_memory = False  # rows it was not given: the rounds read them back
             elif self._in_memory and events:
                 self._batches.append(events)
+                self._handed += len(events)
+                if self._handed > self.max_handed:  # the thread is far behind: it reads them back
+                    self._batches, self._handed, self._in_memory = [], 0, False
             self._cond.notify()
 
     def finish(self, complete: bool) -> None:
@@ -295,7 +305,11 @@ class Follower:
                 ending = self._ended
                 if not ending and time.monotonic() - last_look < POLL_S:
                     continue
-                batches, self._batches = self._batches, []
+                batches, self._batches, self._handed = self._batches, [], 0
+                dropped = not self._in_memory
+            if dropped:  # (``MAX_HANDED``) on from the last seq taken, read back
+                yield from self._read_chunks(after)
+                return
             last_look = time.monotonic()
             for rows in batches:
                 top = max(row[0] for row in rows)
@@ -319,13 +333,14 @@ class Follower:
             if ending:
                 return
 
-    def _read_chunks(self) -> Iterator[pl.DataFrame]:
-        """``_chunks`` read from the database, a look at what was committed at most every ``POLL_S``."""
+    def _read_chunks(self, after: int | None = None) -> Iterator[pl.DataFrame]:
+        """``_chunks`` read from the database, a look at what was committed at most every ``POLL_S``
+        (from the first event, or on after ``after``: the pass goes on from the rows handed over)."""
         from modtrace.store.event_range import committed_head, iter_events_between
         from modtrace.store.retry import call_retrying
 
-        self._read = 0
-        after: int | None = None  # the last seq read
+        if after is None:
+            self._read = 0
         last_count = -1
         latest: int | None = None  # largest seq as last seen
         settled: int | None = None  # largest seq as seen one batch before: every smaller seq is in

@@ -145,12 +145,13 @@ for step in range(300):
 }
 
 
-def record(tmp_path: Path, db: str, name: str, script: str, *args: str, ok: tuple[int, ...] = (0,)) -> str:
+def record(tmp_path: Path, db: str, name: str, script: str, *args: str, ok: tuple[int, ...] = (0,),
+           env: dict[str, str] | None = None) -> str:
     """``modtrace record`` of ``script`` (after PREAMBLE) as run ``name``; its stderr."""
     path = tmp_path / f"{name}.py"
     path.write_text(textwrap.dedent(PREAMBLE) + textwrap.dedent(SCRIPTS[script]))
     env = {**os.environ, "MODTRACE_FOLLOW_ROWS": ROUND_ROWS, "MODTRACE_FOLLOW_TIMES": "1", "MODTRACE_ANALYSIS_NICE": "0",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", **(env or {})}
     # capture_output: the run returns once the writer process, which shares stderr, has exited
     done = subprocess.run([sys.executable, "-m", "modtrace", "record", "--db", db, "--run", name, *args, str(path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -159,13 +160,14 @@ def record(tmp_path: Path, db: str, name: str, script: str, *args: str, ok: tupl
     return done.stderr
 
 
-def follow_rounds(stderr: str, *, tree: str = "folded") -> int:
-    """The rounds the follow took (its ``MODTRACE_FOLLOW_TIMES`` line), checking that it took the
-    events the writer handed it (not read back), that its steps were folded as they went, and
-    its tree as ``tree`` says (``none``: a run of several ranks stores none at a rank's end)."""
+def follow_rounds(stderr: str, *, tree: str = "folded", events: str = "handed") -> int:
+    """The rounds the follow took (its ``MODTRACE_FOLLOW_TIMES`` line), checking where its events
+    came from (``events``: handed over by the writer, or read back), that its steps were folded
+    as they went, and its tree as ``tree`` says (``none``: a run of several ranks stores none at
+    a rank's end)."""
     found = re.search(r"modtrace: follow: (\d+) rounds; events (\w+); .*; steps (.*); tree (.*); end", stderr)
     assert found, stderr
-    assert found.group(2, 3, 4) == ("handed", "folded", tree), found.group(0)
+    assert found.group(2, 3, 4) == (events, "folded", tree), found.group(0)
     return int(found.group(1))
 
 
@@ -255,6 +257,15 @@ def test_serving_threads(tmp_path: Path) -> None:
     assert follow_rounds(record(tmp_path, db, "serve", "threads")) >= 2
     assert_same_as_fresh(db, "serve")
     assert len(db_rows(db, "SELECT DISTINCT thread_id FROM events")) == 3
+
+
+def test_a_follow_behind_drops_the_rows_handed_and_reads_them_back(tmp_path: Path) -> None:
+    """More than MODTRACE_FOLLOW_HANDED rows waiting for the analysis thread: they are dropped,
+    and the pass goes on reading the events back from the last one it took."""
+    db = str(tmp_path / "t.db")
+    err = record(tmp_path, db, "behind", "train", env={"MODTRACE_FOLLOW_HANDED": "300"})
+    assert follow_rounds(err, events="read") >= 2
+    assert_same_as_fresh(db, "behind")
 
 
 def test_a_step_kind_first_seen_late(tmp_path: Path) -> None:
