@@ -56,9 +56,10 @@ MERGE = 8
 CHUNK_ROWS = 200_000
 # Events handed over (``Follower.committed``) and not yet taken by the thread beyond which they
 # are dropped and the rounds read the events back instead: a follow that falls behind (a busy
-# machine) holds at most this many rows (~300 bytes each) for it.  MODTRACE_FOLLOW_HANDED
-# overrides it (a test drops them early).
-MAX_HANDED = 250_000
+# machine) holds at most this many rows (~300 bytes each) for it.  A follow that keeps up takes
+# them every look (POLL_S: 10k events at 36k a second).  MODTRACE_FOLLOW_HANDED overrides it (a
+# test drops them early).
+MAX_HANDED = 50_000
 # How often, at most, the thread looks at what was committed (it is woken at each batch).
 POLL_S = 0.25
 # How long a round's write waits out a transient fault (a lock, a lost connection) before the
