@@ -19,7 +19,6 @@ from torch.utils.checkpoint import checkpoint
 
 import modtrace
 from modtrace.analysis.aggregate import module_tree
-from modtrace.analysis import tree_fold
 from modtrace.analysis.tree_fold import TreeFold
 from tests.helpers.rounds import keyed_rounds
 from tests.helpers.training import record_training
@@ -47,11 +46,8 @@ def folded_and_whole(db: str, run: str, rounds: int) -> tuple[pl.DataFrame | Non
     return fold.tree(), module_tree(cut.stepping.frame), fold
 
 
-@pytest.mark.parametrize(("rounds", "merge"), [(1, 64), (3, 64), (17, 64), (17, 2)])
-def test_training_with_recompute_folds_to_the_whole_tree(tmp_path: Path, rounds: int, merge: int,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``merge``: settled per-step frames copied into one every so many (2: at every other round)."""
-    monkeypatch.setattr(tree_fold, "MERGE_SETTLED", merge)
+@pytest.mark.parametrize("rounds", [1, 3, 17])
+def test_training_with_recompute_folds_to_the_whole_tree(tmp_path: Path, rounds: int) -> None:
     db = str(tmp_path / "t.db")
     record_training(db, "train", 12, model=Checkpointed, inputs=(4, 8))
     folded, whole, fold = folded_and_whole(db, "train", rounds)
@@ -120,11 +116,8 @@ def _spans(rows: list[tuple[int, int | None, int, str, int]]) -> pl.DataFrame:
         orient="row")
 
 
-@pytest.mark.parametrize("merge", [64, 2])
-def test_a_step_a_later_round_brings_more_of_is_added_up(merge: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Step 0's sums were settled when round 2 began at step 1; round 3 brings more of step 0
-    (``merge`` 2: after the settled frames were copied into one)."""
-    monkeypatch.setattr(tree_fold, "MERGE_SETTLED", merge)
+def test_a_step_a_later_round_brings_more_of_is_added_up() -> None:
+    """Step 0's sums were settled when round 2 began at step 1; round 3 brings more of step 0."""
     rounds = [[(1, None, 0, "M", 0), (2, 1, 1, "M.a", 0), (3, None, 0, "M", 0)],
               [(4, None, 0, "M", 1), (5, None, 0, "M", 1)],
               [(6, None, 0, "M", 0), (7, 6, 1, "M.a", 0), (8, None, 0, "M", 2)]]
