@@ -259,6 +259,7 @@ def read_step_spans(conn: Connection, run_id: int, rank: int | None) -> pl.DataF
 def write_analysis_rounds(
     store: Store, run_id: int, parts: Iterable[tuple[pl.DataFrame, pl.DataFrame, int | None]], *,
     rank: int | None = None, from_events: bool = False, steps: StepsMaker | None = None, appended: bool = False,
+    span_statistics: bool = True,
 ) -> None:
     """``write_analysis`` for results that come in parts, each written as it arrives, all
     of them in one transaction: (spans, issues, clear) triples, where ``clear`` names a
@@ -276,7 +277,11 @@ def write_analysis_rounds(
     than the stored ones.  Without it the run (rank) has none stored.
 
     ``appended``: the rank's spans and issues written so far (``append_analysis_round``, while
-    it was recorded) are kept, and these parts add to them: the transaction completes them."""
+    it was recorded) are kept, and these parts add to them: the transaction completes them.
+
+    ``span_statistics`` False: PostgreSQL's statistics of ``span_rows`` count most of these
+    spans already (``refresh_statistics`` as they were appended), so only the other
+    ``ANALYSED_TABLES`` are analysed after the commit."""
     where = f"run_id = {int(run_id)}" + ("" if rank is None else f" AND rank = {int(rank)}")
     device: list[pl.DataFrame] = []  # spans with device columns (a run with device times)
     with _write_transaction(store) as conn:
@@ -310,7 +315,7 @@ def write_analysis_rounds(
             _insert(conn, store, "step_starts", made[1])
         replace_span_device_rows(conn, store, run_id, rank, device)
         mark_analysis_stored(conn, run_id, rank)  # runs.analysis, committed with the rows
-    _refresh_statistics(store)
+    refresh_statistics(store, ANALYSED_TABLES if span_statistics else ANALYSED_TABLES[1:])
 
 
 def append_analysis_round(store: Store, run_id: int, rank: int, spans: pl.DataFrame, issues: pl.DataFrame, *,
@@ -334,13 +339,14 @@ def append_analysis_round(store: Store, run_id: int, rank: int, spans: pl.DataFr
 ANALYSED_TABLES = ("span_rows", "modules", "step_rows", "step_starts")
 
 
-def _refresh_statistics(store: Store) -> None:
-    """PostgreSQL: the statistics of ``ANALYSED_TABLES`` brought up to date once a run's
-    analysis is committed (ANALYZE reads a bounded sample of each).  SQLite plans without them."""
-    if store.dialect != "postgresql":
+def refresh_statistics(store: Store, tables: Sequence[str] = ANALYSED_TABLES) -> None:
+    """PostgreSQL: the statistics of ``tables`` brought up to date, as once a run's analysis is
+    committed (ANALYZE reads a bounded sample of each: 0.27 s for ``span_rows`` of 1M rows, the
+    others a few ms).  SQLite plans without them."""
+    if store.dialect != "postgresql" or not tables:
         return
     with store.engine.begin() as conn:
-        conn.exec_driver_sql(f"ANALYZE {', '.join(ANALYSED_TABLES)}")
+        conn.exec_driver_sql(f"ANALYZE {', '.join(tables)}")
 
 
 def has_analysis(store: Store, run_id: int) -> bool:
