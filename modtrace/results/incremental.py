@@ -4,13 +4,15 @@
 the one-piece analysis'.  Run at the end of a recording, it kept ``modtrace record``'s user
 waiting for the whole rank (docs/performance.md, "Analysis as the run goes").  ``Follower`` runs
 the same rounds in a thread of the writer process while the program runs, over the events
-committed so far: each round's spans and issues are committed as it closes them
-(``store.analysis_store.append_analysis_round``), its spans kept in memory and folded into
-the module tree (``analysis.tree_fold``, with the root calls read as the rounds go).  At the
-end (``finish``) only the open tail is read and analysed; then, as ``materialize`` does, the
-rank's steps are stored with the run's analysis state (``write_analysis_rounds(...,
-appended=True)``), and its device times, counters and memory from the spans kept, not read
-back, and the folded tree (computed from the spans where the fold could not stand for it).
+committed so far, as the writer hands them over (``committed``; read back from the store
+where they were not, or were dropped: ``MAX_HANDED``): each round's spans and issues are
+committed as it closes them (``store.analysis_store.append_analysis_round``), its spans kept
+in memory and folded into the step table (``analysis.step_fold``) and the module tree
+(``analysis.tree_fold``), with the root calls read as the rounds go.  At the end (``finish``)
+only the open tail is analysed; then, as ``materialize`` does, the rank's folded steps are
+stored with the run's analysis state (``write_analysis_rounds(..., appended=True)``), and its
+device times, counters and memory from the spans kept, not read back, and the folded tree
+(steps and tree computed from the spans where a fold could not stand for them).
 
 Exactness rests on ``analyze_rank``'s: rounds fed consecutive chunks in seq order give the
 one-piece result, and a stream where a cut could matter is analysed again whole at the end.
@@ -19,7 +21,7 @@ Two things make the chunks right while batches still arrive:
 - batches commit in order, but a thread may take a seq and append its event a moment later, so
   an event can land one batch after events with larger seqs.  A chunk therefore ends at the
   largest seq committed one batch before the latest (``_chunks``), and ``finish`` checks that
-  every committed event was read (the rank's ``event_count``); if not, it says so and the
+  every committed event was taken (the rank's ``event_count``); if not, it says so and the
   caller analyses the rank from scratch;
 - modules are registered as the program goes, each committed before its first event: each
   round reads the rank's modules as they are then.
