@@ -21,7 +21,7 @@ import modtrace
 from modtrace.analysis.step_fold import FOLD_COLUMNS, StepFold
 from modtrace.analysis.step_time import step_table
 from modtrace.analysis.steps import step_starts
-from tests.analysis.test_tree_fold import Checkpointed
+from tests.helpers.models import Checkpointed
 from tests.helpers.rounds import Rounds, keyed_rounds
 from tests.helpers.training import record_training
 

@@ -15,26 +15,13 @@ import pytest
 import torch
 from polars.testing import assert_frame_equal
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 import modtrace
 from modtrace.analysis.aggregate import module_tree
 from modtrace.analysis.tree_fold import TreeFold
+from tests.helpers.models import Checkpointed
 from tests.helpers.rounds import keyed_rounds
 from tests.helpers.training import record_training
-
-
-class Checkpointed(nn.Module):
-    """Blocks every other one checkpointed (recompute spans in backward)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, block in enumerate(self.blocks):
-            x = checkpoint(block, x, use_reentrant=False) if i % 2 else block(x)
-        return x
 
 
 def folded_and_whole(db: str, run: str, rounds: int) -> tuple[pl.DataFrame | None, pl.DataFrame, TreeFold]:

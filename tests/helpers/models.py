@@ -18,6 +18,19 @@ def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
+class Checkpointed(nn.Module):
+    """Blocks every other one checkpointed (recompute spans in backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            x = checkpoint(block, x, use_reentrant=False) if i % 2 else block(x)
+        return x
+
+
 class Block(nn.Module):
     """Two linear layers with a ReLU between them."""
 
