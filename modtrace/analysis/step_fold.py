@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from modtrace.analysis.step_time import step_sums, step_time, with_wall
+from modtrace.analysis.step_time import merged_step_sums, step_sums, step_time, with_wall
 
 # What the fold reads of a round's spans (span rows as ``analysis.stream`` gives them, and ``_key``).
 FOLD_COLUMNS = ("rank", "thread_id", "span_id", "step", "depth", "phase", "start_ns", "end_ns", "duration_ns",
@@ -30,8 +30,6 @@ FOLD_COLUMNS = ("rank", "thread_id", "span_id", "step", "depth", "phase", "start
 
 # Parts kept before they are merged into one (each a few rows per step of a round).
 MERGE = 32
-
-_SUMS = ("forward_ns", "backward_ns", "recompute_ns", "spans", "unclosed")
 
 
 class StepFold:
@@ -72,12 +70,12 @@ class StepFold:
             return None
         step = ((pl.col("_key").rank("dense").over("rank") - 1) if rule == "root" else pl.col("_key")).cast(self._dtype)
         per_step = _merge_steps(self._steps).with_columns(step.alias("step"))
-        if self._roots:
+        if self._roots:  # a step without a closed root span has no step time
             times = pl.concat(self._roots).group_by("rank", "_key").agg(step_time().cast(pl.Int64).alias("step_ns"))
-            per_step = per_step.join(times, on=["rank", "_key"], how="left")
+            per_step = per_step.join(times, on=["rank", "_key"], how="left").with_columns(pl.col("step_ns").fill_null(0))
         else:
-            per_step = per_step.with_columns(pl.lit(None, pl.Int64).alias("step_ns"))
-        per_step = per_step.with_columns(pl.col("step_ns").fill_null(0)).sort("rank", "step")
+            per_step = per_step.with_columns(pl.lit(0, pl.Int64).alias("step_ns"))
+        per_step = per_step.sort("rank", "step")
         steps = per_step.select("rank", "_key", "step")
         starts = (
             threads.join(steps, on=["rank", "_key"])
@@ -93,8 +91,7 @@ def _merge_steps(parts: list[pl.DataFrame]) -> pl.DataFrame:
     if len(parts) == 1:
         return parts[0]
     both = pl.concat(parts)
-    return both.group_by("rank", "_key").agg(
-        *(pl.col(c).sum() for c in _SUMS), pl.col("_start").min(), pl.col("_last").max()).select(both.columns)
+    return both.group_by("rank", "_key").agg(*merged_step_sums()).select(both.columns)
 
 
 def _merge_threads(parts: list[pl.DataFrame]) -> pl.DataFrame:

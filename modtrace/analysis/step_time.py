@@ -107,6 +107,13 @@ def step_sums() -> list[pl.Expr]:
     ]
 
 
+def merged_step_sums() -> list[pl.Expr]:
+    """Aggregations over ``step_sums``' rows of parts of a (rank, step)'s spans: the step's."""
+    names = [e.meta.output_name() for e in step_sums()]
+    return [pl.col("_start").min(), pl.col("_last").max(),
+            *(pl.col(n).sum() for n in names if n not in ("_start", "_last"))]
+
+
 def with_wall(per_step: pl.DataFrame, *, with_start: bool = False) -> pl.DataFrame:
     """Per (rank, step) rows sorted by them, with ``step_ns`` and ``step_sums``' columns -> the step
     table (``STEP_COLUMNS``, or ``STORED_STEP_COLUMNS`` under ``with_start``): each step's wall time."""

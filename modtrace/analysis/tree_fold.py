@@ -116,7 +116,7 @@ class TreeFold:
         if not self._per_node:
             return None
         self._settle(None, None)
-        per_step, _, _ = _merge_settled(self._per_step)
+        per_step = _merge_settled(self._per_step)
         medians = per_step.group_by("node_id").agg(
             pl.len().alias("steps"),
             pl.col("_inc").median().alias("inclusive_median_ns"),
@@ -130,7 +130,7 @@ class TreeFold:
         return tree_frame(agg, medians, step_total)
 
 
-def _merge_settled(parts: list[tuple[pl.DataFrame, int, int]]) -> tuple[pl.DataFrame, int, int]:
+def _merge_settled(parts: list[tuple[pl.DataFrame, int, int]]) -> pl.DataFrame:
     """Settled per-step sums, each with its range of step keys -> one frame of them, one row per
     (node, rank, step): where ranges overlap, a step's sums were settled before a later round
     brought more of it, and they are added up.  (Merging them into one frame as the run goes,
@@ -140,7 +140,7 @@ def _merge_settled(parts: list[tuple[pl.DataFrame, int, int]]) -> tuple[pl.DataF
     frame = pl.concat([f for f, _, _ in parts], rechunk=False) if len(parts) > 1 else parts[0][0]
     if any(lo <= hi for (_, hi), (lo, _) in zip(ranges, ranges[1:], strict=False)):
         frame = frame.group_by("node_id", "rank", "_key").agg(pl.col("_inc").sum(), pl.col("_self").sum())
-    return frame, ranges[0][0], max(hi for _, hi in ranges)
+    return frame
 
 
 def _merge_nodes(parts: list[pl.DataFrame]) -> pl.DataFrame:

@@ -166,13 +166,11 @@ class Follower:
         self._thread.start()
         return self
 
-    def committed(self, events: Sequence[tuple[Any, ...]] | None = None) -> None:
+    def committed(self, events: Sequence[tuple[Any, ...]]) -> None:
         """A batch was committed (``events``: its event rows, ``EVENT_ROW``): there may be a round
         to analyse."""
         with self._cond:
-            if events is None:
-                self._in_memory = False  # rows it was not given: the rounds read them back
-            elif self._in_memory and events:
+            if self._in_memory and events:
                 self._batches.append(events)
                 self._handed += len(events)
                 if self._handed > self.max_handed:  # the thread is far behind: it reads them back
@@ -314,12 +312,10 @@ class Follower:
         settled: int | None = None  # largest seq of the batches before the latest: every smaller seq is in
         last_look = 0.0
         while True:
+            ending = self._look_due(last_look)
+            if ending is None:
+                continue
             with self._cond:
-                if not self._ended:
-                    self._cond.wait(max(0.0, POLL_S - (time.monotonic() - last_look)))
-                ending = self._ended
-                if not ending and time.monotonic() - last_look < POLL_S:
-                    continue
                 batches, self._batches, self._handed = self._batches, [], 0
                 dropped = not self._in_memory
             if dropped:  # (``MAX_HANDED``) on from the last seq taken, read back
@@ -333,11 +329,11 @@ class Follower:
                 frame = events_frame([row for rows in batches for row in rows], self.run_id, self.rank)
                 held = frame if held is None else pl.concat([held, frame])
             upto = latest if ending else settled
-            if upto is None or held is None or (after is not None and upto <= after) or (
-                    not ending and upto - (-1 if after is None else after) < self.min_rows):
+            if self._nothing_due(upto, after, ending):
                 if ending:
                     return
                 continue
+            assert held is not None and upto is not None  # rows came with every seq seen
             ready = held.filter(pl.col("seq") <= upto).sort("seq")
             held = held.filter(pl.col("seq") > upto)
             for start in range(0, ready.height, self.chunk_rows):
@@ -347,6 +343,21 @@ class Follower:
                 yield frame
             if ending:
                 return
+
+    def _look_due(self, last_look: float) -> bool | None:
+        """Wait for the next look at what was committed (``POLL_S`` after ``last_look``, or at once
+        at the end): whether the run has ended then; None when woken before it (a batch came)."""
+        with self._cond:
+            if not self._ended:
+                self._cond.wait(max(0.0, POLL_S - (time.monotonic() - last_look)))
+            ending = self._ended
+        return None if not ending and time.monotonic() - last_look < POLL_S else ending
+
+    def _nothing_due(self, upto: int | None, after: int | None, ending: bool) -> bool:
+        """Whether a look that may take every seq up to ``upto`` finds no round to make: none past
+        ``after`` (the last seq taken), or, before the end, fewer than ``min_rows`` of them."""
+        return upto is None or (after is not None and upto <= after) or (
+            not ending and upto - (-1 if after is None else after) < self.min_rows)
 
     def _read_chunks(self, after: int | None = None) -> Iterator[pl.DataFrame]:
         """``_chunks`` read from the database, a look at what was committed at most every ``POLL_S``
@@ -361,22 +372,19 @@ class Follower:
         settled: int | None = None  # largest seq as seen one batch before: every smaller seq is in
         last_look = 0.0
         while True:
-            with self._cond:
-                if not self._ended:
-                    self._cond.wait(max(0.0, POLL_S - (time.monotonic() - last_look)))
-                ending = self._ended
-            if not ending and time.monotonic() - last_look < POLL_S:
+            ending = self._look_due(last_look)
+            if ending is None:
                 continue
             last_look = time.monotonic()
             count, head = call_retrying(lambda: committed_head(self.store, self.run_id, self.rank), RETRY_S)
             if count != last_count:
                 settled, latest, last_count = latest, head, count
             upto = head if ending else settled
-            if upto is None or (after is not None and upto <= after) or (
-                    not ending and upto - (-1 if after is None else after) < self.min_rows):
+            if self._nothing_due(upto, after, ending):
                 if ending:
                     return
                 continue
+            assert upto is not None
             for frame in iter_events_between(self.store, self.run_id, self.rank, after, upto, self.chunk_rows):
                 self._read += frame.height
                 after = int(frame["seq"][-1])
@@ -397,6 +405,7 @@ class Follower:
         from modtrace.results.steps import step_rows
         from modtrace.results.tree import store_tree, write_tree
         from modtrace.store.analysis_store import write_analysis_rounds
+        from modtrace.store.counters import read_counters
         from modtrace.store.device_times import has_device_events
         from modtrace.store.reader import read_devices, read_modules
         from modtrace.store.roots import read_step_basis
@@ -422,8 +431,9 @@ class Follower:
                               span_statistics=2 * self._statistics_at < self._spans_written)
         marks.append(time.perf_counter())
         _store_device_times(store, run_id, [rank])
-        counted = _entered_in_ranges(store, run_id, rank, spans)  # all counters and memory look at
-        _store_counters_of(store, run_id, rank, counted)
+        calls, ranges = read_counters(store, run_id, rank)
+        counted = _entered_in_ranges(ranges, spans)  # all counters and memory look at
+        _store_counters_of(store, run_id, rank, counted, calls, ranges)
         # every relation materialize derives after the rounds is derived here too (the tests
         # compare each table keyed by run with a fresh analysis: tests/recording/test_follow.py)
         from modtrace.results.span_memory import SPAN_COLUMNS as SPAN_MEMORY_COLUMNS
@@ -574,32 +584,31 @@ class _Followed:
         return None if nodes is None else (rule, {"host": _node_rows(nodes)})
 
 
-def _entered_in_ranges(store: Store, run_id: int, rank: int, spans: pl.DataFrame | None) -> pl.DataFrame | None:
-    """The spans entered in the rank's counted ranges: the only ones ``analysis.counters.span_counters``
+def _entered_in_ranges(ranges: pl.DataFrame, spans: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The spans entered in the rank's counted ``ranges``: the only ones ``analysis.counters.span_counters``
     and ``analysis.memory.span_memory`` keep, picked before they do (a counted step is a
     small part of a long run)."""
     if spans is None:
         return None
     import polars as pl
 
-    from modtrace.store.counters import range_bounds, read_counters
+    from modtrace.store.counters import range_bounds
 
-    _calls, ranges = read_counters(store, run_id, rank)
     if ranges.height == 0:
         return spans.clear()
     inside = [pl.col("span_id").is_between(first, last) for first, last in range_bounds(ranges)]
     return spans.filter(pl.any_horizontal(inside))
 
 
-def _store_counters_of(store: Store, run_id: int, rank: int, spans: pl.DataFrame | None) -> None:
+def _store_counters_of(store: Store, run_id: int, rank: int, spans: pl.DataFrame | None, calls: pl.DataFrame,
+                       ranges: pl.DataFrame) -> None:
     """``materialize``'s span counter rows of the rank, from ``spans`` (its span rows) rather
-    than read back."""
-    from modtrace.store.counters import has_counters, read_counters, write_span_counters
+    than read back; ``calls`` and ``ranges``: its counters (``store.counters.read_counters``)."""
+    from modtrace.store.counters import has_counters, write_span_counters
 
     if spans is None or not has_counters(store, run_id):
         return
     from modtrace.analysis.counters import span_counters
 
     needed = ("rank", "span_id", "parent_span_id", "depth", "call_id", "phase", "graph_task")
-    calls, ranges = read_counters(store, run_id, rank)
     write_span_counters(store, run_id, rank, span_counters(spans.select(needed), calls, ranges))

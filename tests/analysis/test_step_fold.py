@@ -8,22 +8,18 @@ closes them (``tests.helpers.rounds``).
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import polars as pl
 import pytest
-import torch
 from polars.testing import assert_frame_equal
-from torch import nn
 
-import modtrace
 from modtrace.analysis.step_fold import FOLD_COLUMNS, StepFold
 from modtrace.analysis.step_time import step_table
 from modtrace.analysis.steps import step_starts
 from tests.helpers.models import Checkpointed
 from tests.helpers.rounds import Rounds, keyed_rounds
-from tests.helpers.training import record_training
+from tests.helpers.training import record_serving, record_training
 
 
 def assert_folds_to_the_whole(cut: Rounds) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -54,21 +50,7 @@ def test_root_call_steps_on_serving_threads(tmp_path: Path) -> None:
     """No optimizer: each root call is a step, told apart per thread; a thread enters a step at
     each of its requests."""
     db = str(tmp_path / "t.db")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-
-    def serve(n: int) -> None:
-        with torch.no_grad():
-            for _ in range(n):
-                model(torch.randn(2, 8))
-
-    with modtrace.Recorder(db=db, run="serve") as rec:
-        workers = [threading.Thread(target=serve, args=(30,)) for _ in range(3)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    rec.wait_analyzed()
+    record_serving(db, "serve")
     cut = keyed_rounds(db, "serve", 9)
     table, starts = assert_folds_to_the_whole(cut)
     assert cut.stepping.rule == "root"

@@ -7,7 +7,6 @@ closes them (``tests.helpers.rounds``).
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import polars as pl
@@ -21,7 +20,7 @@ from modtrace.analysis.aggregate import module_tree
 from modtrace.analysis.tree_fold import TreeFold
 from tests.helpers.models import Checkpointed
 from tests.helpers.rounds import keyed_rounds
-from tests.helpers.training import record_training
+from tests.helpers.training import record_serving, record_training
 
 
 def folded_and_whole(db: str, run: str, rounds: int) -> tuple[pl.DataFrame | None, pl.DataFrame, TreeFold]:
@@ -48,21 +47,7 @@ def test_training_with_recompute_folds_to_the_whole_tree(tmp_path: Path, rounds:
 def test_root_call_steps_on_serving_threads_fold_to_the_whole_tree(tmp_path: Path) -> None:
     """No optimizer: each root call is a step, told apart per thread (``step_keys`` under root)."""
     db = str(tmp_path / "t.db")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-
-    def serve(n: int) -> None:
-        with torch.no_grad():
-            for _ in range(n):
-                model(torch.randn(2, 8))
-
-    with modtrace.Recorder(db=db, run="serve") as rec:
-        workers = [threading.Thread(target=serve, args=(30,)) for _ in range(3)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    rec.wait_analyzed()
+    record_serving(db, "serve")
     folded, whole, _ = folded_and_whole(db, "serve", 9)
     assert whole["steps"].max() == 90  # a step per request
     assert folded is not None

@@ -9,6 +9,7 @@ is a parameter, so a test says only what it needs that differs.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -96,3 +97,23 @@ def record_training(db: str, run: str, steps: int, *, model: Callable[[], nn.Mod
     if wait:
         rec.wait_analyzed()
     return rec
+
+
+def record_serving(db: str, run: str, *, threads: int = 3, requests: int = 30) -> None:
+    """Record a serving loop as ``run`` in ``db``: ``threads`` threads each making ``requests``
+    calls of ``mlp()`` under no_grad, no optimizer (each root call a step); the analysis waited for."""
+    torch.manual_seed(0)
+    model = mlp()
+
+    def serve() -> None:
+        with torch.no_grad():
+            for _ in range(requests):
+                model(torch.randn(2, 8))
+
+    with modtrace.Recorder(db=db, run=run) as rec:
+        workers = [threading.Thread(target=serve) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    rec.wait_analyzed()
