@@ -103,7 +103,11 @@ class _Follow:
             from modtrace.results.incremental import Follower
         except ImportError:  # analysis layer not installed: the end-of-run analysis says so
             return
-        self.follower = Follower(self.store, self.run_id, self.rank).start()
+        try:
+            self.follower = Follower(self.store, self.run_id, self.rank).start()
+        except Exception as exc:  # e.g. a MODTRACE_FOLLOW_* setting that is no number: analysed at the end
+            print(f"modtrace: note: the analysis cannot follow the recording ({one_line(exc)}); "
+                  "it runs at the end", file=sys.stderr)
 
     def committed(self, events: Any) -> None:
         if self.follower is not None:

@@ -271,6 +271,17 @@ def test_a_follow_behind_drops_the_rows_handed_and_reads_them_back(tmp_path: Pat
     assert_same_as_fresh(db, "behind")
 
 
+def test_a_follow_setting_that_is_no_number_leaves_the_analysis_to_the_end(tmp_path: Path) -> None:
+    """One line says so; the recording and its analysis are whole."""
+    db = str(tmp_path / "t.db")
+    err = record(tmp_path, db, "bad", "kinds", env={"MODTRACE_FOLLOW_HANDED": "lots"})
+    notes = [line for line in err.splitlines() if "cannot follow" in line]
+    assert notes == ["modtrace: note: the analysis cannot follow the recording (invalid literal for int() with "
+                     "base 10: 'lots'); it runs at the end"], err
+    assert "modtrace: follow:" not in err
+    assert_same_as_fresh(db, "bad")
+
+
 def test_a_step_kind_first_seen_late(tmp_path: Path) -> None:
     db = str(tmp_path / "t.db")
     assert follow_rounds(record(tmp_path, db, "kinds", "kinds")) >= 2
